@@ -1,0 +1,81 @@
+//! The driver's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the driver. Messages are for the operator reading
+/// `kubectl logs` or a claim's status: they name the object, the field and the rule.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The checkpoint exists but cannot be trusted. The driver keeps the file untouched and
+    /// refuses to prepare or unprepare until it is repaired or removed, because guessing would
+    /// mean forgetting (and leaking) prepared claims.
+    #[error(
+        "checkpoint {path} is corrupt: {reason}; the file is left untouched and prepare/unprepare \
+         are refused until it is repaired or removed"
+    )]
+    CheckpointCorrupt {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What exactly is wrong with it.
+        reason: String,
+    },
+    /// The checkpoint could not be read at start-up or since; carries that error's text, which
+    /// every prepare and unprepare answers with until the file is repaired or removed.
+    #[error("{0}")]
+    CheckpointUnreadable(String),
+    /// A filesystem operation failed; `context` says which file and what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the driver was doing, with the path.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Kubernetes API refused or failed a request.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Loading a kubeconfig failed.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// A ResourceClaim cannot be prepared; the reason names the field and the rule.
+    #[error("ResourceClaim {namespace}/{name}: {reason}")]
+    Claim {
+        /// Claim namespace.
+        namespace: String,
+        /// Claim name.
+        name: String,
+        /// Why it cannot be prepared.
+        reason: String,
+    },
+    /// A gRPC server failed.
+    #[error("gRPC server on {socket}: {source}")]
+    Grpc {
+        /// The socket the server listened on.
+        socket: PathBuf,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A start-up setting is invalid.
+    #[error("invalid setting {setting}: {reason}")]
+    Setting {
+        /// The flag (and its environment twin).
+        setting: &'static str,
+        /// The rule it breaks.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with what was being done, so the log line names the path.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias over the driver's error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,441 @@
+//! The kubelet plugin: the registration socket the kubelet's plugin watcher finds, and the DRA
+//! socket it then calls for prepare/unprepare.
+//!
+//! Order matters and is the Go helper's: the DRA service listens first, registration second,
+//! because the kubelet may call prepare right after `GetInfo`. On shutdown the registration
+//! socket goes first (the kubelet deregisters the plugin) and the DRA socket last.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use knic_proto::dra::{v1, v1beta1};
+use knic_proto::pluginregistration as reg;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::claims::{ClaimRef, ClaimSource, PreparedAnswer, Preparer};
+use crate::error::{Error, Result};
+
+/// The gRPC services advertised in `GetInfo`, most preferred first: kubelets ≥ 1.34 take the
+/// first entry they support, so v1 must lead.
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// Plugin type the kubelet's plugin watcher routes to its DRA handler.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+
+/// Where the two sockets live. Both are parameters because the kubelet root differs between
+/// distributions and tests use temporary directories.
+#[derive(Debug, Clone)]
+pub struct PluginPaths {
+    /// The kubelet's plugin watcher directory (`<kubelet root>/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// The driver's own directory (`<kubelet root>/plugins/knic.dev`): DRA socket, checkpoint.
+    pub plugin_dir: PathBuf,
+}
+
+impl PluginPaths {
+    /// Both directories under one kubelet root directory, with the helper's default names.
+    pub fn under_kubelet_root(root: &Path) -> Self {
+        PluginPaths {
+            registry_dir: root.join("plugins_registry"),
+            plugin_dir: root.join("plugins").join(knic_proto::DRIVER_NAME),
+        }
+    }
+
+    /// The DRA service socket; its absolute path is what `GetInfo` returns.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join("dra.sock")
+    }
+
+    /// The registration socket the plugin watcher discovers.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir
+            .join(format!("{}-reg.sock", knic_proto::DRIVER_NAME))
+    }
+}
+
+/// What the kubelet told us in `NotifyRegistrationStatus`; observable for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// No notification yet.
+    Pending,
+    /// The kubelet accepted the plugin.
+    Registered,
+    /// The kubelet rejected the plugin with this text.
+    Rejected(String),
+}
+
+struct RegistrationService {
+    endpoint: String,
+    status: watch::Sender<Registration>,
+}
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> std::result::Result<Response<reg::PluginInfo>, Status> {
+        tracing::debug!("kubelet called GetInfo");
+        Ok(Response::new(reg::PluginInfo {
+            r#type: PLUGIN_TYPE.into(),
+            name: knic_proto::DRIVER_NAME.into(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<reg::RegistrationStatus>,
+    ) -> std::result::Result<Response<reg::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(endpoint = %self.endpoint, "kubelet registered the plugin");
+            self.status.send_replace(Registration::Registered);
+            Ok(Response::new(reg::RegistrationStatusResponse {}))
+        } else {
+            tracing::error!(error = %status.error, "kubelet rejected the plugin registration");
+            self.status
+                .send_replace(Registration::Rejected(status.error.clone()));
+            Err(Status::failed_precondition(format!(
+                "plugin registration rejected by the kubelet: {}",
+                status.error
+            )))
+        }
+    }
+}
+
+/// Serves both DRA API versions from one [`Preparer`].
+pub struct DraService<S> {
+    preparer: Arc<Preparer<S>>,
+}
+
+impl<S> Clone for DraService<S> {
+    fn clone(&self) -> Self {
+        DraService {
+            preparer: self.preparer.clone(),
+        }
+    }
+}
+
+impl<S: ClaimSource> DraService<S> {
+    /// One handler for every API version.
+    pub fn new(preparer: Arc<Preparer<S>>) -> Self {
+        DraService { preparer }
+    }
+
+    /// The version-independent prepare: v1 types are the superset, v1beta1 converts.
+    pub async fn prepare(&self, claims: Vec<v1::Claim>) -> v1::NodePrepareResourcesResponse {
+        let (refs, mut out) = check_claims(&claims, |error| v1::NodePrepareResourceResponse {
+            devices: vec![],
+            error,
+        });
+        for (uid, outcome) in self.preparer.prepare(&refs).await {
+            let entry = match outcome {
+                Ok(devices) => v1::NodePrepareResourceResponse {
+                    devices: devices.into_iter().map(to_v1_device).collect(),
+                    error: String::new(),
+                },
+                Err(e) => {
+                    tracing::warn!(claim_uid = %uid, error = %e, "prepare failed");
+                    v1::NodePrepareResourceResponse {
+                        devices: vec![],
+                        error: e.to_string(),
+                    }
+                }
+            };
+            out.insert(uid, entry);
+        }
+        v1::NodePrepareResourcesResponse { claims: out }
+    }
+
+    /// The version-independent unprepare.
+    pub async fn unprepare(&self, claims: Vec<v1::Claim>) -> v1::NodeUnprepareResourcesResponse {
+        let (refs, mut out) =
+            check_claims(&claims, |error| v1::NodeUnprepareResourceResponse { error });
+        for (uid, outcome) in self.preparer.unprepare(&refs).await {
+            let error = match outcome {
+                Ok(()) => String::new(),
+                Err(e) => {
+                    tracing::warn!(claim_uid = %uid, error = %e, "unprepare failed");
+                    e.to_string()
+                }
+            };
+            out.insert(uid, v1::NodeUnprepareResourceResponse { error });
+        }
+        v1::NodeUnprepareResourcesResponse { claims: out }
+    }
+}
+
+/// Splits the request into well-formed claims and ready-made error entries for the rest, so
+/// every UID the kubelet sent gets an entry.
+fn check_claims<T>(
+    claims: &[v1::Claim],
+    error: impl Fn(String) -> T,
+) -> (Vec<ClaimRef>, HashMap<String, T>) {
+    let mut refs = Vec::new();
+    let mut errors = HashMap::new();
+    for (i, c) in claims.iter().enumerate() {
+        let missing: Vec<&str> = [
+            ("uid", &c.uid),
+            ("namespace", &c.namespace),
+            ("name", &c.name),
+        ]
+        .into_iter()
+        .filter(|(_, v)| v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+        if missing.is_empty() {
+            refs.push(ClaimRef {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            });
+        } else {
+            errors.insert(
+                c.uid.clone(),
+                error(format!(
+                    "claims[{i}]: {} must not be empty",
+                    missing.join(", ")
+                )),
+            );
+        }
+    }
+    (refs, errors)
+}
+
+fn to_v1_device(d: PreparedAnswer) -> v1::Device {
+    v1::Device {
+        request_names: d.request_names,
+        pool_name: d.pool,
+        device_name: d.device,
+        cdi_device_ids: vec![],
+        share_id: d.share_id,
+    }
+}
+
+fn claims_from_v1beta1(claims: Vec<v1beta1::Claim>) -> Vec<v1::Claim> {
+    claims
+        .into_iter()
+        .map(|c| v1::Claim {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> std::result::Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        Ok(Response::new(
+            self.prepare(request.into_inner().claims).await,
+        ))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> std::result::Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        Ok(Response::new(
+            self.unprepare(request.into_inner().claims).await,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> std::result::Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let answer = self
+            .prepare(claims_from_v1beta1(request.into_inner().claims))
+            .await;
+        let claims = answer
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let devices = r
+                    .devices
+                    .into_iter()
+                    // v1beta1 has no share_id: a shared device cannot be described to an old
+                    // kubelet, which also cannot have allocated one.
+                    .map(|d| v1beta1::Device {
+                        request_names: d.request_names,
+                        pool_name: d.pool_name,
+                        device_name: d.device_name,
+                        cdi_device_ids: d.cdi_device_ids,
+                    })
+                    .collect();
+                (
+                    uid,
+                    v1beta1::NodePrepareResourceResponse {
+                        devices,
+                        error: r.error,
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> std::result::Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let answer = self
+            .unprepare(claims_from_v1beta1(request.into_inner().claims))
+            .await;
+        let claims = answer
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    v1beta1::NodeUnprepareResourceResponse { error: r.error },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+/// Binds a root-only unix socket, removing a stale file first but never a live socket: a second
+/// driver instance on the same path is an error, not something to silently take over.
+fn bind_socket(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::Setting {
+                    setting: "socket",
+                    reason: format!("{} is served by another running process", path.display()),
+                });
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| Error::io(format!("removing stale socket {}", path.display()), e))?;
+            tracing::info!(socket = %path.display(), "removed stale socket");
+        }
+        Ok(_) => {
+            return Err(Error::Setting {
+                setting: "socket",
+                reason: format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                ),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("inspecting {}", path.display()), e)),
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| Error::io(format!("binding {}", path.display()), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::io(format!("restricting {} to root", path.display()), e))?;
+    Ok(listener)
+}
+
+fn remove_socket(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(socket = %path.display(), "socket removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(socket = %path.display(), error = %e, "cannot remove socket"),
+    }
+}
+
+/// Serves the DRA and registration sockets until `shutdown` completes, then deregisters and
+/// removes both sockets. `registration` reports what the kubelet said.
+pub async fn serve<S: ClaimSource>(
+    paths: &PluginPaths,
+    service: DraService<S>,
+    registration: watch::Sender<Registration>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let dra_path = paths.dra_socket();
+    let reg_path = paths.registration_socket();
+    let endpoint = std::path::absolute(&dra_path)
+        .map_err(|e| Error::io(format!("resolving {}", dra_path.display()), e))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let dra_listener = bind_socket(&dra_path)?;
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(service.clone()))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(service))
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(dra_listener),
+            stopped(stop_rx.clone()),
+        );
+    let mut dra_task = tokio::spawn(dra_server);
+    tracing::info!(socket = %dra_path.display(), "DRA service listening (v1, v1beta1)");
+
+    let reg_listener = match bind_socket(&reg_path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            let _ = dra_task.await;
+            remove_socket(&dra_path);
+            return Err(e);
+        }
+    };
+    let reg_service = RegistrationService {
+        endpoint: endpoint.to_string_lossy().into_owned(),
+        status: registration,
+    };
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(reg::registration_server::RegistrationServer::new(
+            reg_service,
+        ))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), stopped(stop_rx));
+    let mut reg_task = tokio::spawn(reg_server);
+    tracing::info!(socket = %reg_path.display(), "registration socket listening");
+
+    let failure = tokio::select! {
+        () = shutdown => None,
+        r = &mut dra_task => Some((dra_path.clone(), r)),
+        r = &mut reg_task => Some((reg_path.clone(), r)),
+    };
+    // Deregister first: the kubelet stops routing calls once the registration socket is gone.
+    remove_socket(&reg_path);
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(5);
+    if !reg_task.is_finished() {
+        let _ = tokio::time::timeout(grace, &mut reg_task).await;
+    }
+    if !dra_task.is_finished() {
+        let _ = tokio::time::timeout(grace, &mut dra_task).await;
+    }
+    remove_socket(&dra_path);
+    match failure {
+        None => Ok(()),
+        Some((socket, Ok(Err(source)))) => Err(Error::Grpc { socket, source }),
+        Some((socket, Ok(Ok(())))) => Err(Error::Setting {
+            setting: "socket",
+            reason: format!("server on {} stopped unexpectedly", socket.display()),
+        }),
+        Some((socket, Err(join))) => Err(Error::io(
+            format!("server on {}", socket.display()),
+            std::io::Error::other(join),
+        )),
+    }
+}

@@ -1,0 +1,22 @@
+//! Compiles the `.proto` files with `protox` (a pure-Rust protobuf compiler), so a fresh
+//! machine with nothing but cargo can build knic: no `protoc` on the host.
+
+use std::error::Error;
+
+const PROTOS: &[&str] = &[
+    "pluginregistration/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "dra-health/v1alpha1/api.proto",
+    "dra-health/v1/api.proto",
+];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let files = protox::compile(PROTOS, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(files)?;
+    Ok(())
+}
