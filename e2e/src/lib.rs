@@ -1,1 +1,8 @@
-//! e2e
+//! End-to-end test support for knic: a test kubelet, the driver as a real process, and the API
+//! the tests run against (an in-process fake in CI, a real cluster when `KNIC_E2E_KUBECONFIG`
+//! is set).
+
+pub mod cluster;
+pub mod driver;
+pub mod fakeapi;
+pub mod kubelet;

@@ -1,0 +1,125 @@
+//! The binary's start-up contract: bad settings fail fast with a message naming the flag (and
+//! its environment twin) and the rule, and nothing is left behind.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_knic-driver");
+
+fn kubeconfig(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n\
+         users:\n- name: u\n  user: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    path
+}
+
+fn run(dir: &Path, envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig(dir))
+        .env("KNIC_REGISTRY_DIR", dir.join("registry"))
+        .env("KNIC_PLUGIN_DIR", dir.join("plugin"));
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn node_name_is_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--node-name <NODE_NAME>"), "{err}");
+}
+
+#[test]
+fn node_name_must_be_a_dns_subdomain() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[("NODE_NAME", "Worker_1")]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("invalid --node-name/NODE_NAME: \"Worker_1\" is not a DNS subdomain"),
+        "{err}"
+    );
+    assert!(!dir.path().join("registry").exists(), "nothing may be created on bad input");
+}
+
+#[test]
+fn log_level_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KNIC_LOG_LEVEL", "debug[")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid --log-level/KNIC_LOG_LEVEL \"debug[\""), "{}", stderr(&out));
+}
+
+#[test]
+fn log_format_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KNIC_LOG_FORMAT", "xml")]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("invalid value 'xml' for '--log-format <LOG_FORMAT>'"), "{err}");
+}
+
+#[test]
+fn missing_kubeconfig_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KUBECONFIG", "/nonexistent/kubeconfig")]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("reading kubeconfig /nonexistent/kubeconfig"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_regular_file_at_the_socket_path_is_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("plugin")).unwrap();
+    std::fs::write(dir.path().join("plugin/dra.sock"), b"precious").unwrap();
+    let out = run(dir.path(), &[("NODE_NAME", "n1")]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("dra.sock exists and is not a socket; refusing to replace it"), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("plugin/dra.sock")).unwrap(), b"precious");
+}
+
+#[test]
+fn a_live_driver_on_the_same_sockets_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Command::new(BIN)
+        .arg("run")
+        .env_clear()
+        .env("NODE_NAME", "n1")
+        .env("KUBECONFIG", kubeconfig(dir.path()))
+        .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
+        .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let reg = dir.path().join("registry/knic.dev-reg.sock");
+    for _ in 0..200 {
+        if reg.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reg.exists(), "first driver never registered");
+    let out = run(dir.path(), &[("NODE_NAME", "n1")]);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("dra.sock is served by another running process"), "{err}");
+}

@@ -1,0 +1,226 @@
+//! The API the e2e tests run against: the in-process fake in CI, or a real cluster when
+//! `KNIC_E2E_KUBECONFIG` is set. Both are driven through the same `kube::Client` calls with
+//! real objects and real field names, so the fake cannot drift into a private dialect.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::fakeapi::FakeApi;
+
+/// The environment variables that switch the e2e tests to a real cluster.
+pub const ENV_KUBECONFIG: &str = "KNIC_E2E_KUBECONFIG";
+/// Node name on the real cluster.
+pub const ENV_NODE: &str = "KNIC_E2E_NODE";
+/// Kubelet root directory on the real cluster's node.
+pub const ENV_KUBELET_DIR: &str = "KNIC_E2E_KUBELET_DIR";
+/// The runtime's NRI socket on the real cluster's node.
+pub const ENV_NRI_SOCKET: &str = "KNIC_E2E_NRI_SOCKET";
+
+/// Settings for a real cluster, read from the environment.
+#[derive(Debug, Clone)]
+pub struct RealCluster {
+    /// Kubeconfig with rights to create namespaces, pods and claims.
+    pub kubeconfig: PathBuf,
+    /// The node the driver runs for.
+    pub node: String,
+    /// The node's kubelet root directory.
+    pub kubelet_dir: PathBuf,
+    /// The runtime's NRI socket.
+    pub nri_socket: PathBuf,
+}
+
+impl RealCluster {
+    /// `Ok(None)` when `KNIC_E2E_KUBECONFIG` is unset (tests then report themselves skipped);
+    /// an error naming the missing variable when it is set but incomplete.
+    pub fn from_env() -> anyhow::Result<Option<RealCluster>> {
+        let Ok(kubeconfig) = std::env::var(ENV_KUBECONFIG) else {
+            return Ok(None);
+        };
+        let var = |name: &str| {
+            std::env::var(name)
+                .with_context(|| format!("{ENV_KUBECONFIG} is set, so {name} must be set too"))
+        };
+        Ok(Some(RealCluster {
+            kubeconfig: kubeconfig.into(),
+            node: var(ENV_NODE)?,
+            kubelet_dir: var(ENV_KUBELET_DIR)?.into(),
+            nri_socket: var(ENV_NRI_SOCKET)?.into(),
+        }))
+    }
+}
+
+/// One test's view of the API: a client, a kubeconfig file for the driver, the node name and a
+/// namespace of its own that is deleted at the end.
+pub struct Cluster {
+    /// Client for the test's own reads and writes.
+    pub client: kube::Client,
+    /// Kubeconfig the driver binary is started with.
+    pub kubeconfig: PathBuf,
+    /// Node name the driver runs as.
+    pub node: String,
+    /// The test's namespace.
+    pub namespace: String,
+    /// The fake, when running without a cluster.
+    pub fake: Option<FakeApi>,
+    /// Temporary files of this test.
+    pub tmp: tempfile::TempDir,
+}
+
+/// A claim created for a test, with the pod it is reserved for.
+#[derive(Debug, Clone)]
+pub struct TestClaim {
+    /// Claim name.
+    pub name: String,
+    /// Claim UID.
+    pub uid: String,
+    /// The consuming pod's UID.
+    pub pod_uid: String,
+}
+
+impl Cluster {
+    /// A fresh fake API with its own namespace.
+    pub async fn fake(test: &str) -> anyhow::Result<Cluster> {
+        let fake = FakeApi::start().await?;
+        let tmp = tempfile::Builder::new().prefix("knic-e2e-").tempdir()?;
+        let kubeconfig = tmp.path().join("kubeconfig");
+        fake.write_kubeconfig(&kubeconfig)?;
+        let cluster = Cluster {
+            client: fake.client()?,
+            kubeconfig,
+            node: "knic-node-1".into(),
+            namespace: namespace_for(test),
+            fake: Some(fake),
+            tmp,
+        };
+        cluster.create_namespace().await?;
+        Ok(cluster)
+    }
+
+    /// A namespace of its own on the real cluster.
+    pub async fn real(real: &RealCluster, test: &str) -> anyhow::Result<Cluster> {
+        let file = kube::config::Kubeconfig::read_from(&real.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default()).await?;
+        let cluster = Cluster {
+            client: kube::Client::try_from(config)?,
+            kubeconfig: real.kubeconfig.clone(),
+            node: real.node.clone(),
+            namespace: namespace_for(test),
+            fake: None,
+            tmp: tempfile::Builder::new().prefix("knic-e2e-").tempdir()?,
+        };
+        cluster.create_namespace().await?;
+        Ok(cluster)
+    }
+
+    async fn create_namespace(&self) -> anyhow::Result<()> {
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": self.namespace, "labels": {"app.kubernetes.io/part-of": "knic-e2e"}},
+        }))?;
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the test namespace (and with it, on a real cluster, its pods and claims).
+    pub async fn cleanup(&self) -> anyhow::Result<()> {
+        Api::<Namespace>::all(self.client.clone())
+            .delete(&self.namespace, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Creates a claim with one request `nic`, a pod that references it (held back from
+    /// scheduling by a scheduling gate, so no real kubelet acts on it), and, unless
+    /// `results` is `None`, an allocation with those `(driver, device)` results reserved for
+    /// the pod: the state the scheduler leaves a claim in before the kubelet calls prepare.
+    pub async fn create_claim(
+        &self,
+        name: &str,
+        results: Option<&[(&str, &str)]>,
+    ) -> anyhow::Result<TestClaim> {
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}},
+        }))?;
+        let claim = claims.create(&PostParams::default(), &claim).await?;
+        let uid = claim
+            .metadata
+            .uid
+            .clone()
+            .context("created claim has no uid")?;
+
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{name}-pod"), "namespace": self.namespace},
+            "spec": {
+                "schedulingGates": [{"name": "knic.dev/e2e-hold"}],
+                "resourceClaims": [{"name": "net", "resourceClaimName": name}],
+                "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "net"}]}}],
+            },
+        }))?;
+        let pod = pods.create(&PostParams::default(), &pod).await?;
+        let pod_uid = pod.metadata.uid.clone().context("created pod has no uid")?;
+
+        if let Some(results) = results {
+            let results: Vec<_> = results
+                .iter()
+                .map(|(driver, device)| {
+                    json!({"request": "nic", "driver": driver, "pool": self.node, "device": device})
+                })
+                .collect();
+            let status = json!({"status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": pod_uid}],
+            }});
+            claims
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
+        }
+        Ok(TestClaim {
+            name: name.into(),
+            uid,
+            pod_uid,
+        })
+    }
+
+    /// Deletes a claim (its pod too), as happens when a pod goes away before unprepare.
+    pub async fn delete_claim(&self, name: &str) -> anyhow::Result<()> {
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
+        claims.delete(name, &DeleteParams::default()).await?;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        pods.delete(&format!("{name}-pod"), &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+}
+
+fn namespace_for(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let slug: String = test
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    format!("knic-e2e-{}-{nanos:08x}", slug.trim_matches('-'))
+}

@@ -1,0 +1,112 @@
+//! Runs the real `knic-driver` binary as a child process, the way a DaemonSet would.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+/// Finds the driver binary: `KNIC_DRIVER_BIN`, else next to the test executable's target dir
+/// (`target/<profile>/knic-driver`), which `cargo test --workspace` builds.
+pub fn binary() -> anyhow::Result<PathBuf> {
+    if let Ok(bin) = std::env::var("KNIC_DRIVER_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test-binary> → target/<profile>/knic-driver
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no target directory")?;
+    let bin = profile_dir.join("knic-driver");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it with `cargo build -p knic-driver` (cargo test --workspace does) \
+             or set KNIC_DRIVER_BIN",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Everything the driver needs to know, as the environment a DaemonSet would give it.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// NODE_NAME.
+    pub node_name: String,
+    /// KUBECONFIG.
+    pub kubeconfig: PathBuf,
+    /// KNIC_REGISTRY_DIR.
+    pub registry_dir: PathBuf,
+    /// KNIC_PLUGIN_DIR.
+    pub plugin_dir: PathBuf,
+    /// Where the driver's stderr goes.
+    pub log_file: PathBuf,
+}
+
+/// A running driver; killed when dropped.
+pub struct DriverProcess {
+    child: Child,
+    config: DriverConfig,
+}
+
+impl DriverProcess {
+    /// Starts `knic-driver run` with JSON logs appended to the log file.
+    pub fn start(config: &DriverConfig) -> anyhow::Result<DriverProcess> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&config.log_file)?;
+        let child = Command::new(binary()?)
+            .arg("run")
+            .env_clear()
+            .env("NODE_NAME", &config.node_name)
+            .env("KUBECONFIG", &config.kubeconfig)
+            .env("KNIC_REGISTRY_DIR", &config.registry_dir)
+            .env("KNIC_PLUGIN_DIR", &config.plugin_dir)
+            .env("KNIC_LOG_FORMAT", "json")
+            .env("KNIC_LOG_LEVEL", "info,knic_driver=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning knic-driver")?;
+        Ok(DriverProcess {
+            child,
+            config: config.clone(),
+        })
+    }
+
+    /// The driver's log so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.config.log_file).unwrap_or_default()
+    }
+
+    /// `kill -9`: no chance to clean up, exactly like an OOM kill or node crash.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+
+    /// SIGTERM, as the kubelet sends on pod deletion; waits for the exit.
+    pub async fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
+        let pid = self.child.id().context("driver already exited")?;
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+        Ok(tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await??)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}

@@ -1,0 +1,631 @@
+//! An in-process fake Kubernetes API server for CI, where no cluster can run.
+//!
+//! It speaks the real REST paths and JSON over HTTP, so the real `knic-driver` binary talks to it
+//! through an ordinary kubeconfig, exactly as it talks to a kube-apiserver. It stores objects as
+//! JSON, assigns uid/resourceVersion/creationTimestamp, honours `generateName`, resourceVersion
+//! conflicts, delete preconditions, the `status` subresource, label and field selectors, merge
+//! patches and server-side apply (approximated as a merge patch that creates when missing; the
+//! field manager is recorded so tests can assert who wrote). Every request is recorded.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// One request the fake served, for assertions like "a repeated prepare did not re-read".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// HTTP method.
+    pub method: String,
+    /// Path without query.
+    pub path: String,
+    /// Raw query string.
+    pub query: String,
+    /// `fieldManager` query parameter, for apply/patch.
+    pub field_manager: Option<String>,
+}
+
+#[derive(Default)]
+struct Store {
+    /// Key: (collection path such as `apis/resource.k8s.io/v1/resourceclaims`, namespace, name).
+    objects: Mutex<BTreeMap<(String, String, String), Value>>,
+    requests: Mutex<Vec<Recorded>>,
+    resource_version: AtomicU64,
+    uid_counter: AtomicU64,
+}
+
+/// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
+pub struct FakeApi {
+    addr: SocketAddr,
+    store: Arc<Store>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeApi {
+    /// Starts serving on a free loopback port.
+    pub async fn start() -> anyhow::Result<FakeApi> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let store = Arc::new(Store::default());
+        let served = store.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let store = served.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let store = store.clone();
+                        async move { Ok::<_, Infallible>(handle(&store, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(FakeApi { addr, store, task })
+    }
+
+    /// Base URL for clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig pointing at this server, for the driver binary.
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: fake\n  user:\n    token: fake\ncontexts:\n- name: fake\n  context:\n    \
+             cluster: fake\n    user: fake\ncurrent-context: fake\n",
+            self.url()
+        );
+        std::fs::write(path, config)?;
+        Ok(())
+    }
+
+    /// A client for the test itself.
+    pub fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = kube::Config::new(self.url().parse()?);
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Every request served so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.store
+            .requests
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// Stored object by collection path, namespace ("" when cluster-scoped) and name.
+    pub fn object(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
+        let objects = self.store.objects.lock().ok()?;
+        objects
+            .get(&(collection.into(), namespace.into(), name.into()))
+            .cloned()
+    }
+}
+
+/// A parsed API path.
+struct Target {
+    /// `api/v1` or `apis/<group>/<version>`.
+    group_version: String,
+    resource: String,
+    namespace: String,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+impl Target {
+    fn collection(&self) -> String {
+        format!("{}/{}", self.group_version, self.resource)
+    }
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group_version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => (format!("api/{v}"), rest),
+        ["apis", g, v, rest @ ..] => (format!("apis/{g}/{v}"), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (ns.to_string(), rest),
+        _ => (String::new(), rest),
+    };
+    let (resource, name, sub) = match rest {
+        [r] => (r, None, None),
+        [r, n] => (r, Some(n.to_string()), None),
+        [r, n, s] => (r, Some(n.to_string()), Some(s.to_string())),
+        _ => return None,
+    };
+    Some(Target {
+        group_version,
+        resource: resource.to_string(),
+        namespace,
+        name,
+        subresource: sub,
+    })
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+    respond(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Looks up a dotted path such as `spec.nodeName` in an object.
+fn field<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(obj, |v, k| v.get(k))
+}
+
+fn selector_matches(obj: &Value, query: &str) -> bool {
+    let fields_ok = query_param(query, "fieldSelector").is_none_or(|sel| {
+        sel.split(',').filter(|t| !t.is_empty()).all(|term| {
+            let (k, v) = term.split_once('=').unwrap_or((term, ""));
+            let v = v.trim_start_matches('=');
+            let actual = match k {
+                "metadata.name" | "metadata.namespace" | "spec.nodeName" | "spec.driver" => {
+                    field(obj, k).and_then(Value::as_str).unwrap_or_default()
+                }
+                _ => field(obj, k).and_then(Value::as_str).unwrap_or_default(),
+            };
+            actual == v
+        })
+    });
+    let labels_ok = query_param(query, "labelSelector").is_none_or(|sel| {
+        sel.split(',')
+            .filter(|t| !t.is_empty())
+            .all(|term| match term.split_once('=') {
+                Some((k, v)) => {
+                    field(obj, "metadata.labels")
+                        .and_then(|l| l.get(k))
+                        .and_then(Value::as_str)
+                        == Some(v.trim_start_matches('='))
+                }
+                None => field(obj, "metadata.labels")
+                    .and_then(|l| l.get(term))
+                    .is_some(),
+            })
+    });
+    fields_ok && labels_ok
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Value::Object(t) = target {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    // Civil-from-days (Howard Hinnant), to avoid a date crate in a test helper.
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+impl Store {
+    fn next_rv(&self) -> String {
+        (self.resource_version.fetch_add(1, Ordering::SeqCst) + 1).to_string()
+    }
+
+    fn new_uid(&self) -> String {
+        let n = self.uid_counter.fetch_add(1, Ordering::SeqCst) + 1;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("{:08x}-{:04x}-4000-8000-{:012x}", nanos, n & 0xffff, n)
+    }
+
+    fn stamp_new(&self, obj: &mut Value, target: &Target, name: &str) {
+        let meta = &mut obj["metadata"];
+        meta["name"] = json!(name);
+        if !target.namespace.is_empty() {
+            meta["namespace"] = json!(target.namespace);
+        }
+        meta["uid"] = json!(self.new_uid());
+        meta["resourceVersion"] = json!(self.next_rv());
+        meta["creationTimestamp"] = json!(now_rfc3339());
+        meta["generation"] = json!(1);
+        if let Some(m) = meta.as_object_mut() {
+            m.remove("generateName");
+        }
+    }
+}
+
+async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    if let Ok(mut log) = store.requests.lock() {
+        log.push(Recorded {
+            method: method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            field_manager: query_param(&query, "fieldManager"),
+        });
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    let Some(target) = parse_path(&path) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no route for {path}"),
+        );
+    };
+    let parsed: Option<Value> = if body.is_empty() {
+        None
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("body is not JSON: {e}"),
+                );
+            }
+        }
+    };
+    let Ok(mut objects) = store.objects.lock() else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "store poisoned".into(),
+        );
+    };
+    let collection = target.collection();
+    let key = |name: &str| {
+        (
+            collection.clone(),
+            target.namespace.clone(),
+            name.to_string(),
+        )
+    };
+    let not_found = |name: &str| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", target.resource),
+        )
+    };
+
+    match (method, target.name.clone()) {
+        (Method::GET, None) => {
+            let items: Vec<Value> = objects
+                .iter()
+                .filter(|((c, ns, _), _)| {
+                    *c == collection && (target.namespace.is_empty() || *ns == target.namespace)
+                })
+                .map(|(_, v)| v)
+                .filter(|v| selector_matches(v, &query))
+                .cloned()
+                .collect();
+            let rv = store.resource_version.load(Ordering::SeqCst).to_string();
+            respond(
+                StatusCode::OK,
+                &json!({"apiVersion": target.group_version.trim_start_matches("api/").trim_start_matches("apis/"),
+                        "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
+            )
+        }
+        (Method::GET, Some(name)) => match objects.get(&key(&name)) {
+            Some(obj) => respond(StatusCode::OK, obj),
+            None => not_found(&name),
+        },
+        (Method::POST, None) => {
+            let Some(mut obj) = parsed else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "create needs a body".into(),
+                );
+            };
+            let name = match (
+                field(&obj, "metadata.name").and_then(Value::as_str),
+                field(&obj, "metadata.generateName").and_then(Value::as_str),
+            ) {
+                (Some(n), _) if !n.is_empty() => n.to_string(),
+                (_, Some(prefix)) => format!("{prefix}{}", &store.new_uid()[..5]),
+                _ => {
+                    return status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        "metadata.name: Required value: name or generateName is required".into(),
+                    );
+                }
+            };
+            if objects.contains_key(&key(&name)) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("{} \"{name}\" already exists", target.resource),
+                );
+            }
+            store.stamp_new(&mut obj, &target, &name);
+            objects.insert(key(&name), obj.clone());
+            respond(StatusCode::CREATED, &obj)
+        }
+        (Method::PUT, Some(name)) => {
+            let Some(new) = parsed else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "update needs a body".into(),
+                );
+            };
+            let Some(existing) = objects.get_mut(&key(&name)) else {
+                return not_found(&name);
+            };
+            let sent_rv = field(&new, "metadata.resourceVersion").and_then(Value::as_str);
+            let have_rv = field(existing, "metadata.resourceVersion").and_then(Value::as_str);
+            if sent_rv.is_some_and(|rv| Some(rv) != have_rv) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                     please apply your changes to the latest version and try again",
+                        target.resource
+                    ),
+                );
+            }
+            let meta = existing["metadata"].clone();
+            if target.subresource.as_deref() == Some("status") {
+                existing["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+            } else {
+                let status_before = existing.get("status").cloned();
+                *existing = new;
+                existing["metadata"] = meta;
+                if let Some(s) = status_before {
+                    existing["status"] = s;
+                }
+                let generation = field(existing, "metadata.generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
+                existing["metadata"]["generation"] = json!(generation + 1);
+            }
+            existing["metadata"]["resourceVersion"] = json!(store.next_rv());
+            respond(StatusCode::OK, existing)
+        }
+        (Method::PATCH, Some(name)) => {
+            let Some(patch) = parsed else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "patch needs a body".into(),
+                );
+            };
+            let apply = content_type.starts_with("application/apply-patch");
+            if !(apply
+                || content_type.starts_with("application/merge-patch+json")
+                || content_type.starts_with("application/strategic-merge-patch+json"))
+            {
+                return status(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    format!("the fake API does not implement patch type {content_type}"),
+                );
+            }
+            if apply && query_param(&query, "fieldManager").is_none() {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "PATCH with apply requires fieldManager".into(),
+                );
+            }
+            let existing = match objects.entry(key(&name)) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    if !apply || target.subresource.is_some() {
+                        return not_found(&name);
+                    }
+                    let mut obj = patch.clone();
+                    store.stamp_new(&mut obj, &target, &name);
+                    e.insert(obj.clone());
+                    return respond(StatusCode::CREATED, &obj);
+                }
+            };
+            let meta = existing["metadata"].clone();
+            let mut patch = patch;
+            if target.subresource.as_deref() == Some("status") {
+                patch = json!({"status": patch.get("status").cloned().unwrap_or(Value::Null)});
+            } else if let Some(p) = patch.as_object_mut() {
+                p.remove("status");
+            }
+            merge_patch(existing, &patch);
+            let mut merged_meta = meta;
+            if let Some(labels) = field(existing, "metadata.labels").cloned() {
+                merged_meta["labels"] = labels;
+            }
+            if let Some(annotations) = field(existing, "metadata.annotations").cloned() {
+                merged_meta["annotations"] = annotations;
+            }
+            existing["metadata"] = merged_meta;
+            existing["metadata"]["resourceVersion"] = json!(store.next_rv());
+            respond(StatusCode::OK, existing)
+        }
+        (Method::DELETE, Some(name)) => {
+            let Some(existing) = objects.get(&key(&name)) else {
+                return not_found(&name);
+            };
+            if let Some(pre) = parsed.as_ref().and_then(|b| b.get("preconditions")) {
+                for (k, path) in [
+                    ("uid", "metadata.uid"),
+                    ("resourceVersion", "metadata.resourceVersion"),
+                ] {
+                    if let Some(want) = pre.get(k).and_then(Value::as_str)
+                        && field(existing, path).and_then(Value::as_str) != Some(want)
+                    {
+                        return status(
+                            StatusCode::CONFLICT,
+                            "Conflict",
+                            format!(
+                                "Precondition failed: {k} in precondition: {want}, {k} in object meta: {}",
+                                field(existing, path)
+                                    .and_then(Value::as_str)
+                                    .unwrap_or_default()
+                            ),
+                        );
+                    }
+                }
+            }
+            let removed = objects.remove(&key(&name)).unwrap_or(Value::Null);
+            respond(StatusCode::OK, &removed)
+        }
+        (m, _) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{m} is not supported on {path}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_parse_namespaced_cluster_and_subresources() {
+        let t =
+            parse_path("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status").unwrap();
+        assert_eq!(
+            (t.collection().as_str(), t.namespace.as_str()),
+            ("apis/resource.k8s.io/v1/resourceclaims", "ns")
+        );
+        assert_eq!(
+            (t.name.as_deref(), t.subresource.as_deref()),
+            (Some("c"), Some("status"))
+        );
+        let t = parse_path("/api/v1/namespaces/ns").unwrap();
+        assert_eq!(
+            (t.resource.as_str(), t.name.as_deref(), t.namespace.as_str()),
+            ("namespaces", Some("ns"), "")
+        );
+        let t = parse_path("/apis/resource.k8s.io/v1/resourceslices").unwrap();
+        assert_eq!((t.resource.as_str(), t.name), ("resourceslices", None));
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc7386() {
+        let mut v = json!({"a": {"b": 1, "c": 2}, "l": [1, 2]});
+        merge_patch(&mut v, &json!({"a": {"b": null, "d": 3}, "l": [3]}));
+        assert_eq!(v, json!({"a": {"c": 2, "d": 3}, "l": [3]}));
+    }
+
+    #[test]
+    fn selectors_and_dates() {
+        let obj = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "n1", "driver": "knic.dev"}});
+        assert!(selector_matches(
+            &obj,
+            "fieldSelector=spec.nodeName%3Dn1%2Cspec.driver%3Dknic.dev"
+        ));
+        assert!(!selector_matches(&obj, "fieldSelector=spec.nodeName%3Dn2"));
+        assert!(selector_matches(&obj, "labelSelector=app%3Dx"));
+        assert_eq!(now_rfc3339().len(), 20);
+    }
+}

@@ -1,0 +1,311 @@
+//! A test kubelet: does what the real kubelet's plugin watcher and DRA manager do, over the real
+//! gRPC on the real unix sockets, so the driver binary is exercised exactly as on a node.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use hyper_util::rt::TokioIo;
+use knic_proto::dra::{v1, v1beta1};
+use knic_proto::pluginregistration as reg;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Which DRA API version a call goes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraVersion {
+    /// `k8s.io.kubelet.pkg.apis.dra.v1` (kubelet ≥ 1.34).
+    V1,
+    /// `k8s.io.kubelet.pkg.apis.dra.v1beta1` (kubelet 1.32/1.33).
+    V1beta1,
+}
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone)]
+pub struct ClaimId {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// One device in a prepare answer, version-independent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Pool.
+    pub pool: String,
+    /// Device.
+    pub device: String,
+    /// Request names.
+    pub request_names: Vec<String>,
+}
+
+/// A per-claim prepare outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// Devices (empty on error).
+    pub devices: Vec<Device>,
+    /// Error text; empty on success.
+    pub error: String,
+}
+
+/// Dials a unix socket the way the kubelet does (plain HTTP/2, no TLS).
+pub async fn dial(path: &Path) -> anyhow::Result<Channel> {
+    let path = path.to_path_buf();
+    let channel = Endpoint::try_from("http://[::]:50051")?
+        .connect_timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .context("dialing unix socket")?;
+    Ok(channel)
+}
+
+/// Waits for a registration socket to appear in `registry_dir`, ignoring dot files as the
+/// plugin watcher does.
+pub async fn discover(registry_dir: &Path, timeout: Duration) -> anyhow::Result<PathBuf> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(entries) = std::fs::read_dir(registry_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !name.starts_with('.') && name.ends_with("-reg.sock") {
+                    return Ok(entry.path());
+                }
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "no registration socket appeared in {} within {timeout:?}",
+                registry_dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A plugin the test kubelet has registered: its info and clients for both DRA versions.
+pub struct Plugin {
+    /// What `GetInfo` returned.
+    pub info: reg::PluginInfo,
+    /// The registration socket it came from.
+    pub registration_socket: PathBuf,
+    v1: v1::dra_plugin_client::DraPluginClient<Channel>,
+    v1beta1: v1beta1::dra_plugin_client::DraPluginClient<Channel>,
+    reg: reg::registration_client::RegistrationClient<Channel>,
+}
+
+/// Runs the kubelet's registration sequence: GetInfo (1 s timeout), validate, dial the endpoint,
+/// NotifyRegistrationStatus(true). Like the kubelet, it retries from the start while the socket
+/// refuses connections (a stale file from a killed driver is replaced moments later).
+pub async fn register(registry_dir: &Path) -> anyhow::Result<Plugin> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match register_once(registry_dir).await {
+            Ok(plugin) => return Ok(plugin),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn register_once(registry_dir: &Path) -> anyhow::Result<Plugin> {
+    let socket = discover(registry_dir, Duration::from_secs(20)).await?;
+    let mut reg = reg::registration_client::RegistrationClient::new(dial(&socket).await?);
+    let mut request = tonic::Request::new(reg::InfoRequest {});
+    request.set_timeout(Duration::from_secs(1));
+    let info = reg.get_info(request).await.context("GetInfo")?.into_inner();
+    if info.r#type != "DRAPlugin" {
+        bail!("plugin type {:?} is not DRAPlugin", info.r#type);
+    }
+    if !Path::new(&info.endpoint).is_absolute() {
+        bail!("endpoint {:?} is not absolute", info.endpoint);
+    }
+    if info.supported_versions.first().map(String::as_str) != Some("v1.DRAPlugin") {
+        bail!(
+            "supported_versions {:?} must lead with v1.DRAPlugin",
+            info.supported_versions
+        );
+    }
+    let channel = dial(Path::new(&info.endpoint)).await?;
+    reg.notify_registration_status(reg::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .context("NotifyRegistrationStatus")?;
+    Ok(Plugin {
+        info,
+        registration_socket: socket,
+        v1: v1::dra_plugin_client::DraPluginClient::new(channel.clone()),
+        v1beta1: v1beta1::dra_plugin_client::DraPluginClient::new(channel),
+        reg,
+    })
+}
+
+impl Plugin {
+    /// Tells the plugin the kubelet rejected it, as a kubelet does on a validation failure.
+    pub async fn reject(&mut self, error: &str) -> Result<(), tonic::Status> {
+        self.reg
+            .notify_registration_status(reg::RegistrationStatus {
+                plugin_registered: false,
+                error: error.into(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// NodePrepareResources over the chosen version; fails only on a gRPC error.
+    pub async fn prepare(
+        &self,
+        version: DraVersion,
+        claims: &[ClaimId],
+    ) -> anyhow::Result<HashMap<String, Prepared>> {
+        let out = match version {
+            DraVersion::V1 => {
+                let claims = claims
+                    .iter()
+                    .map(|c| v1::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect();
+                let mut client = self.v1.clone();
+                let resp = client
+                    .node_prepare_resources(with_timeout(v1::NodePrepareResourcesRequest {
+                        claims,
+                    }))
+                    .await?
+                    .into_inner();
+                resp.claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let devices = r
+                            .devices
+                            .into_iter()
+                            .map(|d| Device {
+                                pool: d.pool_name,
+                                device: d.device_name,
+                                request_names: d.request_names,
+                            })
+                            .collect();
+                        (
+                            uid,
+                            Prepared {
+                                devices,
+                                error: r.error,
+                            },
+                        )
+                    })
+                    .collect()
+            }
+            DraVersion::V1beta1 => {
+                let claims = claims
+                    .iter()
+                    .map(|c| v1beta1::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect();
+                let mut client = self.v1beta1.clone();
+                let resp = client
+                    .node_prepare_resources(with_timeout(v1beta1::NodePrepareResourcesRequest {
+                        claims,
+                    }))
+                    .await?
+                    .into_inner();
+                resp.claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let devices = r
+                            .devices
+                            .into_iter()
+                            .map(|d| Device {
+                                pool: d.pool_name,
+                                device: d.device_name,
+                                request_names: d.request_names,
+                            })
+                            .collect();
+                        (
+                            uid,
+                            Prepared {
+                                devices,
+                                error: r.error,
+                            },
+                        )
+                    })
+                    .collect()
+            }
+        };
+        Ok(out)
+    }
+
+    /// NodeUnprepareResources; returns each claim's error text (empty = success).
+    pub async fn unprepare(
+        &self,
+        version: DraVersion,
+        claims: &[ClaimId],
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let out = match version {
+            DraVersion::V1 => {
+                let claims = claims
+                    .iter()
+                    .map(|c| v1::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect();
+                let mut client = self.v1.clone();
+                client
+                    .node_unprepare_resources(with_timeout(v1::NodeUnprepareResourcesRequest {
+                        claims,
+                    }))
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| (uid, r.error))
+                    .collect()
+            }
+            DraVersion::V1beta1 => {
+                let claims = claims
+                    .iter()
+                    .map(|c| v1beta1::Claim {
+                        namespace: c.namespace.clone(),
+                        uid: c.uid.clone(),
+                        name: c.name.clone(),
+                    })
+                    .collect();
+                let mut client = self.v1beta1.clone();
+                client
+                    .node_unprepare_resources(with_timeout(
+                        v1beta1::NodeUnprepareResourcesRequest { claims },
+                    ))
+                    .await?
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| (uid, r.error))
+                    .collect()
+            }
+        };
+        Ok(out)
+    }
+}
+
+/// The kubelet's 45 s default deadline on every DRA call.
+fn with_timeout<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(Duration::from_secs(45));
+    request
+}
