@@ -57,7 +57,7 @@ pub struct PreparedClaim {
 }
 
 /// One allocated device of a prepared claim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PreparedDevice {
     /// The request as written in the allocation result (may be `request/subrequest`).
@@ -69,6 +69,11 @@ pub struct PreparedDevice {
     /// Consumable-capacity share, when the device is shared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// The device as it was published when the claim was prepared. A device given to a pod
+    /// vanishes from the host's view, but it is still allocated: it stays published from this
+    /// copy until it comes back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<k8s_openapi::api::resource::v1::Device>,
 }
 
 /// An opaque configuration entry for this driver, as captured in the allocation.
@@ -266,6 +271,7 @@ mod tests {
                     pool: "node-a".into(),
                     device: "pci-0000-03-00-0".into(),
                     share_id: None,
+                    published: None,
                 }],
                 configs: vec![OpaqueConfig {
                     source: "FromClaim".into(),

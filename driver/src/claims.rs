@@ -11,8 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::Mutex;
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
+use tokio::sync::{Mutex, watch};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore, OpaqueConfig, PreparedClaim, PreparedDevice};
 use crate::error::{Error, Result};
@@ -103,6 +103,7 @@ pub fn resolve(
             pool: r.pool.clone(),
             device: r.device.clone(),
             share_id: r.share_id.clone(),
+            published: None,
         })
         .collect();
     let mut configs: Vec<(u8, OpaqueConfig)> = devices
@@ -181,6 +182,10 @@ pub struct Preparer<S> {
     source: S,
     store: CheckpointStore,
     state: Mutex<State>,
+    /// The node's current devices, to snapshot what a prepared device looked like.
+    inventory: Option<watch::Receiver<Vec<Device>>>,
+    /// Bumped after every checkpoint write, so the publisher can re-merge retained devices.
+    changes: watch::Sender<u64>,
 }
 
 struct State {
@@ -193,6 +198,15 @@ impl<S: ClaimSource> Preparer<S> {
     /// Loads the checkpoint. A corrupt checkpoint does not stop the driver: it is logged and
     /// every prepare/unprepare answers with the error until the file is repaired or removed.
     pub fn new(driver: impl Into<String>, source: S, store: CheckpointStore) -> Arc<Self> {
+        Self::build(driver.into(), source, store, None)
+    }
+
+    fn build(
+        driver: String,
+        source: S,
+        store: CheckpointStore,
+        inventory: Option<watch::Receiver<Vec<Device>>>,
+    ) -> Arc<Self> {
         let checkpoint = store.load().map_err(|e| {
             tracing::error!(error = %e, "cannot read the checkpoint");
             e.to_string()
@@ -201,11 +215,29 @@ impl<S: ClaimSource> Preparer<S> {
             tracing::info!(path = %store.path().display(), claims = cp.claims.len(), "checkpoint loaded");
         }
         Arc::new(Preparer {
-            driver: driver.into(),
+            driver,
             source,
             store,
             state: Mutex::new(State { checkpoint }),
+            inventory,
+            changes: watch::channel(0).0,
         })
+    }
+
+    /// Like [`Preparer::new`], also recording each prepared device's published form from
+    /// `devices` (the node's current ResourceSlice devices).
+    pub fn with_devices(
+        driver: impl Into<String>,
+        source: S,
+        store: CheckpointStore,
+        devices: watch::Receiver<Vec<Device>>,
+    ) -> Arc<Self> {
+        Self::build(driver.into(), source, store, Some(devices))
+    }
+
+    /// Fires after every change to the prepared set.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Prepares every claim; each gets its own outcome, so one bad claim never hides the others.
@@ -259,7 +291,13 @@ impl<S: ClaimSource> Preparer<S> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let prepared = resolve(&self.driver, wanted, &claim, now).map_err(claim_error)?;
+        let mut prepared = resolve(&self.driver, wanted, &claim, now).map_err(claim_error)?;
+        if let Some(devices) = &self.inventory {
+            let current = devices.borrow();
+            for d in &mut prepared.devices {
+                d.published = current.iter().find(|c| c.name == d.device).cloned();
+            }
+        }
         if prepared.devices.is_empty() {
             tracing::warn!(claim = %wanted.name, namespace = %wanted.namespace,
                 "no allocation result is for this driver; preparing with no devices");
@@ -289,6 +327,7 @@ impl<S: ClaimSource> Preparer<S> {
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         self.save(next.clone()).await?;
         state.checkpoint = Ok(next);
+        self.changes.send_modify(|n| *n += 1);
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
             devices = prepared.devices.len(), "claim prepared");
         Ok(answer(&prepared))
@@ -305,6 +344,7 @@ impl<S: ClaimSource> Preparer<S> {
         next.claims.remove(&wanted.uid);
         self.save(next.clone()).await?;
         state.checkpoint = Ok(next);
+        self.changes.send_modify(|n| *n += 1);
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, "claim unprepared");
         Ok(())
     }

@@ -8,7 +8,11 @@
 pub mod checkpoint;
 pub mod claims;
 pub mod error;
+pub mod inventory;
 pub mod kubelet;
+pub mod netlink;
+pub mod node;
+pub mod slices;
 
 pub use error::{Error, Result};
 

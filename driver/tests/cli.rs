@@ -1,6 +1,8 @@
 //! The binary's start-up contract: bad settings fail fast with a message naming the flag (and
 //! its environment twin) and the rule, and nothing is left behind.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -55,32 +57,58 @@ fn node_name_must_be_a_dns_subdomain() {
         err.contains("invalid --node-name/NODE_NAME: \"Worker_1\" is not a DNS subdomain"),
         "{err}"
     );
-    assert!(!dir.path().join("registry").exists(), "nothing may be created on bad input");
+    assert!(
+        !dir.path().join("registry").exists(),
+        "nothing may be created on bad input"
+    );
 }
 
 #[test]
 fn log_level_is_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KNIC_LOG_LEVEL", "debug[")]);
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_LOG_LEVEL", "debug[")],
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("invalid --log-level/KNIC_LOG_LEVEL \"debug[\""), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("invalid --log-level/KNIC_LOG_LEVEL \"debug[\""),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn log_format_is_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KNIC_LOG_FORMAT", "xml")]);
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_LOG_FORMAT", "xml")],
+    );
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("invalid value 'xml' for '--log-format <LOG_FORMAT>'"), "{err}");
+    assert!(
+        err.contains("invalid value 'xml' for '--log-format <LOG_FORMAT>'"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_kubeconfig_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(dir.path(), &[("NODE_NAME", "n1"), ("KUBECONFIG", "/nonexistent/kubeconfig")]);
+    let out = run(
+        dir.path(),
+        &[
+            ("NODE_NAME", "n1"),
+            ("KUBECONFIG", "/nonexistent/kubeconfig"),
+        ],
+    );
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("reading kubeconfig /nonexistent/kubeconfig"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("reading kubeconfig /nonexistent/kubeconfig"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -91,8 +119,14 @@ fn a_regular_file_at_the_socket_path_is_not_replaced() {
     let out = run(dir.path(), &[("NODE_NAME", "n1")]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("dra.sock exists and is not a socket; refusing to replace it"), "{err}");
-    assert_eq!(std::fs::read(dir.path().join("plugin/dra.sock")).unwrap(), b"precious");
+    assert!(
+        err.contains("dra.sock exists and is not a socket; refusing to replace it"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("plugin/dra.sock")).unwrap(),
+        b"precious"
+    );
 }
 
 #[test]
@@ -121,5 +155,8 @@ fn a_live_driver_on_the_same_sockets_is_not_taken_over() {
     let _ = first.wait();
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("dra.sock is served by another running process"), "{err}");
+    assert!(
+        err.contains("dra.sock is served by another running process"),
+        "{err}"
+    );
 }

@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::Frame;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio::sync::broadcast;
 
 /// One request the fake served, for assertions like "a repeated prepare did not re-read".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +36,21 @@ pub struct Recorded {
     pub field_manager: Option<String>,
 }
 
-#[derive(Default)]
+type Body = BoxBody<Bytes, Infallible>;
+
+/// One change, as a watch stream reports it.
+#[derive(Debug, Clone)]
+struct Event {
+    rv: u64,
+    collection: String,
+    namespace: String,
+    kind: &'static str,
+    object: Value,
+}
+
 struct Store {
+    events: Mutex<Vec<Event>>,
+    feed: broadcast::Sender<Event>,
     /// Key: (collection path such as `apis/resource.k8s.io/v1/resourceclaims`, namespace, name).
     objects: Mutex<BTreeMap<(String, String, String), Value>>,
     requests: Mutex<Vec<Recorded>>,
@@ -61,7 +76,14 @@ impl FakeApi {
     pub async fn start() -> anyhow::Result<FakeApi> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let store = Arc::new(Store::default());
+        let store = Arc::new(Store {
+            events: Mutex::new(Vec::new()),
+            feed: broadcast::channel(4096).0,
+            objects: Mutex::default(),
+            requests: Mutex::default(),
+            resource_version: AtomicU64::new(0),
+            uid_counter: AtomicU64::new(0),
+        });
         let served = store.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -198,7 +220,92 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn status(code: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+/// Streams watch events: everything after `resourceVersion` (all current objects as ADDED when
+/// it is absent or "0"), then live changes, until `timeoutSeconds`.
+fn watch(store: &Store, target: Target, query: &str) -> Response<Body> {
+    let collection = target.collection();
+    let namespace = target.namespace.clone();
+    let matches = {
+        let query = query.to_string();
+        move |e: &Event| {
+            e.collection == collection
+                && (namespace.is_empty() || e.namespace == namespace)
+                && selector_matches(&e.object, &query)
+        }
+    };
+    let mut live = store.feed.subscribe();
+    let since: u64 = query_param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // Writers hold the objects lock while they bump the resourceVersion and emit, so reading
+    // both under it gives a consistent cut between backlog and live events.
+    let Ok(guard) = store.objects.lock() else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "store poisoned".into(),
+        );
+    };
+    let mut last = store.resource_version.load(Ordering::SeqCst).max(since);
+    let backlog: Vec<Value> = if since == 0 {
+        guard
+            .iter()
+            .filter(|((c, ns, _), _)| {
+                *c == target.collection()
+                    && (target.namespace.is_empty() || *ns == target.namespace)
+            })
+            .map(|(_, v)| v)
+            .filter(|v| selector_matches(v, query))
+            .map(|v| json!({"type": "ADDED", "object": v}))
+            .collect()
+    } else {
+        let log = store.events.lock().map(|l| l.clone()).unwrap_or_default();
+        log.iter()
+            .filter(|e| e.rv > since && matches(e))
+            .map(|e| json!({"type": e.kind, "object": e.object}))
+            .collect()
+    };
+    drop(guard);
+    let timeout = query_param(query, "timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300u64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    tokio::spawn(async move {
+        let line = |v: &Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+        for v in &backlog {
+            if tx.send(line(v)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(std::time::Duration::from_secs(timeout));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                () = &mut deadline => return,
+                event = live.recv() => match event {
+                    Ok(e) if e.rv > last && matches(&e) => {
+                        last = e.rv;
+                        if tx.send(line(&json!({"type": e.kind, "object": e.object}))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut resp = Response::new(BodyExt::boxed(body));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
     respond(
         code,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -206,8 +313,8 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response<Full<Byte
     )
 }
 
-fn respond(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+fn respond(code: StatusCode, body: &Value) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -300,6 +407,25 @@ fn now_rfc3339() -> String {
 }
 
 impl Store {
+    /// Records a change for watchers; `obj` already carries its new resourceVersion.
+    fn emit(&self, target: &Target, kind: &'static str, obj: &Value) {
+        let rv = field(obj, "metadata.resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let event = Event {
+            rv,
+            collection: target.collection(),
+            namespace: target.namespace.clone(),
+            kind,
+            object: obj.clone(),
+        };
+        if let Ok(mut log) = self.events.lock() {
+            log.push(event.clone());
+        }
+        let _ = self.feed.send(event);
+    }
+
     fn next_rv(&self) -> String {
         (self.resource_version.fetch_add(1, Ordering::SeqCst) + 1).to_string()
     }
@@ -329,7 +455,7 @@ impl Store {
     }
 }
 
-async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
@@ -396,6 +522,35 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
     };
 
     match (method, target.name.clone()) {
+        (Method::GET, None)
+            if matches!(query_param(&query, "watch").as_deref(), Some("1" | "true")) =>
+        {
+            drop(objects);
+            watch(store, target, &query)
+        }
+        (Method::DELETE, None) => {
+            let doomed: Vec<_> = objects
+                .iter()
+                .filter(|((c, ns, _), v)| {
+                    *c == collection
+                        && (target.namespace.is_empty() || *ns == target.namespace)
+                        && selector_matches(v, &query)
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut items = Vec::new();
+            for k in doomed {
+                if let Some(mut removed) = objects.remove(&k) {
+                    removed["metadata"]["resourceVersion"] = json!(store.next_rv());
+                    store.emit(&target, "DELETED", &removed);
+                    items.push(removed);
+                }
+            }
+            respond(
+                StatusCode::OK,
+                &json!({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}),
+            )
+        }
         (Method::GET, None) => {
             let items: Vec<Value> = objects
                 .iter()
@@ -448,6 +603,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
             }
             store.stamp_new(&mut obj, &target, &name);
             objects.insert(key(&name), obj.clone());
+            store.emit(&target, "ADDED", &obj);
             respond(StatusCode::CREATED, &obj)
         }
         (Method::PUT, Some(name)) => {
@@ -490,6 +646,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 existing["metadata"]["generation"] = json!(generation + 1);
             }
             existing["metadata"]["resourceVersion"] = json!(store.next_rv());
+            store.emit(&target, "MODIFIED", existing);
             respond(StatusCode::OK, existing)
         }
         (Method::PATCH, Some(name)) => {
@@ -527,6 +684,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
                     let mut obj = patch.clone();
                     store.stamp_new(&mut obj, &target, &name);
                     e.insert(obj.clone());
+                    store.emit(&target, "ADDED", &obj);
                     return respond(StatusCode::CREATED, &obj);
                 }
             };
@@ -547,6 +705,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
             }
             existing["metadata"] = merged_meta;
             existing["metadata"]["resourceVersion"] = json!(store.next_rv());
+            store.emit(&target, "MODIFIED", existing);
             respond(StatusCode::OK, existing)
         }
         (Method::DELETE, Some(name)) => {
@@ -574,7 +733,9 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Full<Bytes>> 
                     }
                 }
             }
-            let removed = objects.remove(&key(&name)).unwrap_or(Value::Null);
+            let mut removed = objects.remove(&key(&name)).unwrap_or(Value::Null);
+            removed["metadata"]["resourceVersion"] = json!(store.next_rv());
+            store.emit(&target, "DELETED", &removed);
             respond(StatusCode::OK, &removed)
         }
         (m, _) => status(

@@ -65,7 +65,9 @@ pub fn base32_lower(data: &[u8]) -> String {
         }
     }
     if bits > 0 {
-        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 0x1f) as usize]));
+        out.push(char::from(
+            ALPHABET[((buffer << (5 - bits)) & 0x1f) as usize],
+        ));
     }
     out
 }
@@ -76,8 +78,14 @@ mod tests {
 
     #[test]
     fn inventory_names_pci() {
-        assert_eq!(pci_device_name("0000:a2:01.0").as_deref(), Some("pci-0000-a2-01-0"));
-        assert_eq!(pci_device_name("10000:E1:00.7").as_deref(), Some("pci-10000-e1-00-7"));
+        assert_eq!(
+            pci_device_name("0000:a2:01.0").as_deref(),
+            Some("pci-0000-a2-01-0")
+        );
+        assert_eq!(
+            pci_device_name("10000:E1:00.7").as_deref(),
+            Some("pci-10000-e1-00-7")
+        );
         assert_eq!(pci_device_name("virtio2"), None);
         assert_eq!(pci_device_name("0000:zz:00.0"), None);
         assert_eq!(pci_device_name("0000::00.0"), None);
@@ -93,7 +101,10 @@ mod tests {
         assert_eq!(netdev_device_name("my_if"), "net-nv4v62lg");
         assert_eq!(netdev_device_name("-x"), "net-fv4a");
         // Reserved prefixes are always encoded, so they cannot collide with other forms.
-        assert_eq!(netdev_device_name("pci-0000-a2-01-0"), "net-obrwsljqgaydallbgiwtamjnga");
+        assert_eq!(
+            netdev_device_name("pci-0000-a2-01-0"),
+            "net-obrwsljqgaydallbgiwtamjnga"
+        );
         assert_eq!(netdev_device_name("net-abc"), "net-nzsxillbmjrq");
         // 15 bytes, the kernel maximum, stays a label.
         let longest = netdev_device_name("ABCDEFGHIJKLMNO");

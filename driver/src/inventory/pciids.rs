@@ -141,7 +141,11 @@ impl PciNames {
 
     /// The device's name.
     pub fn device(&self, vendor: u16, device: u16) -> Option<String> {
-        if let Some(name) = self.host.as_ref().and_then(|db| db.device_name(vendor, device)) {
+        if let Some(name) = self
+            .host
+            .as_ref()
+            .and_then(|db| db.device_name(vendor, device))
+        {
             return Some(name.to_owned());
         }
         if !self.embedded {
@@ -187,12 +191,18 @@ C 02  Network controller
         assert_eq!(db.vendor_count(), 3);
         assert_eq!(db.vendor_name(0x8086), Some("Intel Corporation"));
         assert_eq!(db.vendor_name(0x15b3), Some("Mellanox Technologies"));
-        assert_eq!(db.device_name(0x8086, 0x1521), Some("I350 Gigabit Network Connection"));
+        assert_eq!(
+            db.device_name(0x8086, 0x1521),
+            Some("I350 Gigabit Network Connection")
+        );
         assert_eq!(
             db.device_name(0x8086, 0x159b),
             Some("Ethernet Controller E810-XXV for SFP")
         );
-        assert_eq!(db.device_name(0x15b3, 0x1017), Some("MT27800 Family [ConnectX-5]"));
+        assert_eq!(
+            db.device_name(0x15b3, 0x1017),
+            Some("MT27800 Family [ConnectX-5]")
+        );
         // Subsystems and class lines are not devices.
         assert_eq!(db.device_name(0x8086, 0x8086), None);
         assert_eq!(db.device_name(0x15b3, 0x1234), None);
@@ -211,7 +221,10 @@ C 02  Network controller
         assert_eq!(names.vendor(0x8086).as_deref(), Some("Host Intel"));
         assert_eq!(names.device(0x8086, 0x159b).as_deref(), Some("Host E810"));
         // Not in the host file: the embedded database answers.
-        assert_eq!(names.vendor(0x15b3).as_deref(), Some("Mellanox Technologies"));
+        assert_eq!(
+            names.vendor(0x15b3).as_deref(),
+            Some("Mellanox Technologies")
+        );
         assert_eq!(
             names.device(0x8086, 0x1889).as_deref(),
             Some("Ethernet Adaptive Virtual Function")

@@ -206,7 +206,11 @@ mod tests {
             root.join("sys/class/net/eth0"),
         )
         .unwrap();
-        symlink("../..", root.join("sys/devices/pci0000:00/0000:00:03.0/net/eth0/device")).unwrap();
+        symlink(
+            "../..",
+            root.join("sys/devices/pci0000:00/0000:00:03.0/net/eth0/device"),
+        )
+        .unwrap();
         // Too many "..": clamped at the root instead of escaping it.
         symlink(
             "../../../../../../../../bus/pci/drivers/ice",
@@ -215,9 +219,17 @@ mod tests {
         .unwrap();
         // Absolute targets are taken relative to the root.
         symlink("/sys/class/net/eth0", root.join("sys/abs")).unwrap();
-        fs::write(root.join("sys/devices/pci0000:00/0000:00:03.0/vendor"), "0x1af4\n").unwrap();
+        fs::write(
+            root.join("sys/devices/pci0000:00/0000:00:03.0/vendor"),
+            "0x1af4\n",
+        )
+        .unwrap();
         fs::write(root.join("sys/devices/pci0000:00/0000:00:03.0/empty"), "\n").unwrap();
-        fs::write(root.join("sys/devices/pci0000:00/0000:00:03.0/numa_node"), "-1\n").unwrap();
+        fs::write(
+            root.join("sys/devices/pci0000:00/0000:00:03.0/numa_node"),
+            "-1\n",
+        )
+        .unwrap();
 
         let sysfs = Sysfs::new(root);
         assert_eq!(
@@ -236,17 +248,35 @@ mod tests {
             sysfs.resolve(Path::new("sys/abs")),
             PathBuf::from("sys/devices/pci0000:00/0000:00:03.0/net/eth0")
         );
-        assert_eq!(sysfs.read_hex(Path::new("sys/class/net/eth0/device/vendor")), Some(0x1af4));
-        assert_eq!(sysfs.read(Path::new("sys/class/net/eth0/device/empty")), None);
-        assert_eq!(sysfs.read(Path::new("sys/class/net/eth0/device/missing")), None);
-        assert_eq!(sysfs.read_i64(Path::new("sys/class/net/eth0/device/numa_node")), Some(-1));
+        assert_eq!(
+            sysfs.read_hex(Path::new("sys/class/net/eth0/device/vendor")),
+            Some(0x1af4)
+        );
+        assert_eq!(
+            sysfs.read(Path::new("sys/class/net/eth0/device/empty")),
+            None
+        );
+        assert_eq!(
+            sysfs.read(Path::new("sys/class/net/eth0/device/missing")),
+            None
+        );
+        assert_eq!(
+            sysfs.read_i64(Path::new("sys/class/net/eth0/device/numa_node")),
+            Some(-1)
+        );
         assert!(sysfs.exists(Path::new("sys/devices/pci0000:00/0000:00:03.0/driver")));
         assert!(!sysfs.is_dir(Path::new("sys/devices/pci0000:00/0000:00:03.0/driver")));
-        assert_eq!(sysfs.list(Path::new("sys/class/net")), vec!["eth0".to_owned()]);
+        assert_eq!(
+            sysfs.list(Path::new("sys/class/net")),
+            vec!["eth0".to_owned()]
+        );
         assert!(sysfs.list(Path::new("sys/nope")).is_empty());
 
         let faulty = Sysfs::new(root).with_fault("sys/devices/pci0000:00/0000:00:03.0/vendor", 22);
-        assert_eq!(faulty.read(Path::new("sys/class/net/eth0/device/vendor")), None);
+        assert_eq!(
+            faulty.read(Path::new("sys/class/net/eth0/device/vendor")),
+            None
+        );
     }
 
     #[test]

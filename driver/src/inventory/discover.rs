@@ -1,0 +1,801 @@
+//! The discovery walk: gather sysfs facts about netdevs and PCI network functions, classify
+//! them, attach attributes, then decide what is offered.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::filter::{Filter, Subject};
+use super::names::{netdev_device_name, pci_device_name};
+use super::pciids::PciNames;
+use super::sources::{LinkInfo, Sources};
+use super::sysfs::Sysfs;
+use super::{
+    ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, AttrValue, DeviceKind, ExcludedDevice, Inventory,
+    MAX_ATTRIBUTES, MAX_STRING_LEN, NetDevice,
+};
+
+/// ARPHRD_LOOPBACK.
+const ARPHRD_LOOPBACK: i64 = 772;
+/// IFF_LOOPBACK.
+const IFF_LOOPBACK: u32 = 0x8;
+/// How far to walk up from a netdev's `device` through non-PCI buses (virtio) to its function.
+const MAX_PARENT_WALK: usize = 4;
+
+/// Sysfs (and netlink) facts about one netdev.
+#[derive(Debug)]
+struct Netdev {
+    name: String,
+    /// Root-relative real directory (`sys/devices/.../net/<name>`).
+    real: PathBuf,
+    /// The PCI function owning it, through `device` (and virtio) links.
+    pci: Option<String>,
+    /// Whether it is a software device (no `device` link, or under `devices/virtual`).
+    is_virtual: bool,
+    is_loopback: bool,
+    phys_port_name: Option<String>,
+    dev_port: i64,
+    /// Driver of a non-PCI parent device (USB, auxiliary, …).
+    parent_driver: Option<String>,
+    link: Option<LinkInfo>,
+}
+
+/// Sysfs facts about one PCI network function.
+#[derive(Debug, Default)]
+struct PciFn {
+    bdf: String,
+    real: PathBuf,
+    vendor: Option<u16>,
+    device: Option<u16>,
+    sub_vendor: Option<u16>,
+    sub_device: Option<u16>,
+    driver: Option<String>,
+    numa: Option<i64>,
+    total_vfs: Option<i64>,
+    num_vfs: Option<i64>,
+    /// PF address, for a VF.
+    physfn: Option<String>,
+    /// Netdev names under this function (`net/`, `virtio*/net/`), sorted.
+    netdevs: Vec<String>,
+}
+
+impl PciFn {
+    fn kind(&self) -> DeviceKind {
+        if self.physfn.is_some() {
+            DeviceKind::Vf
+        } else if self.total_vfs.unwrap_or(0) > 0 {
+            DeviceKind::Pf
+        } else {
+            DeviceKind::Nic
+        }
+    }
+}
+
+/// A device before the decision: what it is, plus the facts the filter needs.
+struct Candidate {
+    device: NetDevice,
+    /// Reason it can never be offered (loopback, representor), decided during classification.
+    never: Option<String>,
+    alt_names: Vec<String>,
+    pci_ids: Option<(u16, u16)>,
+    driver: Option<String>,
+}
+
+struct Walk<'a> {
+    sysfs: &'a Sysfs,
+    sources: &'a Sources,
+    names: PciNames,
+    netdevs: BTreeMap<String, Netdev>,
+    pci: BTreeMap<String, PciFn>,
+}
+
+pub(super) fn run(
+    sysfs: &Sysfs,
+    sources: &Sources,
+    default_route_ifaces: &BTreeSet<String>,
+    filter: &Filter,
+) -> Inventory {
+    let mut walk = Walk {
+        sysfs,
+        sources,
+        names: PciNames::load(sysfs.root()),
+        netdevs: BTreeMap::new(),
+        pci: BTreeMap::new(),
+    };
+    walk.scan();
+    let candidates = walk.candidates();
+    let route_reasons = walk.route_closure(default_route_ifaces);
+    decide(candidates, &route_reasons, filter)
+}
+
+impl Walk<'_> {
+    /// Finds every netdev (class/net and PCI functions' net/ dirs) and every PCI network
+    /// function, and links them.
+    fn scan(&mut self) {
+        let class_net = Path::new("sys/class/net");
+        for name in self.sysfs.list(class_net) {
+            let rel = class_net.join(&name);
+            if self.sysfs.is_dir(&rel) {
+                let real = self.sysfs.resolve(&rel);
+                self.netdevs
+                    .entry(name.clone())
+                    .or_insert_with(|| new_netdev(&name, real));
+            }
+        }
+        let bus = Path::new("sys/bus/pci/devices");
+        for bdf in self.sysfs.list(bus) {
+            let real = self.sysfs.resolve(&bus.join(&bdf));
+            let class = self.sysfs.read_hex(&real.join("class"));
+            if class.is_some_and(|c| c >> 16 == 0x02) {
+                self.add_pci(&bdf, real);
+            }
+        }
+        let functions: Vec<(String, PathBuf)> = self
+            .pci
+            .values()
+            .map(|f| (f.bdf.clone(), f.real.clone()))
+            .collect();
+        for (_, real) in functions {
+            let mut dirs = vec![real.join("net")];
+            dirs.extend(
+                self.sysfs
+                    .list(&real)
+                    .into_iter()
+                    .filter(|e| e.starts_with("virtio"))
+                    .map(|e| real.join(e).join("net")),
+            );
+            for dir in dirs {
+                for name in self.sysfs.list(&dir) {
+                    let real = self.sysfs.resolve(&dir.join(&name));
+                    self.netdevs
+                        .entry(name.clone())
+                        .or_insert_with(|| new_netdev(&name, real));
+                }
+            }
+        }
+        let names: Vec<String> = self.netdevs.keys().cloned().collect();
+        for name in names {
+            self.classify_netdev(&name);
+        }
+    }
+
+    fn add_pci(&mut self, bdf: &str, real: PathBuf) {
+        if self.pci.contains_key(bdf) {
+            return;
+        }
+        let s = self.sysfs;
+        let hex16 = |file: &str| {
+            s.read_hex(&real.join(file))
+                .and_then(|v| u16::try_from(v).ok())
+        };
+        let function = PciFn {
+            bdf: bdf.to_owned(),
+            vendor: hex16("vendor"),
+            device: hex16("device"),
+            sub_vendor: hex16("subsystem_vendor"),
+            sub_device: hex16("subsystem_device"),
+            driver: s.link_name(&real.join("driver")),
+            numa: s.read_i64(&real.join("numa_node")).filter(|n| *n >= 0),
+            total_vfs: s.read_i64(&real.join("sriov_totalvfs")),
+            num_vfs: s.read_i64(&real.join("sriov_numvfs")),
+            physfn: s.link_name(&real.join("physfn")),
+            netdevs: Vec::new(),
+            real,
+        };
+        self.pci.insert(bdf.to_owned(), function);
+    }
+
+    fn classify_netdev(&mut self, name: &str) {
+        let s = self.sysfs;
+        let Some(dev) = self.netdevs.get(name) else {
+            return;
+        };
+        let real = dev.real.clone();
+        let parent = s.link_target(&real.join("device"));
+        let is_virtual = parent.is_none() || real.starts_with("sys/devices/virtual");
+        let mut pci = None;
+        let mut parent_driver = None;
+        if let (false, Some(mut cur)) = (is_virtual, parent) {
+            for _ in 0..MAX_PARENT_WALK {
+                let subsystem = s.link_name(&cur.join("subsystem"));
+                let base = cur.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                let looks_pci = pci_device_name(base).is_some() && s.exists(&cur.join("class"));
+                if subsystem.as_deref() == Some("pci") || (subsystem.is_none() && looks_pci) {
+                    let bdf = base.to_owned();
+                    self.add_pci(&bdf, cur.clone());
+                    pci = Some(bdf);
+                    break;
+                }
+                if subsystem.as_deref() != Some("virtio") {
+                    parent_driver = s.link_name(&cur.join("driver"));
+                    break;
+                }
+                match cur.parent() {
+                    Some(up) => cur = up.to_owned(),
+                    None => break,
+                }
+            }
+        }
+        let type_ = s.read_i64(&real.join("type"));
+        let flags = s
+            .read_hex(&real.join("flags"))
+            .is_some_and(|f| f & IFF_LOOPBACK != 0);
+        let link = self.sources.links.link(name);
+        let dev = Netdev {
+            name: name.to_owned(),
+            is_virtual,
+            is_loopback: type_ == Some(ARPHRD_LOOPBACK) || flags,
+            phys_port_name: s.read(&real.join("phys_port_name")),
+            dev_port: s.read_i64(&real.join("dev_port")).unwrap_or(0),
+            parent_driver,
+            link,
+            pci: pci.clone(),
+            real,
+        };
+        if let Some(function) = pci.and_then(|bdf| self.pci.get_mut(&bdf)) {
+            function.netdevs.push(name.to_owned());
+            function.netdevs.sort();
+        }
+        self.netdevs.insert(name.to_owned(), dev);
+    }
+
+    /// One candidate per PCI function (or per port netdev of it), per representor, and per
+    /// netdev without a PCI function.
+    fn candidates(&self) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for function in self.pci.values() {
+            let kind = function.kind();
+            let (reps, ports): (Vec<&Netdev>, Vec<&Netdev>) = function
+                .netdevs
+                .iter()
+                .filter_map(|n| self.netdevs.get(n))
+                .partition(|d| d.phys_port_name.as_deref().is_some_and(is_representor_port));
+            let Some(base) = pci_device_name(&function.bdf) else {
+                tracing::warn!(bdf = %function.bdf, "not a PCI address; skipping function");
+                continue;
+            };
+            if ports.is_empty() {
+                out.push(self.pci_candidate(function, kind, base.clone(), None));
+            }
+            for port in ports {
+                let name = if port.dev_port > 0 {
+                    format!("{base}-p{}", port.dev_port)
+                } else {
+                    base.clone()
+                };
+                out.push(self.pci_candidate(function, kind, name, Some(port)));
+            }
+            for rep in reps {
+                let mut attrs = Attrs::default();
+                attrs.str("kind", DeviceKind::Representor.as_str());
+                attrs.str("pciAddress", &function.bdf);
+                self.netdev_attrs(rep, &mut attrs);
+                out.push(Candidate {
+                    device: NetDevice {
+                        name: netdev_device_name(&rep.name),
+                        kind: DeviceKind::Representor,
+                        if_name: Some(rep.name.clone()),
+                        pci_address: Some(function.bdf.clone()),
+                        attributes: attrs.finish(&rep.name),
+                    },
+                    never: Some(format!(
+                        "switchdev representor (phys_port_name {})",
+                        rep.phys_port_name.as_deref().unwrap_or_default()
+                    )),
+                    alt_names: alt_names(rep),
+                    pci_ids: None,
+                    driver: function.driver.clone(),
+                });
+            }
+        }
+        for dev in self.netdevs.values().filter(|d| d.pci.is_none()) {
+            let kind = if dev.is_loopback {
+                DeviceKind::Loopback
+            } else if dev.is_virtual {
+                DeviceKind::Virtual
+            } else {
+                DeviceKind::Nic
+            };
+            let mut attrs = Attrs::default();
+            attrs.str("kind", kind.as_str());
+            if let Some(driver) = &dev.parent_driver {
+                attrs.str("driver", driver);
+            }
+            if kind == DeviceKind::Virtual
+                && let Some(link_kind) = self.link_kind(dev)
+            {
+                attrs.str("linkKind", &link_kind);
+            }
+            self.netdev_attrs(dev, &mut attrs);
+            out.push(Candidate {
+                device: NetDevice {
+                    name: netdev_device_name(&dev.name),
+                    kind,
+                    if_name: Some(dev.name.clone()),
+                    pci_address: None,
+                    attributes: attrs.finish(&dev.name),
+                },
+                never: (kind == DeviceKind::Loopback).then(|| "loopback".to_owned()),
+                alt_names: alt_names(dev),
+                pci_ids: None,
+                driver: dev.parent_driver.clone(),
+            });
+        }
+        out
+    }
+
+    fn pci_candidate(
+        &self,
+        function: &PciFn,
+        kind: DeviceKind,
+        name: String,
+        port: Option<&Netdev>,
+    ) -> Candidate {
+        let s = self.sysfs;
+        let mut attrs = Attrs::default();
+        attrs.str("kind", kind.as_str());
+        attrs.str("pciAddress", &function.bdf);
+        attrs.str(ATTR_PCI_BUS_ID, &function.bdf);
+        if let Some(root) = pcie_root(&function.real) {
+            attrs.str(ATTR_PCIE_ROOT, &root);
+        }
+        if let Some(vendor) = function.vendor {
+            attrs.str("pciVendor", &format!("{vendor:04x}"));
+            if let Some(name) = self.names.vendor(vendor) {
+                attrs.str("vendorName", &name);
+            }
+            if let Some(device) = function.device
+                && let Some(name) = self.names.device(vendor, device)
+            {
+                attrs.str("deviceName", &name);
+            }
+        }
+        if let Some(device) = function.device {
+            attrs.str("pciDevice", &format!("{device:04x}"));
+        }
+        if let (Some(sv), Some(sd)) = (function.sub_vendor, function.sub_device) {
+            attrs.str("pciSubsystem", &format!("{sv:04x}:{sd:04x}"));
+        }
+        if let Some(driver) = &function.driver {
+            attrs.str("driver", driver);
+        }
+        if let Some(numa) = function.numa {
+            attrs.int("numaNode", numa);
+        }
+        attrs.bool("sriov", kind == DeviceKind::Pf);
+        if kind == DeviceKind::Pf {
+            if let Some(total) = function.total_vfs {
+                attrs.int("sriovTotalVfs", total);
+            }
+            if let Some(num) = function.num_vfs {
+                attrs.int("sriovNumVfs", num);
+            }
+            if let Some(mode) = self.sources.devlink.eswitch_mode(&function.bdf) {
+                attrs.str("eswitchMode", mode.as_str());
+            }
+        }
+        if let Some(pf_bdf) = &function.physfn {
+            attrs.str("pfPciAddress", pf_bdf);
+            let pf_real = function.real.join("physfn");
+            let pf_name = self.pf_netdev(&pf_real);
+            if let Some(pf_name) = &pf_name {
+                attrs.str("pfName", pf_name);
+            }
+            let index = s
+                .list(&pf_real)
+                .iter()
+                .filter_map(|e| e.strip_prefix("virtfn")?.parse::<i64>().ok())
+                .find(|n| {
+                    s.link_name(&pf_real.join(format!("virtfn{n}"))).as_deref()
+                        == Some(function.bdf.as_str())
+                });
+            if let Some(index) = index {
+                attrs.int("vfIndex", index);
+            }
+            // Without a netdev, the PF's VF table is the only place the VF's MAC shows.
+            if let (None, Some(index), Some(pf_name)) = (port, index, &pf_name) {
+                let mac = self
+                    .sources
+                    .links
+                    .link(pf_name)
+                    .and_then(|l| l.vfs.into_iter().find(|v| i64::from(v.index) == index))
+                    .and_then(|v| v.mac)
+                    .filter(|m| !is_zero_mac(m));
+                if let Some(mac) = mac {
+                    attrs.str("mac", &mac);
+                }
+            }
+        }
+        let ib = s.list(&function.real.join("infiniband"));
+        attrs.bool("rdma", !ib.is_empty());
+        if let Some(first) = ib.first() {
+            attrs.str("rdmaDevice", first);
+        }
+        if let Some(port) = port {
+            self.netdev_attrs(port, &mut attrs);
+        }
+        Candidate {
+            device: NetDevice {
+                name,
+                kind,
+                if_name: port.map(|p| p.name.clone()),
+                pci_address: Some(function.bdf.clone()),
+                attributes: attrs.finish(port.map_or(function.bdf.as_str(), |p| p.name.as_str())),
+            },
+            never: None,
+            alt_names: port.map(alt_names).unwrap_or_default(),
+            pci_ids: function.vendor.zip(function.device),
+            driver: function.driver.clone(),
+        }
+    }
+
+    /// The PF's own netdev: the only one under `physfn/net/`, or among several (switchdev
+    /// uplink plus representors) the uplink, whose `phys_port_name` is `p<N>`.
+    fn pf_netdev(&self, pf_real: &Path) -> Option<String> {
+        let dir = pf_real.join("net");
+        let names = self.sysfs.list(&dir);
+        if names.len() <= 1 {
+            return names.into_iter().next();
+        }
+        names.into_iter().find(|n| {
+            self.sysfs
+                .read(&dir.join(n).join("phys_port_name"))
+                .is_some_and(|p| is_uplink_port(&p))
+        })
+    }
+
+    fn netdev_attrs(&self, dev: &Netdev, attrs: &mut Attrs) {
+        let s = self.sysfs;
+        attrs.str("ifName", &dev.name);
+        if let Some(mac) = s
+            .read(&dev.real.join("address"))
+            .filter(|m| !is_zero_mac(m))
+        {
+            attrs.str("mac", &mac);
+        }
+        if let Some(mtu) = s.read_i64(&dev.real.join("mtu")).filter(|m| *m > 0) {
+            attrs.int("mtu", mtu);
+        }
+        let state = s
+            .read(&dev.real.join("operstate"))
+            .or_else(|| dev.link.as_ref().and_then(|l| l.oper_state.clone()))
+            .filter(|st| st != "unknown");
+        if let Some(state) = state {
+            attrs.str("state", &state);
+        }
+        if let Some(speed) = s.read_i64(&dev.real.join("speed")).filter(|v| *v > 0) {
+            attrs.int("speed", speed);
+        }
+        if let Some(features) = self.sources.ethtool.active_features(&dev.name) {
+            attrs.bool("vlanCapable", !features.contains("vlan-challenged"));
+        }
+    }
+
+    /// The software kind: netlink's IFLA_INFO_KIND, else uevent DEVTYPE, else the per-kind
+    /// sysfs directories.
+    fn link_kind(&self, dev: &Netdev) -> Option<String> {
+        if let Some(kind) = dev.link.as_ref().and_then(|l| l.kind.clone()) {
+            return Some(kind);
+        }
+        if let Some(devtype) = self.sysfs.read(&dev.real.join("uevent")).and_then(|u| {
+            u.lines()
+                .find_map(|l| l.strip_prefix("DEVTYPE=").map(str::to_owned))
+        }) {
+            return Some(devtype);
+        }
+        if self.sysfs.is_dir(&dev.real.join("bonding")) {
+            return Some("bond".to_owned());
+        }
+        if self.sysfs.is_dir(&dev.real.join("bridge")) {
+            return Some("bridge".to_owned());
+        }
+        None
+    }
+
+    fn is_aggregate(&self, dev: &Netdev) -> bool {
+        self.link_kind(dev)
+            .is_some_and(|k| matches!(k.as_str(), "bond" | "bridge" | "team"))
+    }
+
+    /// The interfaces that must stay with the node because a default route depends on them:
+    /// the route interfaces, their bond/bridge masters, and (transitively) the slaves, ports and
+    /// lower devices of those. Maps interface name to the reason. A route interface need not be
+    /// visible itself (a capture may lack the bridge): its ports still point at it.
+    fn route_closure(&self, routes: &BTreeSet<String>) -> BTreeMap<String, String> {
+        let master_of: BTreeMap<&str, BTreeSet<String>> = self
+            .netdevs
+            .values()
+            .map(|d| (d.name.as_str(), self.masters(d)))
+            .collect();
+        let mut reasons: BTreeMap<String, String> = BTreeMap::new();
+        let mut work: Vec<(String, String)> = Vec::new();
+        for name in routes {
+            reasons.insert(name.clone(), "carries a node default route".to_owned());
+            work.push((name.clone(), name.clone()));
+        }
+        while let Some((name, root)) = work.pop() {
+            let mut related: Vec<(String, &str)> = Vec::new();
+            if let Some(dev) = self.netdevs.get(&name) {
+                for master in master_of.get(dev.name.as_str()).into_iter().flatten() {
+                    related.push((master.clone(), "bond/bridge master"));
+                }
+                for lower in self.lowers(dev) {
+                    related.push((lower, "slave, port or lower device"));
+                }
+            }
+            for (other, masters) in &master_of {
+                if masters.contains(&name) {
+                    related.push(((*other).to_owned(), "slave, port or lower device"));
+                }
+            }
+            for (other, relation) in related {
+                if reasons.contains_key(&other) {
+                    continue;
+                }
+                reasons.insert(
+                    other.clone(),
+                    format!("{relation} of {name}, which serves the default route on {root}"),
+                );
+                work.push((other, root.clone()));
+            }
+        }
+        reasons
+    }
+
+    /// `master`, netlink's master, and `upper_*` links that are bonds or bridges.
+    fn masters(&self, dev: &Netdev) -> BTreeSet<String> {
+        let s = self.sysfs;
+        let mut out = BTreeSet::new();
+        if let Some(master) = s.link_name(&dev.real.join("master")) {
+            out.insert(master);
+        }
+        if let Some(master) = dev.link.as_ref().and_then(|l| l.master.clone()) {
+            out.insert(master);
+        }
+        for entry in s.list(&dev.real) {
+            if let Some(upper) = entry.strip_prefix("upper_")
+                && self
+                    .netdevs
+                    .get(upper)
+                    .is_some_and(|u| self.is_aggregate(u))
+            {
+                out.insert(upper.to_owned());
+            }
+        }
+        out
+    }
+
+    /// `lower_*` links, bridge ports (`brif/`) and bond slaves (`bonding/slaves`).
+    fn lowers(&self, dev: &Netdev) -> BTreeSet<String> {
+        let s = self.sysfs;
+        let mut out: BTreeSet<String> = s
+            .list(&dev.real)
+            .iter()
+            .filter_map(|e| e.strip_prefix("lower_").map(str::to_owned))
+            .collect();
+        out.extend(s.list(&dev.real.join("brif")));
+        if let Some(slaves) = s.read(&dev.real.join("bonding/slaves")) {
+            out.extend(slaves.split_whitespace().map(str::to_owned));
+        }
+        out
+    }
+}
+
+fn new_netdev(name: &str, real: PathBuf) -> Netdev {
+    Netdev {
+        name: name.to_owned(),
+        real,
+        pci: None,
+        is_virtual: false,
+        is_loopback: false,
+        phys_port_name: None,
+        dev_port: 0,
+        parent_driver: None,
+        link: None,
+    }
+}
+
+fn alt_names(dev: &Netdev) -> Vec<String> {
+    dev.link
+        .as_ref()
+        .map(|l| l.alt_names.clone())
+        .unwrap_or_default()
+}
+
+/// Applies the never-offer rules, the route closure and the filter.
+fn decide(
+    candidates: Vec<Candidate>,
+    route_reasons: &BTreeMap<String, String>,
+    filter: &Filter,
+) -> Inventory {
+    let mut inventory = Inventory::default();
+    let mut taken = BTreeSet::new();
+    for candidate in candidates {
+        let device = &candidate.device;
+        let route = device.if_name.as_ref().and_then(|n| route_reasons.get(n));
+        let mut names: Vec<&str> = device.if_name.iter().map(String::as_str).collect();
+        names.extend(candidate.alt_names.iter().map(String::as_str));
+        let subject = Subject {
+            names,
+            pci: candidate.pci_ids,
+            driver: candidate.driver.as_deref(),
+            kind: Some(device.kind),
+        };
+        let reason = if let Some(never) = candidate.never {
+            Some(never)
+        } else if let Some(route) = route {
+            Some(route.clone())
+        } else if let Some((i, rule)) = filter.excluded_by(&subject) {
+            Some(format!("matches filter exclude[{i}] {:?}", rule.text()))
+        } else if filter.has_include() {
+            filter
+                .included_by(&subject)
+                .is_none()
+                .then(|| "matches no filter include entry".to_owned())
+        } else if device.kind == DeviceKind::Virtual {
+            Some(
+                "virtual interface: offered only when a filter include entry matches it".to_owned(),
+            )
+        } else {
+            None
+        };
+        let reason = match reason {
+            None if !taken.insert(device.name.clone()) => {
+                tracing::warn!(name = %device.name, "duplicate device name; keeping the first");
+                Some("duplicate device name".to_owned())
+            }
+            other => other,
+        };
+        match reason {
+            Some(reason) => inventory.excluded.push(ExcludedDevice {
+                device: candidate.device,
+                reason,
+            }),
+            None => inventory.devices.push(candidate.device),
+        }
+    }
+    inventory.devices.sort_by(|a, b| a.name.cmp(&b.name));
+    inventory
+        .excluded
+        .sort_by(|a, b| a.device.name.cmp(&b.device.name));
+    inventory
+}
+
+/// The root complex of a PCI function from its real path: the `pci<domain>:<bus>` directory
+/// right below `sys/devices`.
+fn pcie_root(real: &Path) -> Option<String> {
+    let rest = real.strip_prefix("sys/devices").ok()?;
+    let first = rest.components().next()?.as_os_str().to_str()?;
+    first.starts_with("pci").then(|| first.to_owned())
+}
+
+/// `p0`, `p1`: a PF uplink port.
+fn is_uplink_port(name: &str) -> bool {
+    name.strip_prefix('p').is_some_and(all_digits)
+}
+
+/// Representor `phys_port_name`s: `pf0vf1`, `pf0sf2`, `c1pf0vf1`, `c1pf0` (host PF on a DPU),
+/// `pf0hpf`, and ice's legacy `pf0vfr1`.
+fn is_representor_port(name: &str) -> bool {
+    let mut rest = name;
+    if let Some(after_c) = rest.strip_prefix('c') {
+        let (digits, tail) = split_digits(after_c);
+        if digits.is_empty() {
+            return false;
+        }
+        rest = tail;
+    }
+    let Some(after_pf) = rest.strip_prefix("pf") else {
+        return false;
+    };
+    let (digits, tail) = split_digits(after_pf);
+    if digits.is_empty() {
+        return false;
+    }
+    if tail.is_empty() {
+        return name.starts_with('c');
+    }
+    if tail == "hpf" {
+        return true;
+    }
+    ["vfr", "vf", "sf"]
+        .iter()
+        .any(|p| tail.strip_prefix(p).is_some_and(all_digits))
+}
+
+fn split_digits(s: &str) -> (&str, &str) {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    s.split_at(end)
+}
+
+fn all_digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn is_zero_mac(mac: &str) -> bool {
+    mac.bytes().all(|b| b == b'0' || b == b':')
+}
+
+/// Attribute map builder enforcing the ResourceSlice limits.
+#[derive(Default)]
+struct Attrs(BTreeMap<String, AttrValue>);
+
+impl Attrs {
+    fn str(&mut self, key: &str, value: &str) {
+        if value.len() > MAX_STRING_LEN {
+            tracing::warn!(
+                attribute = key,
+                value,
+                "attribute value longer than {MAX_STRING_LEN} bytes; left out"
+            );
+            return;
+        }
+        self.0
+            .insert(key.to_owned(), AttrValue::Str(value.to_owned()));
+    }
+
+    fn int(&mut self, key: &str, value: i64) {
+        self.0.insert(key.to_owned(), AttrValue::Int(value));
+    }
+
+    fn bool(&mut self, key: &str, value: bool) {
+        self.0.insert(key.to_owned(), AttrValue::Bool(value));
+    }
+
+    fn finish(self, device: &str) -> BTreeMap<String, AttrValue> {
+        let mut map = self.0;
+        if map.len() > MAX_ATTRIBUTES {
+            tracing::warn!(
+                device,
+                count = map.len(),
+                "more than {MAX_ATTRIBUTES} attributes; dropping the last by name"
+            );
+            while map.len() > MAX_ATTRIBUTES {
+                map.pop_last();
+            }
+        }
+        map
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inventory_port_names() {
+        for rep in [
+            "pf0vf0", "pf1vf12", "pf0sf2", "c1pf0vf1", "c1pf0", "pf0hpf", "pf0vfr1",
+        ] {
+            assert!(is_representor_port(rep), "{rep}");
+        }
+        for not in [
+            "p0", "p1", "pf0", "pf", "pfvf1", "c1", "cpf0vf1", "pf0vf", "sby", "",
+        ] {
+            assert!(!is_representor_port(not), "{not}");
+        }
+        assert!(is_uplink_port("p0") && is_uplink_port("p12"));
+        assert!(!is_uplink_port("p") && !is_uplink_port("pf0vf0"));
+        assert_eq!(
+            pcie_root(Path::new("sys/devices/pci0000:a2/0000:a2:00.0")).as_deref(),
+            Some("pci0000:a2")
+        );
+        assert_eq!(pcie_root(Path::new("bus/pci/devices/0000:a2:00.0")), None);
+        assert!(is_zero_mac("00:00:00:00:00:00") && !is_zero_mac("02:00:00:00:00:00"));
+    }
+
+    #[test]
+    fn inventory_attrs_limits() {
+        let mut attrs = Attrs::default();
+        attrs.str("long", &"x".repeat(MAX_STRING_LEN + 1));
+        // Sorts first, so it survives the trim to the limit.
+        attrs.str("a-edge", &"x".repeat(MAX_STRING_LEN));
+        for i in 0..40 {
+            attrs.int(&format!("a{i:02}"), i);
+        }
+        let map = attrs.finish("dev");
+        assert!(!map.contains_key("long"));
+        assert!(map.contains_key("a-edge"));
+        assert!(!map.contains_key("a39"));
+        assert_eq!(map.len(), MAX_ATTRIBUTES);
+    }
+}

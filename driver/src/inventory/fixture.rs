@@ -1,0 +1,218 @@
+//! Materialises the text fixtures of `driver/tests/fixtures/sysfs/` (format: that directory's
+//! README) into a real directory tree, so discovery runs against them exactly as against a live
+//! `/sys`. Public rather than test-only so other crates' tests and a CLI `--root` demo can use
+//! the same captures.
+//!
+//! `!ERR <ERRNO>` lines cannot be a property of a plain file: the file is created empty and its
+//! errno is returned in the fault table for [`Sysfs::with_faults`](super::Sysfs::with_faults).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use super::sources::FakeEthtool;
+use crate::error::{Error, Result};
+
+/// Writes the fixture `text` below `root` and returns its fault table (root-relative path →
+/// errno). Paths must be relative and stay inside `root`.
+pub fn materialise(text: &str, root: &Path) -> Result<BTreeMap<PathBuf, i32>> {
+    let mut faults = BTreeMap::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((index, line)) = lines.next() {
+        let n = index + 1;
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (path, rest) = match line.split_once(' ') {
+            Some((path, rest)) => (path, rest),
+            None => (line, ""),
+        };
+        let rel = checked_path(path, n)?;
+        let target = root.join(&rel);
+        if let Some(link) = rest.strip_prefix("-> ") {
+            make_parent(&target, n)?;
+            symlink(link, &target).map_err(|e| io_err(n, &target, e))?;
+        } else if let Some(value) = rest.strip_prefix('=') {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            make_parent(&target, n)?;
+            let content = if value == "<<EOF" {
+                let mut body = String::new();
+                loop {
+                    let Some((_, next)) = lines.next() else {
+                        return Err(bad(n, "heredoc without closing EOF"));
+                    };
+                    if next == "EOF" {
+                        break;
+                    }
+                    body.push_str(next);
+                    body.push('\n');
+                }
+                body
+            } else if let Some(errno) = value.strip_prefix("!ERR ") {
+                let errno = errno_number(errno.trim())
+                    .ok_or_else(|| bad(n, &format!("unknown errno {errno:?}")))?;
+                faults.insert(rel.clone(), errno);
+                String::new()
+            } else {
+                format!("{value}\n")
+            };
+            fs::write(&target, content).map_err(|e| io_err(n, &target, e))?;
+        } else if rest.is_empty() && path.ends_with('/') {
+            fs::create_dir_all(&target).map_err(|e| io_err(n, &target, e))?;
+        } else {
+            return Err(bad(
+                n,
+                "expected `path/`, `path = value` or `path -> target`",
+            ));
+        }
+    }
+    Ok(faults)
+}
+
+/// Reads the `ethtool-features.real.txt` capture (`ifname feature changeable=B active=B
+/// never_change=B` lines) into a fake ethtool source holding the active bits.
+pub fn ethtool_capture(text: &str) -> FakeEthtool {
+    let mut fake = FakeEthtool::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(if_name), Some(feature)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if if_name.starts_with('#') {
+            continue;
+        }
+        let entry = fake.active.entry(if_name.to_owned()).or_default();
+        if words.any(|w| w == "active=1") {
+            entry.insert(feature.to_owned());
+        }
+    }
+    fake
+}
+
+/// The errno names fixtures use.
+pub fn errno_number(name: &str) -> Option<i32> {
+    Some(match name {
+        "EPERM" => 1,
+        "ENOENT" => 2,
+        "EIO" => 5,
+        "EAGAIN" => 11,
+        "EACCES" => 13,
+        "EBUSY" => 16,
+        "ENODEV" => 19,
+        "EINVAL" => 22,
+        "ENODATA" => 61,
+        "EOPNOTSUPP" => 95,
+        _ => return None,
+    })
+}
+
+fn checked_path(path: &str, n: usize) -> Result<PathBuf> {
+    let rel = PathBuf::from(path.trim_end_matches('/'));
+    let inside = rel
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if path.is_empty() || !inside {
+        return Err(bad(
+            n,
+            &format!("path {path:?} must be relative, without `..`"),
+        ));
+    }
+    Ok(rel)
+}
+
+fn make_parent(target: &Path, n: usize) -> Result<()> {
+    match target.parent() {
+        Some(parent) => fs::create_dir_all(parent).map_err(|e| io_err(n, parent, e)),
+        None => Ok(()),
+    }
+}
+
+fn bad(n: usize, what: &str) -> Error {
+    Error::io(
+        format!("fixture line {n}"),
+        io::Error::new(io::ErrorKind::InvalidData, what.to_owned()),
+    )
+}
+
+fn io_err(n: usize, path: &Path, e: io::Error) -> Error {
+    Error::io(format!("fixture line {n}: {}", path.display()), e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inventory_fixture_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "\
+# header
+sys/class/net/
+sys/class/net/lo -> ../../devices/virtual/net/lo
+sys/devices/virtual/net/lo/mtu = 65536
+sys/devices/virtual/net/lo/ifalias = 
+sys/devices/virtual/net/lo/speed = !ERR EINVAL
+sys/devices/virtual/net/lo/uevent = <<EOF
+INTERFACE=lo
+IFINDEX=1
+EOF
+";
+        let faults = materialise(text, dir.path()).unwrap();
+        assert_eq!(
+            faults,
+            BTreeMap::from([(PathBuf::from("sys/devices/virtual/net/lo/speed"), 22)])
+        );
+        let lo = dir.path().join("sys/devices/virtual/net/lo");
+        assert_eq!(fs::read_to_string(lo.join("mtu")).unwrap(), "65536\n");
+        assert_eq!(fs::read_to_string(lo.join("ifalias")).unwrap(), "\n");
+        assert_eq!(fs::read_to_string(lo.join("speed")).unwrap(), "");
+        assert_eq!(
+            fs::read_to_string(lo.join("uevent")).unwrap(),
+            "INTERFACE=lo\nIFINDEX=1\n"
+        );
+        assert_eq!(
+            fs::read_link(dir.path().join("sys/class/net/lo")).unwrap(),
+            PathBuf::from("../../devices/virtual/net/lo")
+        );
+
+        for (bad_text, want) in [
+            (
+                "sys/a = !ERR EWHAT\n",
+                "fixture line 1: unknown errno \"EWHAT\"",
+            ),
+            (
+                "sys/a = <<EOF\nx\n",
+                "fixture line 1: heredoc without closing EOF",
+            ),
+            (
+                "sys/../a = 1\n",
+                "fixture line 1: path \"sys/../a\" must be relative",
+            ),
+            (
+                "/sys/a = 1\n",
+                "fixture line 1: path \"/sys/a\" must be relative",
+            ),
+            ("sys/a ~ 1\n", "fixture line 1: expected `path/`"),
+        ] {
+            let got = materialise(bad_text, dir.path()).unwrap_err().to_string();
+            assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn inventory_fixture_ethtool_capture() {
+        let fake = ethtool_capture(
+            "# c\n## h\nlo vlan-challenged changeable=0 active=1 never_change=1\n\
+             lo rx-vlan-filter changeable=0 active=0 never_change=0\n\
+             eth0 vlan-challenged changeable=0 active=0 never_change=1\n",
+        );
+        assert_eq!(
+            fake.active["lo"].iter().collect::<Vec<_>>(),
+            vec!["vlan-challenged"]
+        );
+        assert!(fake.active["eth0"].is_empty());
+        assert_eq!(fake.active.len(), 2);
+    }
+}

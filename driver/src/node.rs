@@ -1,0 +1,144 @@
+//! Keeps the node's published devices current: rescans on link events (coalescing bursts), on
+//! changes to the prepared set, and on a slow timer, and hands the result to the publisher.
+//!
+//! A device given to a pod vanishes from the host's view (its netdev is in the pod's network
+//! namespace) but is still allocated: it stays published from the copy the checkpoint took at
+//! prepare time until it comes back or the claim is unprepared.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::resource::v1::Device;
+use tokio::sync::watch;
+
+use crate::claims::{ClaimSource, Preparer};
+use crate::inventory::filter::Filter;
+use crate::inventory::sources::Sources;
+use crate::inventory::{self, Inventory};
+use crate::{netlink, slices};
+
+/// How to discover: the sysfs root, the admin filter, and whether to ask netlink.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// Root under which `sys/` (and `proc/net/` for default routes) are read.
+    pub root: PathBuf,
+    /// The admin's include/exclude filter.
+    pub filter: Filter,
+    /// Whether to add rtnetlink/ethtool/devlink facts (off: sysfs only).
+    pub netlink: bool,
+}
+
+impl Discovery {
+    /// One full discovery. Never fails: unreadable facts are left out.
+    pub async fn scan(&self) -> Inventory {
+        let sources = if self.netlink {
+            netlink::snapshot().await.into_sources()
+        } else {
+            Sources::sysfs_only()
+        };
+        let root = self.root.clone();
+        let filter = self.filter.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            let routes = netlink::default_route_interfaces(&root);
+            inventory::discover(&root, &sources, &routes, &filter)
+        });
+        match scan.await {
+            Ok(inv) => inv,
+            Err(e) => {
+                tracing::error!(error = %e, "discovery panicked; publishing nothing new");
+                Inventory::default()
+            }
+        }
+    }
+}
+
+/// Timing of the rescan loop.
+#[derive(Debug, Clone)]
+pub struct RescanSettings {
+    /// Wait this long after a trigger to absorb a burst of link events.
+    pub coalesce: Duration,
+    /// Rescan at least this often.
+    pub period: Duration,
+}
+
+impl Default for RescanSettings {
+    fn default() -> Self {
+        RescanSettings {
+            coalesce: Duration::from_millis(250),
+            period: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Devices of this node's pool that prepared claims hold, as published at prepare time.
+pub async fn retained<S: ClaimSource>(preparer: &Preparer<S>, node: &str) -> Vec<Device> {
+    let Ok(checkpoint) = preparer.prepared().await else {
+        return Vec::new();
+    };
+    checkpoint
+        .claims
+        .values()
+        .flat_map(|c| c.devices.iter())
+        .filter(|d| d.pool == node)
+        .filter_map(|d| d.published.clone())
+        .collect()
+}
+
+/// Rescans until `shutdown` turns true, sending the node's devices to `out` whenever they change.
+pub async fn keep_current<S: ClaimSource>(
+    discovery: Discovery,
+    node: String,
+    preparer: Arc<Preparer<S>>,
+    out: watch::Sender<Vec<Device>>,
+    settings: RescanSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut events = match netlink::link_events() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "no rtnetlink link events; relying on periodic rescans");
+            None
+        }
+    };
+    let mut prepared = preparer.subscribe();
+    let mut scans: u64 = 0;
+    loop {
+        let inventory = discovery.scan().await;
+        let devices = slices::devices(&inventory, &retained(&preparer, &node).await);
+        scans += 1;
+        let changed = out.send_if_modified(|current| {
+            if *current == devices {
+                false
+            } else {
+                *current = devices;
+                true
+            }
+        });
+        tracing::debug!(
+            scans,
+            changed,
+            devices = out.borrow().len(),
+            "rescan finished"
+        );
+
+        let link_event = async {
+            match events.as_mut() {
+                Some(e) => e.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = link_event => {}
+            _ = prepared.changed() => {}
+            () = tokio::time::sleep(settings.period) => {}
+        }
+        // Coalesce: let the burst finish, then drop whatever else queued up meanwhile.
+        tokio::time::sleep(settings.coalesce).await;
+        if let Some(e) = events.as_mut() {
+            while let Some(Some(())) = e.next().now_or_never() {}
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! From an inventory to ResourceSlices, as pure functions.
+//!
+//! [`desired`] decides what the node publishes (devices validated against the apiserver's rules,
+//! split into slices); [`plan`] compares that with what the API holds and decides the fewest
+//! writes, the pool generation and the slice names, following the Go `resourceslice` controller
+//! (shared/spec §4.2) so schedulers see the same pool semantics as with any Go driver. The
+//! publisher in [`publisher`] is the only place that performs writes.
+
+pub mod publisher;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::inventory::{AttrValue, Inventory, NetDevice};
+
+/// The apiserver's cap on devices in one slice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The cap when any device uses taints, counters or list attributes.
+pub const MAX_DEVICES_PER_SLICE_ADVANCED: usize = 64;
+/// The apiserver's cap on attributes plus capacities per device.
+pub const MAX_ATTRIBUTES_PER_DEVICE: usize = 32;
+/// The apiserver's cap on a string or version attribute value.
+pub const MAX_ATTRIBUTE_STRING: usize = 64;
+
+/// The Node that owns the pool: slices carry an owner reference so they go away with the Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOwner {
+    /// Node name; also the pool name and `spec.nodeName`.
+    pub node_name: String,
+    /// Node UID, for the owner reference.
+    pub node_uid: String,
+}
+
+/// Checks a Kubernetes DNS label (device names must be one).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_c_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Checks an attribute key: a C identifier (≤ 32) in the driver's domain, or
+/// `<DNS subdomain ≤ 63>/<C identifier ≤ 32>`.
+pub fn is_qualified_name(key: &str) -> bool {
+    match key.split_once('/') {
+        None => key.len() <= 32 && is_c_identifier(key),
+        Some((domain, id)) => {
+            domain.len() <= 63
+                && crate::check_dns_subdomain(domain).is_ok()
+                && id.len() <= 32
+                && is_c_identifier(id)
+        }
+    }
+}
+
+/// Converts one inventory device, leaving out (with a log line) whatever the apiserver would
+/// reject: an invalid name drops the device, an invalid or over-long attribute drops the
+/// attribute. A slice that is rejected would hide every other device on the node.
+pub fn to_api_device(dev: &NetDevice) -> Option<Device> {
+    if !is_dns_label(&dev.name) {
+        tracing::warn!(device = %dev.name, "device name is not a DNS label; not published");
+        return None;
+    }
+    let mut attributes = BTreeMap::new();
+    for (key, value) in &dev.attributes {
+        if !is_qualified_name(key) {
+            tracing::warn!(device = %dev.name, attribute = %key, "attribute name is not a qualified name; left out");
+            continue;
+        }
+        let attr = match value {
+            AttrValue::Int(i) => DeviceAttribute {
+                int: Some(*i),
+                ..Default::default()
+            },
+            AttrValue::Bool(b) => DeviceAttribute {
+                bool: Some(*b),
+                ..Default::default()
+            },
+            AttrValue::Str(s) if s.chars().count() > MAX_ATTRIBUTE_STRING => {
+                tracing::warn!(device = %dev.name, attribute = %key, len = s.chars().count(),
+                    "attribute value longer than 64 characters; left out");
+                continue;
+            }
+            AttrValue::Str(s) => DeviceAttribute {
+                string: Some(s.clone()),
+                ..Default::default()
+            },
+        };
+        if attributes.len() == MAX_ATTRIBUTES_PER_DEVICE {
+            tracing::warn!(device = %dev.name, attribute = %key, "more than 32 attributes; left out");
+            continue;
+        }
+        attributes.insert(key.clone(), attr);
+    }
+    Some(Device {
+        name: dev.name.clone(),
+        attributes: (!attributes.is_empty()).then_some(attributes),
+        ..Default::default()
+    })
+}
+
+fn uses_advanced_features(d: &Device) -> bool {
+    d.taints.as_ref().is_some_and(|t| !t.is_empty())
+        || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+}
+
+/// The node's devices as published: the inventory's devices validated for the apiserver, plus
+/// `retained` devices (prepared for a pod, hence gone from the host's view, but still
+/// allocated) that the inventory no longer shows; in name order, names unique.
+pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
+    let mut devices: Vec<Device> = inventory.devices.iter().filter_map(to_api_device).collect();
+    for kept in retained {
+        if !devices.iter().any(|d| d.name == kept.name) {
+            devices.push(kept.clone());
+        }
+    }
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices.dedup_by(|b, a| {
+        let dup = a.name == b.name;
+        if dup {
+            tracing::warn!(device = %b.name, "duplicate device name; only the first is published");
+        }
+        dup
+    });
+    devices
+}
+
+/// Splits devices into slices: at most 128 per slice (64 when any device uses taints or
+/// counters), devices kept in order (the scheduler allocates first-fit in slice-name order, so
+/// the order is stable), and always at least one slice: an empty pool and no pool mean
+/// different things to the scheduler.
+pub fn split(devices: &[Device]) -> Vec<Vec<Device>> {
+    let per_slice = if devices.iter().any(uses_advanced_features) {
+        MAX_DEVICES_PER_SLICE_ADVANCED
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
+    if devices.is_empty() {
+        return vec![Vec::new()];
+    }
+    devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
+}
+
+/// The node's desired slices for an inventory with nothing retained.
+pub fn desired(inventory: &Inventory) -> Vec<Vec<Device>> {
+    split(&devices(inventory, &[]))
+}
+
+/// The writes that bring the API to the desired state, in the order they must happen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Pool generation the written slices carry.
+    pub generation: i64,
+    /// Obsolete slices, deleted first (with uid and resourceVersion preconditions).
+    pub deletes: Vec<ResourceSlice>,
+    /// Existing slices with a new spec (metadata kept, so the resourceVersion guards the write).
+    pub updates: Vec<ResourceSlice>,
+    /// New slices (with `generateName` and the Node owner reference).
+    pub creates: Vec<ResourceSlice>,
+}
+
+impl Plan {
+    /// True when the API already holds the desired state.
+    pub fn is_empty(&self) -> bool {
+        self.deletes.is_empty() && self.updates.is_empty() && self.creates.is_empty()
+    }
+}
+
+/// The `generateName` prefix for slice `index` of `count` (1.36+ scheme): the index in hex,
+/// zero-padded, then driver and node.
+pub fn name_prefix(driver: &str, node: &str, index: usize, count: usize) -> String {
+    let digits = format!("{:x}", count.saturating_sub(1)).len().max(5);
+    format!("{index:0digits$x}-{driver}-{node}-")
+}
+
+fn parse_index(name: &str, driver: &str, node: &str) -> Option<usize> {
+    let (hex, rest) = name.split_once('-')?;
+    if hex.len() < 5 || !rest.starts_with(&format!("{driver}-{node}-")) {
+        return None;
+    }
+    usize::from_str_radix(hex, 16).ok()
+}
+
+fn spec(
+    driver: &str,
+    node: &str,
+    generation: i64,
+    count: usize,
+    devices: &[Device],
+) -> ResourceSliceSpec {
+    ResourceSliceSpec {
+        driver: driver.into(),
+        node_name: Some(node.into()),
+        pool: ResourcePool {
+            name: node.into(),
+            generation,
+            resource_slice_count: count as i64,
+        },
+        devices: (!devices.is_empty()).then(|| devices.to_vec()),
+        ..Default::default()
+    }
+}
+
+/// Compares specs the way the apiserver stores them: an empty device list is the same as none.
+fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
+    let norm = |s: &ResourceSliceSpec| {
+        let mut s = s.clone();
+        if s.devices.as_ref().is_some_and(Vec::is_empty) {
+            s.devices = None;
+        }
+        s
+    };
+    norm(a) == norm(b)
+}
+
+/// Spec pairs `(sent, stored)` where the apiserver dropped fields (a feature gate is off): the
+/// stored form is accepted as meaning the sent one, so the publisher does not loop rewriting it.
+pub type Accepted = [(ResourceSliceSpec, ResourceSliceSpec)];
+
+fn unchanged(existing: &ResourceSliceSpec, want: &ResourceSliceSpec, accepted: &Accepted) -> bool {
+    same(existing, want)
+        || accepted
+            .iter()
+            .any(|(sent, stored)| same(sent, want) && same(stored, existing))
+}
+
+/// Decides the writes for one pool. Pure: `existing` is what a LIST returned for this driver and
+/// node. Generation rule (Go controller): it stays the same only if no slice is created or
+/// deleted and at most one slice changes; otherwise it is bumped and every slice rewritten, so a
+/// consumer never mixes slices of two states.
+pub fn plan(
+    driver: &str,
+    owner: &PoolOwner,
+    existing: &[ResourceSlice],
+    desired: &[Vec<Device>],
+    accepted: &Accepted,
+) -> Plan {
+    let node = owner.node_name.as_str();
+    let ours: Vec<&ResourceSlice> = existing
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.pool.name == node)
+        .collect();
+    let current = ours
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    let count = desired.len();
+
+    // Match existing slices to desired indexes; among duplicates keep the newest generation.
+    let mut matched: Vec<Option<&ResourceSlice>> = vec![None; count];
+    let mut deletes = Vec::new();
+    let mut sorted = ours.clone();
+    sorted.sort_by(|a, b| {
+        b.spec
+            .pool
+            .generation
+            .cmp(&a.spec.pool.generation)
+            .then(a.metadata.name.cmp(&b.metadata.name))
+    });
+    for slice in sorted {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        match parse_index(name, driver, node) {
+            Some(i) if i < count && matched[i].is_none() => matched[i] = Some(slice),
+            _ => deletes.push(slice.clone()),
+        }
+    }
+
+    let keep_generation = current.max(1);
+    let changed: Vec<usize> = (0..count)
+        .filter(|&i| {
+            matched[i].is_some_and(|s| {
+                !unchanged(
+                    &s.spec,
+                    &spec(driver, node, keep_generation, count, &desired[i]),
+                    accepted,
+                )
+            })
+        })
+        .collect();
+    let missing = matched.iter().any(Option::is_none);
+    let bump = current == 0 || missing || !deletes.is_empty() || changed.len() > 1;
+    let generation = if bump { current + 1 } else { keep_generation };
+
+    let mut updates = Vec::new();
+    let mut creates = Vec::new();
+    for (i, devices) in desired.iter().enumerate() {
+        let want = spec(driver, node, generation, count, devices);
+        match matched[i] {
+            Some(slice) if bump || changed.contains(&i) => {
+                let mut next = slice.clone();
+                next.spec = want;
+                updates.push(next);
+            }
+            Some(_) => {}
+            None => creates.push(ResourceSlice {
+                metadata: ObjectMeta {
+                    generate_name: Some(name_prefix(driver, node, i, count)),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: node.into(),
+                        uid: owner.node_uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: None,
+                    }]),
+                    ..Default::default()
+                },
+                spec: want,
+            }),
+        }
+    }
+    if updates.is_empty() && creates.is_empty() && deletes.is_empty() {
+        return Plan {
+            generation: current,
+            ..Default::default()
+        };
+    }
+    Plan {
+        generation,
+        deletes,
+        updates,
+        creates,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,285 @@
+//! Keeps the node's ResourceSlices equal to the inventory: the one place that writes slices.
+//!
+//! A sync lists this driver's slices for the node, asks the pure [`super::plan`] for the writes
+//! and performs them (deletes with preconditions, then updates guarded by resourceVersion, then
+//! creates). Syncs are triggered by a new inventory, by any slice event not caused by our own
+//! writes (the kubelet wipes a node's slices when it restarts or loses the plugin for 30 s), and
+//! by a slow periodic timer; a burst of triggers is coalesced into one sync. Failures retry with
+//! exponential backoff. Fields an apiserver drops (a feature gate is off) are accepted as the
+//! stored form after one warning, so the publisher never loops rewriting them.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice, ResourceSliceSpec};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use tokio::sync::{mpsc, watch};
+
+use super::{PoolOwner, plan, split};
+use crate::error::Result;
+
+/// Timing knobs; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct PublisherSettings {
+    /// How long to wait after a trigger for more triggers before syncing.
+    pub coalesce: Duration,
+    /// Resync even without triggers this often.
+    pub resync: Duration,
+    /// First retry delay after a failed sync; doubles up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// Largest retry delay.
+    pub max_backoff: Duration,
+}
+
+impl Default for PublisherSettings {
+    fn default() -> Self {
+        PublisherSettings {
+            coalesce: Duration::from_millis(200),
+            resync: Duration::from_secs(600),
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one sync did, for logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Slices deleted.
+    pub deleted: usize,
+    /// Slices updated.
+    pub updated: usize,
+    /// Slices created.
+    pub created: usize,
+    /// Pool generation after the sync.
+    pub generation: i64,
+}
+
+/// Publishes one node's pool.
+pub struct Publisher {
+    slices: Api<ResourceSlice>,
+    nodes: Api<Node>,
+    driver: String,
+    node: String,
+    accepted: Vec<(ResourceSliceSpec, ResourceSliceSpec)>,
+    /// resourceVersions our own writes produced; their watch events do not trigger a sync.
+    own_writes: VecDeque<String>,
+    owner: Option<PoolOwner>,
+}
+
+fn selector(driver: &str, node: &str) -> String {
+    format!("spec.nodeName={node},spec.driver={driver}")
+}
+
+impl Publisher {
+    /// A publisher for `node`'s pool of `driver`.
+    pub fn new(client: kube::Client, driver: &str, node: &str) -> Self {
+        Publisher {
+            slices: Api::all(client.clone()),
+            nodes: Api::all(client),
+            driver: driver.into(),
+            node: node.into(),
+            accepted: Vec::new(),
+            own_writes: VecDeque::new(),
+            owner: None,
+        }
+    }
+
+    async fn owner(&mut self) -> Result<PoolOwner> {
+        if let Some(owner) = &self.owner {
+            return Ok(owner.clone());
+        }
+        let node = self.nodes.get(&self.node).await?;
+        let owner = PoolOwner {
+            node_name: self.node.clone(),
+            node_uid: node.metadata.uid.unwrap_or_default(),
+        };
+        self.owner = Some(owner.clone());
+        Ok(owner)
+    }
+
+    fn remember_write(&mut self, slice: &ResourceSlice) {
+        if let Some(rv) = &slice.metadata.resource_version {
+            self.own_writes.push_back(rv.clone());
+            while self.own_writes.len() > 256 {
+                self.own_writes.pop_front();
+            }
+        }
+    }
+
+    fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) {
+        if !super::same(sent, &stored.spec) {
+            tracing::warn!(slice = ?stored.metadata.name,
+                "the apiserver dropped fields of a ResourceSlice (a DRA feature gate is off); \
+                 accepting the stored form");
+            self.accepted.push((sent.clone(), stored.spec.clone()));
+            if self.accepted.len() > 64 {
+                self.accepted.remove(0);
+            }
+        }
+    }
+
+    /// One sync: list, plan, write. Returns what was written.
+    pub async fn sync(&mut self, devices: &[Device]) -> Result<SyncReport> {
+        let owner = self.owner().await?;
+        let existing = self
+            .slices
+            .list(&ListParams::default().fields(&selector(&self.driver, &self.node)))
+            .await?;
+        let plan = plan(
+            &self.driver,
+            &owner,
+            &existing.items,
+            &split(devices),
+            &self.accepted,
+        );
+        let mut report = SyncReport {
+            generation: plan.generation,
+            ..Default::default()
+        };
+        for slice in &plan.deletes {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: slice.metadata.uid.clone(),
+                    resource_version: slice.metadata.resource_version.clone(),
+                }),
+                ..Default::default()
+            };
+            match self.slices.delete(&name, &params).await {
+                Ok(_) => report.deleted += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for slice in &plan.updates {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let stored = self
+                .slices
+                .replace(&name, &PostParams::default(), slice)
+                .await?;
+            self.remember_write(&stored);
+            self.check_dropped(&slice.spec, &stored);
+            report.updated += 1;
+        }
+        for slice in &plan.creates {
+            let stored = self.slices.create(&PostParams::default(), slice).await?;
+            self.remember_write(&stored);
+            self.check_dropped(&slice.spec, &stored);
+            report.created += 1;
+        }
+        if !plan.is_empty() {
+            tracing::info!(node = %self.node, generation = report.generation, created = report.created,
+                updated = report.updated, deleted = report.deleted, "ResourceSlices published");
+        }
+        Ok(report)
+    }
+
+    /// Runs until `devices`' sender is dropped: syncs on every trigger, with backoff.
+    pub async fn run(
+        mut self,
+        mut devices: watch::Receiver<Vec<Device>>,
+        settings: PublisherSettings,
+    ) {
+        let (events_tx, mut events) = mpsc::channel::<String>(64);
+        let watcher = tokio::spawn(watch_slices(
+            self.slices.clone(),
+            selector(&self.driver, &self.node),
+            events_tx,
+        ));
+        let mut backoff = settings.min_backoff;
+        let mut dirty = true;
+        loop {
+            if dirty {
+                // Coalesce a burst of triggers into one sync.
+                tokio::time::sleep(settings.coalesce).await;
+                while let Ok(rv) = events.try_recv() {
+                    let _ = rv;
+                }
+                let snapshot = devices.borrow_and_update().clone();
+                match self.sync(&snapshot).await {
+                    Ok(_) => {
+                        dirty = false;
+                        backoff = settings.min_backoff;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "publishing ResourceSlices failed");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(settings.max_backoff);
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                changed = devices.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    dirty = true;
+                }
+                Some(rv) = events.recv() => {
+                    if !self.own_writes.contains(&rv) {
+                        dirty = true;
+                    }
+                }
+                () = tokio::time::sleep(settings.resync) => dirty = true,
+            }
+        }
+        watcher.abort();
+    }
+}
+
+/// Watches this node's slices and forwards each event's resourceVersion ("" for a deletion, so
+/// it is never mistaken for our own write). Reconnects forever.
+async fn watch_slices(api: Api<ResourceSlice>, fields: String, events: mpsc::Sender<String>) {
+    let mut version = "0".to_string();
+    let mut seen = BTreeSet::new();
+    loop {
+        let params = WatchParams::default().fields(&fields).timeout(290);
+        match api.watch(&params, &version).await {
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    let (rv, deleted) = match event {
+                        Ok(WatchEvent::Added(s)) | Ok(WatchEvent::Modified(s)) => {
+                            (s.metadata.resource_version.unwrap_or_default(), false)
+                        }
+                        Ok(WatchEvent::Deleted(s)) => {
+                            (s.metadata.resource_version.unwrap_or_default(), true)
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => {
+                            version = b.metadata.resource_version;
+                            continue;
+                        }
+                        Ok(WatchEvent::Error(e)) => {
+                            if e.code == 410 {
+                                version = "0".into();
+                            }
+                            break;
+                        }
+                        Err(_) => break,
+                    };
+                    if !rv.is_empty() {
+                        version = rv.clone();
+                    }
+                    if seen.insert(rv.clone()) || deleted {
+                        let forwarded = if deleted { String::new() } else { rv };
+                        if events.send(forwarded).await.is_err() {
+                            return;
+                        }
+                    }
+                    if seen.len() > 1024 {
+                        seen.clear();
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "watching ResourceSlices failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
