@@ -6,7 +6,12 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::checkpoint::CheckpointStore;
 use knic_driver::claims::{KubeClaims, Preparer};
+use knic_driver::inventory::Filter;
+use knic_driver::inventory::table::render_table;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
+use knic_driver::node::{self, Discovery, RescanSettings};
+use knic_driver::slices::publisher::{Publisher, PublisherSettings};
+use knic_driver::slices::{self, PoolOwner};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -40,8 +45,67 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the node driver: serve the kubelet's DRA plugin sockets.
+    /// Run the node driver: discover and publish devices, serve the kubelet's DRA plugin.
     Run(RunArgs),
+    /// Print what this node would publish (no cluster needed).
+    Inventory(InventoryArgs),
+}
+
+/// How devices are discovered and which are offered; shared by `run` and `inventory`.
+#[derive(Debug, clap::Args)]
+struct DiscoveryArgs {
+    /// Root under which sys/ (and proc/net/ for default routes) are read.
+    #[arg(long, env = "KNIC_SYSFS_ROOT", default_value = "/")]
+    sysfs_root: PathBuf,
+    /// Comma-separated include entries (name=GLOB, pci=VVVV:DDDD, driver=GLOB, kind=KIND).
+    #[arg(long, env = "KNIC_INCLUDE", default_value = "")]
+    include: String,
+    /// Comma-separated exclude entries; an exclude always wins.
+    #[arg(long, env = "KNIC_EXCLUDE", default_value = "")]
+    exclude: String,
+    /// YAML or JSON file with `include:` and `exclude:` lists (the chart's ConfigMap).
+    #[arg(long, env = "KNIC_FILTER_CONFIG")]
+    filter_config: Option<PathBuf>,
+    /// Add netlink facts (link kinds, masters, ethtool features, e-switch mode).
+    #[arg(long, env = "KNIC_NETLINK", default_value_t = true, action = clap::ArgAction::Set)]
+    netlink: bool,
+}
+
+impl DiscoveryArgs {
+    fn discovery(&self) -> anyhow::Result<Discovery> {
+        let mut filter = match &self.filter_config {
+            Some(path) => Filter::from_config_file(path)?,
+            None => Filter::default(),
+        };
+        filter.extend(Filter::parse_lists(&self.include, &self.exclude)?);
+        Ok(Discovery {
+            root: self.sysfs_root.clone(),
+            filter,
+            netlink: self.netlink,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Output {
+    /// A readable table.
+    Table,
+    /// The ResourceSlice objects, as JSON (a v1 List).
+    Json,
+    /// The ResourceSlice objects, as YAML documents.
+    Yaml,
+}
+
+#[derive(Debug, clap::Args)]
+struct InventoryArgs {
+    /// Node name used for the pool [default: this host's name].
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Output,
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,6 +130,11 @@ struct RunArgs {
     /// [default: <kubelet-root-dir>/plugins/knic.dev].
     #[arg(long, env = "KNIC_PLUGIN_DIR")]
     plugin_dir: Option<PathBuf>,
+    /// Rescan at least this often, in seconds (link events trigger rescans too).
+    #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60)]
+    rescan_seconds: u64,
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
 }
 
 fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
@@ -111,10 +180,66 @@ async fn shutdown_signal() {
     }
 }
 
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
+    let node = args.node_name.unwrap_or_else(hostname);
+    if let Err(reason) = knic_driver::check_dns_subdomain(&node) {
+        bail!("invalid --node-name/NODE_NAME: {reason}");
+    }
+    let inventory = args.discovery.discovery()?.scan().await;
+    if let Output::Table = args.output {
+        print!("{}", render_table(&inventory, &node));
+        return Ok(());
+    }
+    // Exactly what a first publish would create; offline the Node's UID is unknown, so the
+    // owner reference is left out rather than printed with an empty UID.
+    let owner = PoolOwner {
+        node_name: node.clone(),
+        node_uid: String::new(),
+    };
+    let plan = slices::plan(
+        knic_proto::DRIVER_NAME,
+        &owner,
+        &[],
+        &slices::desired(&inventory),
+        &[],
+    );
+    let items: Vec<serde_json::Value> = plan
+        .creates
+        .into_iter()
+        .map(|mut s| {
+            s.metadata.owner_references = None;
+            let mut v = serde_json::to_value(&s)?;
+            v["apiVersion"] = "resource.k8s.io/v1".into();
+            v["kind"] = "ResourceSlice".into();
+            Ok(v)
+        })
+        .collect::<Result<_, serde_json::Error>>()?;
+    match args.output {
+        Output::Json => {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+            println!("{}", serde_json::to_string_pretty(&list)?);
+        }
+        Output::Yaml => {
+            for item in items {
+                print!("---\n{}", serde_yaml_ng::to_string(&item)?);
+            }
+        }
+        Output::Table => {}
+    }
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Err(reason) = knic_driver::check_dns_subdomain(&args.node_name) {
         bail!("invalid --node-name/NODE_NAME: {reason}");
     }
+    let discovery = args.discovery.discovery()?;
     let defaults = PluginPaths::under_kubelet_root(&args.kubelet_root_dir);
     let paths = PluginPaths {
         registry_dir: args.registry_dir.unwrap_or(defaults.registry_dir),
@@ -123,19 +248,48 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube_client(args.kubeconfig.as_ref()).await?;
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
-    let preparer = Preparer::new(
+    let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
+    let preparer = Preparer::with_devices(
         knic_proto::DRIVER_NAME,
-        KubeClaims::new(client),
+        KubeClaims::new(client.clone()),
         CheckpointStore::new(&paths.plugin_dir),
+        devices_rx.clone(),
     );
+
+    // Discover before anything is published or served, so the first slice is the real one.
+    let first = discovery.scan().await;
+    let retained = node::retained(&preparer, &args.node_name).await;
+    devices_tx.send_replace(slices::devices(&first, &retained));
+    tracing::info!(
+        offered = first.devices.len(),
+        not_offered = first.excluded.len(),
+        retained = retained.len(),
+        "initial discovery finished"
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let publisher = Publisher::new(client, knic_proto::DRIVER_NAME, &args.node_name);
+    let publishing = tokio::spawn(publisher.run(devices_rx, PublisherSettings::default()));
+    let rescan = RescanSettings {
+        period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
+        ..Default::default()
+    };
+    let rescans = tokio::spawn(node::keep_current(
+        discovery,
+        args.node_name.clone(),
+        preparer.clone(),
+        devices_tx,
+        rescan,
+        stop_rx,
+    ));
+
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
-    kubelet::serve(
-        &paths,
-        DraService::new(preparer),
-        registration,
-        shutdown_signal(),
-    )
-    .await?;
+    let service = DraService::new(preparer);
+    let served = kubelet::serve(&paths, service, registration, shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    let _ = rescans.await;
+    publishing.abort();
+    served?;
     tracing::info!("knic-driver stopped");
     Ok(())
 }
@@ -149,6 +303,7 @@ async fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Run(args) => run(args).await,
+        Command::Inventory(args) => inventory(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::fakeapi::FakeApi;
@@ -129,8 +129,50 @@ impl Cluster {
         Ok(())
     }
 
+    /// Makes sure the Node object exists (the fake starts empty; a real cluster has it) and
+    /// returns its UID, which slices must carry in their owner reference.
+    pub async fn ensure_node(&self) -> anyhow::Result<String> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if let Some(node) = nodes.get_opt(&self.node).await? {
+            return node.metadata.uid.context("node without uid");
+        }
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node},
+        }))?;
+        let node = nodes.create(&PostParams::default(), &node).await?;
+        node.metadata.uid.context("node without uid")
+    }
+
+    /// This driver's slices for the node, in name order.
+    pub async fn slices(&self) -> anyhow::Result<Vec<ResourceSlice>> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let fields = format!("spec.nodeName={},spec.driver=knic.dev", self.node);
+        let mut items = api
+            .list(&ListParams::default().fields(&fields))
+            .await?
+            .items;
+        items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(items)
+    }
+
+    /// Deletes this driver's slices for the node, as the kubelet does when it restarts.
+    pub async fn wipe_slices(&self) -> anyhow::Result<()> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let fields = format!("spec.nodeName={},spec.driver=knic.dev", self.node);
+        api.delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().fields(&fields),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Deletes the test namespace (and with it, on a real cluster, its pods and claims).
     pub async fn cleanup(&self) -> anyhow::Result<()> {
+        if self.fake.is_none() {
+            // Slices the test driver published for the real node must not outlive the test.
+            self.wipe_slices().await?;
+        }
         Api::<Namespace>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::default())
             .await?;

@@ -43,6 +43,38 @@ pub struct DriverConfig {
     pub plugin_dir: PathBuf,
     /// Where the driver's stderr goes.
     pub log_file: PathBuf,
+    /// More environment, e.g. `KNIC_SYSFS_ROOT`, `KNIC_NETLINK`, `KNIC_INCLUDE`.
+    pub env: Vec<(String, String)>,
+}
+
+impl DriverConfig {
+    /// A driver for `node` with every directory under `dir`, discovering from an empty sysfs
+    /// tree (so the host's own devices never leak into a test) unless `env` says otherwise.
+    pub fn under(dir: &Path, node: &str, kubeconfig: &Path) -> DriverConfig {
+        let sysfs = dir.join("empty-root");
+        let _ = std::fs::create_dir_all(sysfs.join("sys/class/net"));
+        DriverConfig {
+            node_name: node.into(),
+            kubeconfig: kubeconfig.into(),
+            registry_dir: dir.join("plugins_registry"),
+            plugin_dir: dir.join("plugins/knic.dev"),
+            log_file: dir.join("driver.log"),
+            env: vec![
+                (
+                    "KNIC_SYSFS_ROOT".into(),
+                    sysfs.to_string_lossy().into_owned(),
+                ),
+                ("KNIC_NETLINK".into(), "false".into()),
+            ],
+        }
+    }
+
+    /// Sets (or replaces) one environment variable.
+    pub fn with_env(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+        self
+    }
 }
 
 /// A running driver; killed when dropped.
@@ -67,6 +99,7 @@ impl DriverProcess {
             .env("KNIC_PLUGIN_DIR", &config.plugin_dir)
             .env("KNIC_LOG_FORMAT", "json")
             .env("KNIC_LOG_LEVEL", "info,knic_driver=debug")
+            .envs(config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

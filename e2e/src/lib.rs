@@ -5,4 +5,5 @@
 pub mod cluster;
 pub mod driver;
 pub mod fakeapi;
+pub mod harness;
 pub mod kubelet;

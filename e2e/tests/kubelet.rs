@@ -396,13 +396,7 @@ async fn run(
         Some(r) => Cluster::real(r, &test).await?,
         None => Cluster::fake(&test).await?,
     };
-    let config = DriverConfig {
-        node_name: cluster.node.clone(),
-        kubeconfig: cluster.kubeconfig.clone(),
-        registry_dir: cluster.tmp.path().join("plugins_registry"),
-        plugin_dir: cluster.tmp.path().join("plugins/knic.dev"),
-        log_file: cluster.tmp.path().join("driver.log"),
-    };
+    let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig);
     let driver = DriverProcess::start(&config)?;
     let plugin = match kubelet::register(&config.registry_dir).await {
         Ok(p) => Arc::new(p),

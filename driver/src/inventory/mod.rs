@@ -22,6 +22,7 @@ pub mod names;
 pub mod pciids;
 pub mod sources;
 pub mod sysfs;
+pub mod table;
 
 #[cfg(test)]
 mod tests;

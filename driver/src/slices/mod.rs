@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::inventory::names::is_dns_label;
 use crate::inventory::{AttrValue, Inventory, NetDevice};
 
 /// The apiserver's cap on devices in one slice.
@@ -33,16 +34,6 @@ pub struct PoolOwner {
     pub node_name: String,
     /// Node UID, for the owner reference.
     pub node_uid: String,
-}
-
-/// Checks a Kubernetes DNS label (device names must be one).
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn is_c_identifier(s: &str) -> bool {

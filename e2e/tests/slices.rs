@@ -1,0 +1,251 @@
+//! ResourceSlice publishing end to end: the real `knic-driver` discovers a captured sysfs tree
+//! and publishes it to the API (fake in CI, a real cluster with `KNIC_E2E_KUBECONFIG`), keeps
+//! it published across kubelet wipes and restarts with the fewest writes, and keeps a prepared
+//! device published while it is gone from the host.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use knic_e2e::cluster::{Cluster, RealCluster};
+use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::harness::{eventually, real_cluster, trial};
+use knic_e2e::kubelet::{self, ClaimId, DraVersion};
+use libtest_mimic::Arguments;
+
+const PF: &str = "pci-0000-a2-00-0";
+const VF0: &str = "pci-0000-a2-01-0";
+const VF1: &str = "pci-0000-a2-01-1";
+
+fn fixture(name: &str) -> anyhow::Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../driver/tests/fixtures/sysfs")
+        .join(name);
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+struct Env {
+    cluster: Cluster,
+    config: DriverConfig,
+    driver: DriverProcess,
+    root: PathBuf,
+    node_uid: String,
+}
+
+async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
+    let cluster = match &real {
+        Some(r) => Cluster::real(r, test).await?,
+        None => Cluster::fake(test).await?,
+    };
+    let node_uid = cluster.ensure_node().await?;
+    let root = cluster.tmp.path().join("sysfs-root");
+    knic_driver::inventory::fixture::materialise(
+        &fixture("intel-e810-pf-with-vfs.derived.txt")?,
+        &root,
+    )?;
+    let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig)
+        .with_env("KNIC_SYSFS_ROOT", root.to_string_lossy())
+        .with_env("KNIC_RESCAN_SECONDS", "1");
+    let driver = DriverProcess::start(&config)?;
+    Ok(Env {
+        cluster,
+        config,
+        driver,
+        root,
+        node_uid,
+    })
+}
+
+fn device_names(slices: &[ResourceSlice]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+async fn published(env: &Env, want: &[&str]) -> anyhow::Result<Vec<ResourceSlice>> {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    eventually(
+        "slices publish the expected devices",
+        Duration::from_secs(20),
+        || async {
+            let slices = env.cluster.slices().await?;
+            Ok((device_names(&slices) == want).then_some(slices))
+        },
+    )
+    .await
+}
+
+fn slice_writes(env: &Env) -> usize {
+    env.cluster.fake.as_ref().map_or(0, |f| {
+        f.requests()
+            .iter()
+            .filter(|r| r.path.contains("/resourceslices") && r.method != "GET")
+            .count()
+    })
+}
+
+async fn publish_fixture(env: &mut Env) -> anyhow::Result<()> {
+    let slices = published(env, &[PF, VF0, VF1]).await?;
+    ensure!(slices.len() == 1, "{} slices", slices.len());
+    let s = &slices[0];
+    ensure!(
+        s.spec.driver == "knic.dev"
+            && s.spec.node_name.as_deref() == Some(env.cluster.node.as_str())
+    );
+    ensure!(s.spec.pool.name == env.cluster.node && s.spec.pool.resource_slice_count == 1);
+    ensure!(
+        s.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(&format!("00000-knic.dev-{}-", env.cluster.node)))
+    );
+    let owner = &s.metadata.owner_references.as_ref().context("no owner")?[0];
+    ensure!(
+        owner.kind == "Node" && owner.uid == env.node_uid && owner.controller == Some(true),
+        "{owner:?}"
+    );
+    let vf1 = s
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .find(|d| d.name == VF1)
+        .context("vf1")?;
+    let attrs = vf1.attributes.as_ref().context("attributes")?;
+    ensure!(attrs["kind"].string.as_deref() == Some("vf"));
+    ensure!(attrs["vfIndex"].int == Some(1));
+    ensure!(attrs["pfName"].string.as_deref() == Some("enp162s0f0np0"));
+    ensure!(attrs["resource.kubernetes.io/pciBusID"].string.as_deref() == Some("0000:a2:01.1"));
+    Ok(())
+}
+
+async fn republish_after_kubelet_wipe(env: &mut Env) -> anyhow::Result<()> {
+    let before = published(env, &[PF, VF0, VF1]).await?;
+    env.cluster.wipe_slices().await?;
+    let after = published(env, &[PF, VF0, VF1]).await?;
+    ensure!(
+        before[0].metadata.uid != after[0].metadata.uid,
+        "the slice must be a new object"
+    );
+    Ok(())
+}
+
+async fn restart_writes_nothing(env: &mut Env) -> anyhow::Result<()> {
+    let before = published(env, &[PF, VF0, VF1]).await?;
+    // Let the first publish settle, then restart: an unchanged node must cost no writes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let writes = slice_writes(env);
+    env.driver.terminate().await?;
+    env.driver = DriverProcess::start(&env.config)?;
+    kubelet::register(&env.config.registry_dir).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        slice_writes(env) == writes,
+        "restart wrote {} times",
+        slice_writes(env) - writes
+    );
+    let after = env.cluster.slices().await?;
+    ensure!(after == before, "slices changed across a restart");
+    Ok(())
+}
+
+async fn prepared_device_stays_published(env: &mut Env) -> anyhow::Result<()> {
+    published(env, &[PF, VF0, VF1]).await?;
+    let plugin = kubelet::register(&env.config.registry_dir).await?;
+    let claim = env
+        .cluster
+        .create_claim("vf", Some(&[("knic.dev", VF1)]))
+        .await?;
+    let id = ClaimId {
+        namespace: env.cluster.namespace.clone(),
+        name: claim.name.clone(),
+        uid: claim.uid.clone(),
+    };
+    let out = plugin
+        .prepare(DraVersion::V1, std::slice::from_ref(&id))
+        .await?;
+    ensure!(out[&claim.uid].error.is_empty(), "{:?}", out[&claim.uid]);
+    // The VF vanishes from the host (its netdev went to the pod, the function was reset...).
+    for p in [
+        "sys/class/net/enp162s0f0v1",
+        "sys/bus/pci/devices/0000:a2:01.1",
+        "sys/bus/pci/drivers/iavf/0000:a2:01.1",
+    ] {
+        std::fs::remove_file(env.root.join(p))?;
+    }
+    std::fs::remove_dir_all(env.root.join("sys/devices/pci0000:a2/0000:a2:01.1"))?;
+    // Several rescans later it is still published, from the checkpoint's copy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let slices = published(env, &[PF, VF0, VF1]).await?;
+    let vf1 = slices[0]
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .find(|d| d.name == VF1)
+        .context("vf1")?;
+    ensure!(
+        vf1.attributes
+            .as_ref()
+            .is_some_and(|a| a["vfIndex"].int == Some(1)),
+        "{vf1:?}"
+    );
+    // Once unprepared and still gone, it is withdrawn.
+    let out = plugin.unprepare(DraVersion::V1, &[id]).await?;
+    ensure!(out[&claim.uid].is_empty());
+    published(env, &[PF, VF0]).await?;
+    Ok(())
+}
+
+type Scenario = for<'a> fn(
+    &'a mut Env,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
+>;
+
+fn main() {
+    let args = Arguments::from_args();
+    let real = real_cluster();
+    let scenarios: Vec<(&str, Scenario)> = vec![
+        ("publish_fixture", |e| Box::pin(publish_fixture(e))),
+        ("republish_after_kubelet_wipe", |e| {
+            Box::pin(republish_after_kubelet_wipe(e))
+        }),
+        ("restart_writes_nothing", |e| {
+            Box::pin(restart_writes_nothing(e))
+        }),
+        ("prepared_device_stays_published", |e| {
+            Box::pin(prepared_device_stays_published(e))
+        }),
+    ];
+    let mut trials = Vec::new();
+    for backend in ["fake", "real"] {
+        for (name, scenario) in &scenarios {
+            let test = format!("{backend}/{name}");
+            let cluster = if backend == "real" {
+                real.clone()
+            } else {
+                None
+            };
+            let scenario = *scenario;
+            let label = test.clone();
+            trials.push(trial(
+                test,
+                backend == "real" && real.is_none(),
+                move || async move {
+                    let mut env = setup(cluster, &label).await?;
+                    let outcome = scenario(&mut env).await;
+                    let cleanup = env.cluster.cleanup().await;
+                    match outcome {
+                        Ok(()) => cleanup,
+                        Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
+                    }
+                },
+            ));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
