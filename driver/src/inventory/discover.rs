@@ -86,6 +86,9 @@ struct Walk<'a> {
     names: PciNames,
     netdevs: BTreeMap<String, Netdev>,
     pci: BTreeMap<String, PciFn>,
+    /// VF address → its N in the PF's `virtfnN` links, built once per scan: looking it up per
+    /// VF would read every sibling's link and make discovery quadratic in the VF count.
+    vf_index: BTreeMap<String, i64>,
 }
 
 pub(super) fn run(
@@ -100,8 +103,10 @@ pub(super) fn run(
         names: PciNames::load(sysfs.root()),
         netdevs: BTreeMap::new(),
         pci: BTreeMap::new(),
+        vf_index: BTreeMap::new(),
     };
     walk.scan();
+    walk.index_vfs();
     let candidates = walk.candidates();
     let route_reasons = walk.route_closure(default_route_ifaces);
     decide(candidates, &route_reasons, filter)
@@ -155,6 +160,23 @@ impl Walk<'_> {
         let names: Vec<String> = self.netdevs.keys().cloned().collect();
         for name in names {
             self.classify_netdev(&name);
+        }
+    }
+
+    fn index_vfs(&mut self) {
+        let s = self.sysfs;
+        for pf in self.pci.values().filter(|f| f.total_vfs.unwrap_or(0) > 0) {
+            for entry in s.list(&pf.real) {
+                let Some(n) = entry
+                    .strip_prefix("virtfn")
+                    .and_then(|n| n.parse::<i64>().ok())
+                else {
+                    continue;
+                };
+                if let Some(vf) = s.link_name(&pf.real.join(&entry)) {
+                    self.vf_index.insert(vf, n);
+                }
+            }
         }
     }
 
@@ -380,14 +402,7 @@ impl Walk<'_> {
             if let Some(pf_name) = &pf_name {
                 attrs.str("pfName", pf_name);
             }
-            let index = s
-                .list(&pf_real)
-                .iter()
-                .filter_map(|e| e.strip_prefix("virtfn")?.parse::<i64>().ok())
-                .find(|n| {
-                    s.link_name(&pf_real.join(format!("virtfn{n}"))).as_deref()
-                        == Some(function.bdf.as_str())
-                });
+            let index = self.vf_index.get(&function.bdf).copied();
             if let Some(index) = index {
                 attrs.int("vfIndex", index);
             }

@@ -216,3 +216,102 @@ EOF
         assert_eq!(fake.active.len(), 2);
     }
 }
+
+/// A synthetic, kernel-consistent fixture of `pfs` E810-like SR-IOV PFs with `vfs` VFs each
+/// (every VF with a netdev), in the fixture text format. For scaling tests and the inventory
+/// benchmark, where real hardware of that size is not at hand. VF routing IDs follow the
+/// kernel rule (PF RID + offset 8 + n), spilling into the next bus like real ARI devices.
+pub fn synthetic_sriov(pfs: usize, vfs: usize) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let mut ifindex = 10;
+    for p in 0..pfs {
+        let bus = 0x10 + 4 * p;
+        let root = format!("pci0000:{bus:02x}");
+        let pf = format!("0000:{bus:02x}:00.0");
+        let pf_dir = format!("sys/devices/{root}/{pf}");
+        let pf_if = format!("ens{p}f0");
+        let _ = writeln!(
+            t,
+            "sys/bus/pci/devices/{pf} -> ../../../devices/{root}/{pf}"
+        );
+        for (k, v) in [
+            ("class", "0x020000"),
+            ("vendor", "0x8086"),
+            ("device", "0x159b"),
+            ("subsystem_vendor", "0x8086"),
+            ("subsystem_device", "0x0003"),
+            ("numa_node", "0"),
+            ("sriov_offset", "8"),
+            ("sriov_stride", "1"),
+            ("sriov_vf_device", "1889"),
+        ] {
+            let _ = writeln!(t, "{pf_dir}/{k} = {v}");
+        }
+        let _ = writeln!(t, "{pf_dir}/sriov_totalvfs = {}", vfs.max(1));
+        let _ = writeln!(t, "{pf_dir}/sriov_numvfs = {vfs}");
+        let _ = writeln!(t, "{pf_dir}/driver -> ../../../bus/pci/drivers/ice");
+        netdev(
+            &mut t,
+            &root,
+            &pf,
+            &pf_if,
+            ifindex,
+            &format!("02:00:00:{p:02x}:ff:ff"),
+        );
+        ifindex += 1;
+        for n in 0..vfs {
+            let rid = (bus << 8) + 8 + n;
+            let vf = format!(
+                "0000:{:02x}:{:02x}.{}",
+                rid >> 8,
+                (rid & 0xff) >> 3,
+                rid & 7
+            );
+            let vf_dir = format!("sys/devices/{root}/{vf}");
+            let _ = writeln!(
+                t,
+                "sys/bus/pci/devices/{vf} -> ../../../devices/{root}/{vf}"
+            );
+            let _ = writeln!(t, "{pf_dir}/virtfn{n} -> ../{vf}");
+            for (k, v) in [
+                ("class", "0x020000"),
+                ("vendor", "0x8086"),
+                ("device", "0x1889"),
+                ("subsystem_vendor", "0x8086"),
+                ("subsystem_device", "0x0000"),
+                ("numa_node", "0"),
+            ] {
+                let _ = writeln!(t, "{vf_dir}/{k} = {v}");
+            }
+            let _ = writeln!(t, "{vf_dir}/physfn -> ../{pf}");
+            let _ = writeln!(t, "{vf_dir}/driver -> ../../../bus/pci/drivers/iavf");
+            let mac = format!("02:{p:02x}:00:{:02x}:{:02x}:01", n >> 8, n & 0xff);
+            netdev(&mut t, &root, &vf, &format!("{pf_if}v{n}"), ifindex, &mac);
+            ifindex += 1;
+        }
+    }
+    t
+}
+
+fn netdev(t: &mut String, root: &str, bdf: &str, name: &str, ifindex: usize, mac: &str) {
+    use std::fmt::Write as _;
+    let dir = format!("sys/devices/{root}/{bdf}/net/{name}");
+    let _ = writeln!(
+        t,
+        "sys/class/net/{name} -> ../../devices/{root}/{bdf}/net/{name}"
+    );
+    let _ = writeln!(t, "{dir}/device -> ../..");
+    for (k, v) in [
+        ("address", mac),
+        ("mtu", "1500"),
+        ("operstate", "up"),
+        ("speed", "25000"),
+        ("type", "1"),
+        ("addr_assign_type", "0"),
+    ] {
+        let _ = writeln!(t, "{dir}/{k} = {v}");
+    }
+    let _ = writeln!(t, "{dir}/ifindex = {ifindex}");
+    let _ = writeln!(t, "{dir}/iflink = {ifindex}");
+}
