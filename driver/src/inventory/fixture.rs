@@ -140,83 +140,6 @@ fn io_err(n: usize, path: &Path, e: io::Error) -> Error {
     Error::io(format!("fixture line {n}: {}", path.display()), e)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inventory_fixture_loader() {
-        let dir = tempfile::tempdir().unwrap();
-        let text = "\
-# header
-sys/class/net/
-sys/class/net/lo -> ../../devices/virtual/net/lo
-sys/devices/virtual/net/lo/mtu = 65536
-sys/devices/virtual/net/lo/ifalias = 
-sys/devices/virtual/net/lo/speed = !ERR EINVAL
-sys/devices/virtual/net/lo/uevent = <<EOF
-INTERFACE=lo
-IFINDEX=1
-EOF
-";
-        let faults = materialise(text, dir.path()).unwrap();
-        assert_eq!(
-            faults,
-            BTreeMap::from([(PathBuf::from("sys/devices/virtual/net/lo/speed"), 22)])
-        );
-        let lo = dir.path().join("sys/devices/virtual/net/lo");
-        assert_eq!(fs::read_to_string(lo.join("mtu")).unwrap(), "65536\n");
-        assert_eq!(fs::read_to_string(lo.join("ifalias")).unwrap(), "\n");
-        assert_eq!(fs::read_to_string(lo.join("speed")).unwrap(), "");
-        assert_eq!(
-            fs::read_to_string(lo.join("uevent")).unwrap(),
-            "INTERFACE=lo\nIFINDEX=1\n"
-        );
-        assert_eq!(
-            fs::read_link(dir.path().join("sys/class/net/lo")).unwrap(),
-            PathBuf::from("../../devices/virtual/net/lo")
-        );
-
-        for (bad_text, want) in [
-            (
-                "sys/a = !ERR EWHAT\n",
-                "fixture line 1: unknown errno \"EWHAT\"",
-            ),
-            (
-                "sys/a = <<EOF\nx\n",
-                "fixture line 1: heredoc without closing EOF",
-            ),
-            (
-                "sys/../a = 1\n",
-                "fixture line 1: path \"sys/../a\" must be relative",
-            ),
-            (
-                "/sys/a = 1\n",
-                "fixture line 1: path \"/sys/a\" must be relative",
-            ),
-            ("sys/a ~ 1\n", "fixture line 1: expected `path/`"),
-        ] {
-            let got = materialise(bad_text, dir.path()).unwrap_err().to_string();
-            assert!(got.starts_with(want), "got {got:?}, want {want:?}");
-        }
-    }
-
-    #[test]
-    fn inventory_fixture_ethtool_capture() {
-        let fake = ethtool_capture(
-            "# c\n## h\nlo vlan-challenged changeable=0 active=1 never_change=1\n\
-             lo rx-vlan-filter changeable=0 active=0 never_change=0\n\
-             eth0 vlan-challenged changeable=0 active=0 never_change=1\n",
-        );
-        assert_eq!(
-            fake.active["lo"].iter().collect::<Vec<_>>(),
-            vec!["vlan-challenged"]
-        );
-        assert!(fake.active["eth0"].is_empty());
-        assert_eq!(fake.active.len(), 2);
-    }
-}
-
 /// A synthetic, kernel-consistent fixture of `pfs` E810-like SR-IOV PFs with `vfs` VFs each
 /// (every VF with a netdev), in the fixture text format. For scaling tests and the inventory
 /// benchmark, where real hardware of that size is not at hand. VF routing IDs follow the
@@ -314,4 +237,104 @@ fn netdev(t: &mut String, root: &str, bdf: &str, name: &str, ifindex: usize, mac
     }
     let _ = writeln!(t, "{dir}/ifindex = {ifindex}");
     let _ = writeln!(t, "{dir}/iflink = {ifindex}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inventory_fixture_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "\
+# header
+sys/class/net/
+sys/class/net/lo -> ../../devices/virtual/net/lo
+sys/devices/virtual/net/lo/mtu = 65536
+sys/devices/virtual/net/lo/ifalias = 
+sys/devices/virtual/net/lo/speed = !ERR EINVAL
+sys/devices/virtual/net/lo/uevent = <<EOF
+INTERFACE=lo
+IFINDEX=1
+EOF
+";
+        let faults = materialise(text, dir.path()).unwrap();
+        assert_eq!(
+            faults,
+            BTreeMap::from([(PathBuf::from("sys/devices/virtual/net/lo/speed"), 22)])
+        );
+        let lo = dir.path().join("sys/devices/virtual/net/lo");
+        assert_eq!(fs::read_to_string(lo.join("mtu")).unwrap(), "65536\n");
+        assert_eq!(fs::read_to_string(lo.join("ifalias")).unwrap(), "\n");
+        assert_eq!(fs::read_to_string(lo.join("speed")).unwrap(), "");
+        assert_eq!(
+            fs::read_to_string(lo.join("uevent")).unwrap(),
+            "INTERFACE=lo\nIFINDEX=1\n"
+        );
+        assert_eq!(
+            fs::read_link(dir.path().join("sys/class/net/lo")).unwrap(),
+            PathBuf::from("../../devices/virtual/net/lo")
+        );
+
+        for (bad_text, want) in [
+            (
+                "sys/a = !ERR EWHAT\n",
+                "fixture line 1: unknown errno \"EWHAT\"",
+            ),
+            (
+                "sys/a = <<EOF\nx\n",
+                "fixture line 1: heredoc without closing EOF",
+            ),
+            (
+                "sys/../a = 1\n",
+                "fixture line 1: path \"sys/../a\" must be relative",
+            ),
+            (
+                "/sys/a = 1\n",
+                "fixture line 1: path \"/sys/a\" must be relative",
+            ),
+            ("sys/a ~ 1\n", "fixture line 1: expected `path/`"),
+        ] {
+            let got = materialise(bad_text, dir.path()).unwrap_err().to_string();
+            assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn inventory_fixture_ethtool_capture() {
+        let fake = ethtool_capture(
+            "# c\n## h\nlo vlan-challenged changeable=0 active=1 never_change=1\n\
+             lo rx-vlan-filter changeable=0 active=0 never_change=0\n\
+             eth0 vlan-challenged changeable=0 active=0 never_change=1\n",
+        );
+        assert_eq!(
+            fake.active["lo"].iter().collect::<Vec<_>>(),
+            vec!["vlan-challenged"]
+        );
+        assert!(fake.active["eth0"].is_empty());
+        assert_eq!(fake.active.len(), 2);
+    }
+
+    #[test]
+    fn synthetic_tree_discovers_as_pfs_and_vfs() {
+        let dir = tempfile::tempdir().unwrap();
+        materialise(&synthetic_sriov(2, 9), dir.path()).unwrap();
+        let inv = crate::inventory::discover(
+            dir.path(),
+            &crate::inventory::Sources::sysfs_only(),
+            &Default::default(),
+            &Default::default(),
+        );
+        assert_eq!(inv.devices.len(), 20);
+        let pf = inv.device("pci-0000-10-00-0").unwrap();
+        assert_eq!(pf.kind, crate::inventory::DeviceKind::Pf);
+        // VF 8: RID 0x1000 + 8 + 8 = 0x1010 -> 10:02.0 (devfn 16).
+        let vf = inv.device("pci-0000-10-02-0").unwrap();
+        assert_eq!(vf.kind, crate::inventory::DeviceKind::Vf);
+        assert_eq!(
+            vf.attr("vfIndex"),
+            Some(&crate::inventory::AttrValue::Int(8))
+        );
+        assert_eq!(vf.attr("pfName").and_then(|v| v.as_str()), Some("ens0f0"));
+    }
 }
