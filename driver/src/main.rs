@@ -96,8 +96,39 @@ enum Output {
     Yaml,
 }
 
+/// Sysfs trees built into the binary, so the inventory can be shown on any machine.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Sample {
+    /// Intel E810 PF with 2 SR-IOV VFs (ice/iavf).
+    E810Vfs,
+    /// Two Mellanox ConnectX-5 PFs with VFs and RoCE (mlx5).
+    Cx5Rdma,
+    /// An active-backup bond over two X710 ports.
+    Bond,
+    /// A virtio-net VM NIC.
+    Virtio,
+}
+
+impl Sample {
+    fn text(self) -> &'static str {
+        match self {
+            Sample::E810Vfs => {
+                include_str!("../tests/fixtures/sysfs/intel-e810-pf-with-vfs.derived.txt")
+            }
+            Sample::Cx5Rdma => {
+                include_str!("../tests/fixtures/sysfs/mellanox-cx5-pf-vfs-rdma.derived.txt")
+            }
+            Sample::Bond => include_str!("../tests/fixtures/sysfs/bond-active-backup.derived.txt"),
+            Sample::Virtio => include_str!("../tests/fixtures/sysfs/virtio-net.real.txt"),
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct InventoryArgs {
+    /// Discover a built-in sample tree instead of this host (sets --sysfs-root, no netlink).
+    #[arg(long, value_enum, conflicts_with = "sysfs_root")]
+    sample: Option<Sample>,
     /// Node name used for the pool [default: this host's name].
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
@@ -191,7 +222,26 @@ async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
     if let Err(reason) = knic_driver::check_dns_subdomain(&node) {
         bail!("invalid --node-name/NODE_NAME: {reason}");
     }
-    let inventory = args.discovery.discovery()?.scan().await;
+    let sample_dir = match args.sample {
+        Some(sample) => {
+            let dir = tempfile::Builder::new().prefix("knic-sample-").tempdir()?;
+            knic_driver::inventory::fixture::materialise(sample.text(), dir.path())?;
+            Some(dir)
+        }
+        None => None,
+    };
+    let mut discovery = args.discovery.discovery()?;
+    if let Some(dir) = &sample_dir {
+        discovery.root = dir.path().to_path_buf();
+        discovery.netlink = false;
+    }
+    if !discovery.root.join("sys/class/net").is_dir() {
+        bail!(
+            "invalid --sysfs-root/KNIC_SYSFS_ROOT {}: there is no sys/class/net below it",
+            discovery.root.display()
+        );
+    }
+    let inventory = discovery.scan().await;
     if let Output::Table = args.output {
         print!("{}", render_table(&inventory, &node));
         return Ok(());
@@ -308,8 +358,10 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("knic-driver: {e:#}");
+            match cli.log_format {
+                LogFormat::Json => tracing::error!("{e:#}"),
+                LogFormat::Human => eprintln!("knic-driver: {e:#}"),
+            }
             std::process::ExitCode::FAILURE
         }
     }

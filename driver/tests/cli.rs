@@ -160,3 +160,96 @@ fn a_live_driver_on_the_same_sockets_is_not_taken_over() {
         "{err}"
     );
 }
+
+fn inventory(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("inventory")
+        .args(args)
+        .env_clear()
+        .env("NODE_NAME", "node-a")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn inventory_of_a_sample_prints_the_table_and_the_exact_slices() {
+    let out = inventory(&["--sample", "e810-vfs"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.starts_with("Node node-a: 3 device(s) offered\n"),
+        "{table}"
+    );
+    assert!(
+        table.contains("pci-0000-a2-01-1  vf    enp162s0f0v1   0000:a2:01.1"),
+        "{table}"
+    );
+
+    let out = inventory(&["--sample", "e810-vfs", "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let slice = &list["items"][0];
+    assert_eq!(slice["kind"], "ResourceSlice");
+    assert_eq!(slice["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(slice["metadata"]["generateName"], "00000-knic.dev-node-a-");
+    assert_eq!(
+        slice["spec"]["pool"],
+        serde_json::json!({"name": "node-a", "generation": 1, "resourceSliceCount": 1})
+    );
+    let names: Vec<_> = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["pci-0000-a2-00-0", "pci-0000-a2-01-0", "pci-0000-a2-01-1"]
+    );
+    assert_eq!(
+        slice["spec"]["devices"][2]["attributes"]["vfIndex"],
+        serde_json::json!({"int": 1})
+    );
+
+    let out = inventory(&["--sample", "e810-vfs", "-o", "yaml"]);
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        yaml.starts_with("---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\n"),
+        "{yaml}"
+    );
+}
+
+#[test]
+fn inventory_rejects_a_bad_filter_entry() {
+    let out = inventory(&["--sample", "e810-vfs", "--include", "kind=vf,pci=8086:zz"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("invalid setting filter: include[1] \"pci=8086:zz\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn inventory_rejects_a_root_without_sysfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = inventory(&["--sysfs-root", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("there is no sys/class/net below it"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn inventory_filter_excludes_by_kind() {
+    let out = inventory(&["--sample", "e810-vfs", "--exclude", "kind=vf"]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.starts_with("Node node-a: 1 device(s) offered\n"),
+        "{table}"
+    );
+    assert!(table.contains("Not offered: 2 device(s)"), "{table}");
+}
