@@ -127,13 +127,13 @@ impl Sample {
 #[derive(Debug, clap::Args)]
 struct InventoryArgs {
     /// Discover a built-in sample tree instead of this host (sets --sysfs-root, no netlink).
-    #[arg(long, value_enum, conflicts_with = "sysfs_root")]
+    #[arg(long, env = "KNIC_SAMPLE", value_enum, conflicts_with = "sysfs_root")]
     sample: Option<Sample>,
     /// Node name used for the pool [default: this host's name].
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// Output format.
-    #[arg(short, long, value_enum, default_value = "table")]
+    #[arg(short, long, env = "KNIC_OUTPUT", value_enum, default_value = "table")]
     output: Output,
     #[command(flatten)]
     discovery: DiscoveryArgs,
