@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod kubelet;
 pub mod netlink;
 pub mod node;
+pub mod nri;
 pub mod slices;
 
 pub use error::{Error, Result};

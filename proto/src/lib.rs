@@ -45,3 +45,5 @@ pub mod health {
 /// The DRA driver name, API group and attribute domain: one string everywhere so a typo can't
 /// make the kubelet, the scheduler and the driver disagree about who owns a device.
 pub const DRIVER_NAME: &str = "knic.dev";
+
+pub mod netconfig;

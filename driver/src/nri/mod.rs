@@ -1,0 +1,1 @@
+//! NRI plugin (being written).

@@ -1,0 +1,1 @@
+//! The `NetworkConfig` opaque-parameters contract (being written).
