@@ -11,12 +11,21 @@ const PROTOS: &[&str] = &[
     "dra-health/v1/api.proto",
 ];
 
+/// NRI and ttrpc's envelope: plain prost messages. NRI runs on ttrpc, not gRPC, and knic frames
+/// ttrpc by hand, so no tonic client or server code is generated for them.
+const MESSAGE_ONLY_PROTOS: &[&str] = &["nri/api.proto", "ttrpc/ttrpc.proto"];
+
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
     let files = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .compile_fds(files)?;
+    let files = protox::compile(MESSAGE_ONLY_PROTOS, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
         .compile_fds(files)?;
     Ok(())
 }

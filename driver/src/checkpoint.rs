@@ -54,6 +54,24 @@ pub struct PreparedClaim {
     pub configs: Vec<OpaqueConfig>,
     /// Unix seconds when the claim was first prepared.
     pub prepared_at: u64,
+    /// One attach plan per device, with what detach must restore once attach has begun.
+    #[serde(default)]
+    pub attachments: Vec<Attachment>,
+}
+
+/// A device's attach plan and its progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Attachment {
+    /// What to do, decided at prepare time.
+    pub plan: crate::netns::AttachPlan,
+    /// The host state recorded before attach began; present exactly while the device may be
+    /// away from the host, so a restart knows what to put back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::netns::Restore>,
+    /// The pod network namespace attach targeted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
 }
 
 /// One allocated device of a prepared claim.
@@ -279,6 +297,7 @@ mod tests {
                     parameters: serde_json::json!({"kind": "NetworkConfig"}),
                 }],
                 prepared_at: 1_700_000_000,
+                attachments: vec![],
             },
         );
         cp

@@ -14,7 +14,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
 
-use crate::checkpoint::{Checkpoint, CheckpointStore, OpaqueConfig, PreparedClaim, PreparedDevice};
+use crate::checkpoint::{
+    Attachment, Checkpoint, CheckpointStore, OpaqueConfig, PreparedClaim, PreparedDevice,
+};
 use crate::error::{Error, Result};
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
@@ -159,6 +161,7 @@ pub fn resolve(
         devices: devices_for_us,
         configs: configs.into_iter().map(|(_, c)| c).collect(),
         prepared_at: now,
+        attachments: Vec::new(),
     })
 }
 
@@ -176,6 +179,16 @@ pub fn answer(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
         .collect()
 }
 
+/// Undoes what the runtime hooks did for a claim before it is forgotten (the pod's interfaces
+/// back on the host); set by the pod-network layer, absent when only the kubelet plugin runs.
+pub trait Releaser: Send + Sync + 'static {
+    /// Puts back every device of `claim` that may still be away from the host.
+    fn release<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+}
+
 /// Holds the checkpoint and serialises every change to it.
 pub struct Preparer<S> {
     driver: String,
@@ -186,6 +199,7 @@ pub struct Preparer<S> {
     inventory: Option<watch::Receiver<Vec<Device>>>,
     /// Bumped after every checkpoint write, so the publisher can re-merge retained devices.
     changes: watch::Sender<u64>,
+    releaser: std::sync::OnceLock<Arc<dyn Releaser>>,
 }
 
 struct State {
@@ -221,6 +235,7 @@ impl<S: ClaimSource> Preparer<S> {
             state: Mutex::new(State { checkpoint }),
             inventory,
             changes: watch::channel(0).0,
+            releaser: std::sync::OnceLock::new(),
         })
     }
 
@@ -233,6 +248,49 @@ impl<S: ClaimSource> Preparer<S> {
         devices: watch::Receiver<Vec<Device>>,
     ) -> Arc<Self> {
         Self::build(driver.into(), source, store, Some(devices))
+    }
+
+    /// Installs the releaser unprepare calls before forgetting a claim (once).
+    pub fn set_releaser(&self, releaser: Arc<dyn Releaser>) {
+        let _ = self.releaser.set(releaser);
+    }
+
+    /// The prepared claims of one pod (NRI events arrive keyed by pod UID).
+    pub async fn claims_for_pod(&self, pod_uid: &str) -> Result<Vec<PreparedClaim>> {
+        let mut state = self.state.lock().await;
+        Ok(self
+            .checkpoint(&mut state)?
+            .claims
+            .values()
+            .filter(|c| c.pod_uid == pod_uid)
+            .cloned()
+            .collect())
+    }
+
+    /// One prepared claim as the checkpoint has it now.
+    pub async fn claim(&self, uid: &str) -> Result<Option<PreparedClaim>> {
+        let mut state = self.state.lock().await;
+        Ok(self.checkpoint(&mut state)?.claims.get(uid).cloned())
+    }
+
+    /// Changes one prepared claim durably (the checkpoint is written before this returns);
+    /// a claim that is gone meanwhile is left alone.
+    pub async fn update(&self, uid: &str, change: impl FnOnce(&mut PreparedClaim)) -> Result<()> {
+        let mut state = self.state.lock().await;
+        let checkpoint = self.checkpoint(&mut state)?;
+        let Some(claim) = checkpoint.claims.get(uid) else {
+            return Ok(());
+        };
+        let mut claim = claim.clone();
+        change(&mut claim);
+        if checkpoint.claims.get(uid) == Some(&claim) {
+            return Ok(());
+        }
+        let mut next = checkpoint.clone();
+        next.claims.insert(uid.to_string(), claim);
+        self.save(next.clone()).await?;
+        state.checkpoint = Ok(next);
+        Ok(())
     }
 
     /// Fires after every change to the prepared set.
@@ -323,6 +381,22 @@ impl<S: ClaimSource> Preparer<S> {
                 )));
             }
         }
+        let taken: std::collections::BTreeSet<String> = checkpoint
+            .claims
+            .values()
+            .filter(|c| c.pod_uid == prepared.pod_uid)
+            .flat_map(|c| c.attachments.iter().map(|a| a.plan.pod_ifname.clone()))
+            .collect();
+        let plans =
+            crate::plan::plans(&prepared, &taken).map_err(|e| claim_error(e.to_string()))?;
+        prepared.attachments = plans
+            .into_iter()
+            .map(|plan| Attachment {
+                plan,
+                restore: None,
+                netns: None,
+            })
+            .collect();
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         self.save(next.clone()).await?;
@@ -336,9 +410,16 @@ impl<S: ClaimSource> Preparer<S> {
     async fn unprepare_one(&self, wanted: &ClaimRef) -> Result<()> {
         let mut state = self.state.lock().await;
         let checkpoint = self.checkpoint(&mut state)?;
-        if !checkpoint.claims.contains_key(&wanted.uid) {
+        let Some(claim) = checkpoint.claims.get(&wanted.uid) else {
             tracing::debug!(claim = %wanted.name, "unprepare of a claim that is not prepared");
             return Ok(());
+        };
+        if claim.attachments.iter().any(|a| a.restore.is_some())
+            && let Some(releaser) = self.releaser.get()
+        {
+            // The sandbox stop should have detached already; if it did not run (or failed),
+            // the node is put back here, before the claim's memory is dropped.
+            releaser.release(claim).await?;
         }
         let mut next = checkpoint.clone();
         next.claims.remove(&wanted.uid);
@@ -497,6 +578,21 @@ mod tests {
         }
     }
 
+    /// The node's published devices, as the inventory would give them.
+    fn devices() -> watch::Receiver<Vec<Device>> {
+        let devices = ["dev-a", "dev-b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                serde_json::from_value(
+                    json!({"name": name, "attributes": {"ifName": {"string": format!("eth{i}")}}}),
+                )
+                .unwrap()
+            })
+            .collect();
+        watch::channel(devices).1
+    }
+
     fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
         let name = claim.metadata.name.clone().unwrap();
         source.claims.lock().unwrap().insert(name, claim);
@@ -513,7 +609,12 @@ mod tests {
                 .reserved_for(&[("p", "pu")])
                 .build(),
         );
-        let preparer = Preparer::new(DRIVER, source.clone(), CheckpointStore::new(dir.path()));
+        let preparer = Preparer::with_devices(
+            DRIVER,
+            source.clone(),
+            CheckpointStore::new(dir.path()),
+            devices(),
+        );
         let first = preparer
             .prepare(&[wanted("u1")])
             .await
@@ -568,7 +669,8 @@ mod tests {
                 .build(),
         );
         add(&source, other.build());
-        let preparer = Preparer::new(DRIVER, source, CheckpointStore::new(dir.path()));
+        let preparer =
+            Preparer::with_devices(DRIVER, source, CheckpointStore::new(dir.path()), devices());
         preparer
             .prepare(&[wanted("u1")])
             .await
@@ -607,7 +709,7 @@ mod tests {
                 .reserved_for(&[("p", "pu")])
                 .build(),
         );
-        let preparer = Preparer::new(DRIVER, source, store.clone());
+        let preparer = Preparer::with_devices(DRIVER, source, store.clone(), devices());
         let err = preparer
             .unprepare(&[wanted("u1")])
             .await

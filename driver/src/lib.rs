@@ -11,8 +11,11 @@ pub mod error;
 pub mod inventory;
 pub mod kubelet;
 pub mod netlink;
+pub mod netns;
 pub mod node;
 pub mod nri;
+pub mod plan;
+pub mod pods;
 pub mod slices;
 
 pub use error::{Error, Result};

@@ -1,6 +1,7 @@
 //! `knic-driver`: the per-node DaemonSet binary.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -9,7 +10,10 @@ use knic_driver::claims::{KubeClaims, Preparer};
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
+use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::node::{self, Discovery, RescanSettings};
+use knic_driver::nri::{self, NriSettings};
+use knic_driver::pods::{KubeStatus, PodNetworks};
 use knic_driver::slices::publisher::{Publisher, PublisherSettings};
 use knic_driver::slices::{self, PoolOwner};
 use tokio::signal::unix::{SignalKind, signal};
@@ -161,6 +165,12 @@ struct RunArgs {
     /// [default: <kubelet-root-dir>/plugins/knic.dev].
     #[arg(long, env = "KNIC_PLUGIN_DIR")]
     plugin_dir: Option<PathBuf>,
+    /// The container runtime's NRI socket (the plugin dials it).
+    #[arg(long, env = "KNIC_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
+    nri_socket: PathBuf,
+    /// NRI plugin index: two digits; plugins run in ascending order.
+    #[arg(long, env = "KNIC_NRI_INDEX", default_value = "10")]
+    nri_index: String,
     /// Rescan at least this often, in seconds (link events trigger rescans too).
     #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60)]
     rescan_seconds: u64,
@@ -290,6 +300,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         bail!("invalid --node-name/NODE_NAME: {reason}");
     }
     let discovery = args.discovery.discovery()?;
+    let nri_settings = NriSettings {
+        socket: args.nri_socket.clone(),
+        plugin_index: args.nri_index.clone(),
+        ..NriSettings::default()
+    };
+    nri_settings.validate()?;
     let defaults = PluginPaths::under_kubelet_root(&args.kubelet_root_dir);
     let paths = PluginPaths {
         registry_dir: args.registry_dir.unwrap_or(defaults.registry_dir),
@@ -318,7 +334,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let publisher = Publisher::new(client, knic_proto::DRIVER_NAME, &args.node_name);
+    let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name);
     let publishing = tokio::spawn(publisher.run(devices_rx, PublisherSettings::default()));
     let rescan = RescanSettings {
         period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
@@ -330,14 +346,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         preparer.clone(),
         devices_tx,
         rescan,
-        stop_rx,
+        stop_rx.clone(),
     ));
+
+    // Runtime hooks: attach when the sandbox exists, detach when it stops.
+    let pods = PodNetworks::new(
+        Rtnl::new(None),
+        preparer.clone(),
+        Arc::new(KubeStatus::new(client.clone())),
+    );
+    let hooks = tokio::spawn(nri::run(nri_settings, pods, stop_rx.clone()));
 
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
     let service = DraService::new(preparer);
     let served = kubelet::serve(&paths, service, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = rescans.await;
+    let _ = hooks.await;
     publishing.abort();
     served?;
     tracing::info!("knic-driver stopped");

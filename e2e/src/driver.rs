@@ -30,6 +30,20 @@ pub fn binary() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// VFs in the default synthetic tree.
+pub const VFS: usize = 32;
+
+/// The device name of VF `n` of the default synthetic tree (`pci-0000-10-01-0` for VF 0).
+pub fn vf_device(n: usize) -> String {
+    let rid = (0x10 << 8) + 8 + n;
+    format!(
+        "pci-0000-{:02x}-{:02x}-{}",
+        rid >> 8,
+        (rid & 0xff) >> 3,
+        rid & 7
+    )
+}
+
 /// Everything the driver needs to know, as the environment a DaemonSet would give it.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -48,11 +62,15 @@ pub struct DriverConfig {
 }
 
 impl DriverConfig {
-    /// A driver for `node` with every directory under `dir`, discovering from an empty sysfs
-    /// tree (so the host's own devices never leak into a test) unless `env` says otherwise.
+    /// A driver for `node` with every directory under `dir`, discovering a synthetic sysfs tree
+    /// of one SR-IOV PF with 32 VFs (named by [`vf_device`]), so the host's own devices never
+    /// leak into a test, unless `env` says otherwise.
     pub fn under(dir: &Path, node: &str, kubeconfig: &Path) -> DriverConfig {
-        let sysfs = dir.join("empty-root");
-        let _ = std::fs::create_dir_all(sysfs.join("sys/class/net"));
+        let sysfs = dir.join("synthetic-root");
+        let _ = knic_driver::inventory::fixture::materialise(
+            &knic_driver::inventory::fixture::synthetic_sriov(1, VFS),
+            &sysfs,
+        );
         DriverConfig {
             node_name: node.into(),
             kubeconfig: kubeconfig.into(),
@@ -65,6 +83,11 @@ impl DriverConfig {
                     sysfs.to_string_lossy().into_owned(),
                 ),
                 ("KNIC_NETLINK".into(), "false".into()),
+                // No runtime unless a test starts one: never the host's real NRI socket.
+                (
+                    "KNIC_NRI_SOCKET".into(),
+                    dir.join("nri.sock").to_string_lossy().into_owned(),
+                ),
             ],
         }
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail, ensure};
 use knic_e2e::cluster::{Cluster, ENV_KUBECONFIG, RealCluster};
-use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::driver::{DriverConfig, DriverProcess, vf_device};
 use knic_e2e::kubelet::{self, ClaimId, Device, DraVersion, Plugin};
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -110,13 +110,13 @@ async fn registration(env: &mut Env) -> anyhow::Result<()> {
 async fn prepare_allocated(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
-        .create_claim("alloc", Some(&[("knic.dev", "dev-a")]))
+        .create_claim("alloc", Some(&[("knic.dev", vf_device(0).as_str())]))
         .await?;
     let out = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     let got = out.get(&claim.uid).context("no entry for the claim")?;
     ensure!(got.error.is_empty(), "error: {}", got.error);
     ensure!(
-        got.devices == env.expect_device("dev-a"),
+        got.devices == env.expect_device(&vf_device(0)),
         "devices: {:?}",
         got.devices
     );
@@ -132,7 +132,7 @@ async fn prepare_unallocated(env: &mut Env) -> anyhow::Result<()> {
     let bad = env.cluster.create_claim("unalloc", None).await?;
     let good = env
         .cluster
-        .create_claim("good", Some(&[("knic.dev", "dev-b")]))
+        .create_claim("good", Some(&[("knic.dev", vf_device(1).as_str())]))
         .await?;
     let out = env
         .plugin
@@ -149,7 +149,8 @@ async fn prepare_unallocated(env: &mut Env) -> anyhow::Result<()> {
         out[&bad.uid].error
     );
     ensure!(
-        out[&good.uid].error.is_empty() && out[&good.uid].devices == env.expect_device("dev-b")
+        out[&good.uid].error.is_empty()
+            && out[&good.uid].devices == env.expect_device(&vf_device(1))
     );
     Ok(())
 }
@@ -157,12 +158,12 @@ async fn prepare_unallocated(env: &mut Env) -> anyhow::Result<()> {
 async fn prepare_uid_changed(env: &mut Env) -> anyhow::Result<()> {
     let old = env
         .cluster
-        .create_claim("replaced", Some(&[("knic.dev", "dev-c")]))
+        .create_claim("replaced", Some(&[("knic.dev", vf_device(2).as_str())]))
         .await?;
     env.cluster.delete_claim("replaced").await?;
     let new = env
         .cluster
-        .create_claim("replaced", Some(&[("knic.dev", "dev-c")]))
+        .create_claim("replaced", Some(&[("knic.dev", vf_device(2).as_str())]))
         .await?;
     ensure!(old.uid != new.uid);
     let out = env.plugin.prepare(env.version, &[env.id(&old)]).await?;
@@ -195,12 +196,12 @@ async fn prepare_other_driver(env: &mut Env) -> anyhow::Result<()> {
 async fn prepare_repeated(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
-        .create_claim("again", Some(&[("knic.dev", "dev-d")]))
+        .create_claim("again", Some(&[("knic.dev", vf_device(3).as_str())]))
         .await?;
     let first = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     let second = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     ensure!(first == second, "{first:?} != {second:?}");
-    ensure!(first[&claim.uid].devices == env.expect_device("dev-d"));
+    ensure!(first[&claim.uid].devices == env.expect_device(&vf_device(3)));
     if let Some(fake) = &env.cluster.fake {
         let gets = fake
             .requests()
@@ -218,7 +219,7 @@ async fn prepare_repeated(env: &mut Env) -> anyhow::Result<()> {
 async fn unprepare_after_claim_deleted(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
-        .create_claim("gone", Some(&[("knic.dev", "dev-e")]))
+        .create_claim("gone", Some(&[("knic.dev", vf_device(4).as_str())]))
         .await?;
     let out = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     ensure!(out[&claim.uid].error.is_empty());
@@ -256,7 +257,7 @@ async fn concurrent_prepares(env: &mut Env) -> anyhow::Result<()> {
             env.cluster
                 .create_claim(
                     &format!("par-{i:02}"),
-                    Some(&[("knic.dev", &format!("dev-{i:02}"))]),
+                    Some(&[("knic.dev", vf_device(8 + i).as_str())]),
                 )
                 .await?,
         );
@@ -275,7 +276,7 @@ async fn concurrent_prepares(env: &mut Env) -> anyhow::Result<()> {
         let got = &out[&claim.uid];
         ensure!(got.error.is_empty(), "claim {i}: {}", got.error);
         ensure!(
-            got.devices == env.expect_device(&format!("dev-{i:02}")),
+            got.devices == env.expect_device(&vf_device(8 + i)),
             "claim {i}: {:?}",
             got.devices
         );
@@ -298,7 +299,7 @@ async fn concurrent_prepares(env: &mut Env) -> anyhow::Result<()> {
 async fn kill9_then_unprepare_from_checkpoint(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
-        .create_claim("crash", Some(&[("knic.dev", "dev-f")]))
+        .create_claim("crash", Some(&[("knic.dev", vf_device(5).as_str())]))
         .await?;
     ensure!(
         env.plugin.prepare(env.version, &[env.id(&claim)]).await?[&claim.uid]
@@ -326,7 +327,7 @@ async fn kill9_then_unprepare_from_checkpoint(env: &mut Env) -> anyhow::Result<(
 async fn truncated_checkpoint(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
-        .create_claim("trunc", Some(&[("knic.dev", "dev-g")]))
+        .create_claim("trunc", Some(&[("knic.dev", vf_device(6).as_str())]))
         .await?;
     ensure!(
         env.plugin.prepare(env.version, &[env.id(&claim)]).await?[&claim.uid]
@@ -358,7 +359,7 @@ async fn truncated_checkpoint(env: &mut Env) -> anyhow::Result<()> {
     );
     let other = env
         .cluster
-        .create_claim("after", Some(&[("knic.dev", "dev-h")]))
+        .create_claim("after", Some(&[("knic.dev", vf_device(7).as_str())]))
         .await?;
     let out = env.plugin.prepare(env.version, &[env.id(&other)]).await?;
     ensure!(

@@ -42,6 +42,20 @@ pub mod health {
     }
 }
 
+/// NRI (`nri.pkg.api.v1alpha1`): the container runtime's plugin API, through which knic learns
+/// that a pod's network namespace exists (RunPodSandbox) and is going away (Stop/Remove). Only
+/// the messages and fields knic uses; see `proto/nri/api.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod nri {
+    tonic::include_proto!("nri.pkg.api.v1alpha1");
+}
+
+/// ttrpc's request/response envelope: NRI runs ttrpc, not gRPC, over its multiplexed socket.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod ttrpc {
+    tonic::include_proto!("ttrpc");
+}
+
 /// The DRA driver name, API group and attribute domain: one string everywhere so a typo can't
 /// make the kubelet, the scheduler and the driver disagree about who owns a device.
 pub const DRIVER_NAME: &str = "knic.dev";

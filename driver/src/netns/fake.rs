@@ -1,0 +1,396 @@
+//! A recording fake kernel: namespaces with links, addresses, routes and sysctls in memory,
+//! every operation logged as a line, and failures injectable. It models the kernel behaviour
+//! the executor relies on (a move flushes addresses and routes and brings the link down; a name
+//! clash in the target fails; a deleted namespace hands physical devices back to the host under
+//! a free name and destroys virtual ones), so attach/detach/undo logic is tested without root,
+//! and what this kernel cannot do (VLAN without 8021q) is asserted at the message level.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use knic_proto::netconfig::{Cidr, Route};
+
+use super::{Kernel, LinkChange, LinkState, Ns, Session};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Default)]
+struct State {
+    links: BTreeMap<Ns, Vec<LinkState>>,
+    routes: BTreeMap<Ns, Vec<(String, Route)>>,
+    sysctls: BTreeMap<(Ns, String, String), String>,
+    log: Vec<String>,
+    fail: Vec<(String, String)>,
+    next_index: u32,
+}
+
+/// The fake; clones share state.
+#[derive(Debug, Clone)]
+pub struct FakeKernel {
+    state: Arc<Mutex<State>>,
+}
+
+impl Default for FakeKernel {
+    fn default() -> Self {
+        FakeKernel::new()
+    }
+}
+
+impl FakeKernel {
+    /// A kernel with an empty host namespace.
+    pub fn new() -> Self {
+        let mut state = State {
+            next_index: 10,
+            ..Default::default()
+        };
+        state.links.insert(Ns::Host, Vec::new());
+        FakeKernel {
+            state: Arc::new(Mutex::new(state)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a link; `kind` `None` means a physical device.
+    pub fn add_link(
+        &self,
+        ns: &Ns,
+        name: &str,
+        mtu: u32,
+        mac: [u8; 6],
+        kind: Option<&str>,
+        addresses: &[Cidr],
+    ) -> u32 {
+        let mut s = self.lock();
+        s.next_index += 1;
+        let index = s.next_index;
+        s.links.entry(ns.clone()).or_default().push(LinkState {
+            index,
+            name: name.into(),
+            mtu,
+            mac: Some(mac),
+            up: true,
+            addresses: addresses.to_vec(),
+            kind: kind.map(str::to_string),
+        });
+        index
+    }
+
+    /// Creates a pod namespace.
+    pub fn add_namespace(&self, ns: &Ns) {
+        self.lock().links.entry(ns.clone()).or_default();
+    }
+
+    /// Deletes a pod namespace the way the kernel does: physical devices return to the host
+    /// (down, addresses gone, renamed `dev<index>` if their name is taken), virtual ones die.
+    pub fn delete_namespace(&self, ns: &Ns) {
+        let mut s = self.lock();
+        let links = s.links.remove(ns).unwrap_or_default();
+        s.routes.remove(ns);
+        for mut link in links.into_iter().filter(|l| l.kind.is_none()) {
+            let host = s.links.entry(Ns::Host).or_default();
+            if host.iter().any(|h| h.name == link.name) {
+                link.name = format!("dev{}", link.index);
+            }
+            link.up = false;
+            link.addresses.clear();
+            host.push(link);
+        }
+    }
+
+    /// Makes the next operation whose log line starts with `prefix` fail with `message`.
+    pub fn fail_on(&self, prefix: &str, message: &str) {
+        self.lock().fail.push((prefix.into(), message.into()));
+    }
+
+    /// Every operation so far, one line each.
+    pub fn log(&self) -> Vec<String> {
+        self.lock().log.clone()
+    }
+
+    /// Links of a namespace.
+    pub fn links(&self, ns: &Ns) -> Vec<LinkState> {
+        self.lock().links.get(ns).cloned().unwrap_or_default()
+    }
+
+    /// Routes of a namespace as `(ifname, route)`.
+    pub fn routes(&self, ns: &Ns) -> Vec<(String, Route)> {
+        self.lock().routes.get(ns).cloned().unwrap_or_default()
+    }
+
+    /// A sysctl value set through the fake.
+    pub fn sysctl(&self, ns: &Ns, ifname: &str, key: &str) -> Option<String> {
+        self.lock()
+            .sysctls
+            .get(&(ns.clone(), ifname.into(), key.into()))
+            .cloned()
+    }
+}
+
+/// A session in one fake namespace.
+pub struct FakeSession {
+    kernel: FakeKernel,
+    ns: Ns,
+}
+
+fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn describe(change: &LinkChange) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = &change.name {
+        parts.push(format!("name {n}"));
+    }
+    if let Some(m) = change.mtu {
+        parts.push(format!("mtu {m}"));
+    }
+    if let Some(mac) = &change.mac {
+        parts.push(format!("address {}", mac_text(mac)));
+    }
+    match change.up {
+        Some(true) => parts.push("up".into()),
+        Some(false) => parts.push("down".into()),
+        None => {}
+    }
+    parts.join(" ")
+}
+
+impl FakeSession {
+    /// Logs the operation and returns the injected failure for it, if any.
+    fn record(&self, line: String) -> Result<MutexGuard<'_, State>> {
+        let mut s = self.kernel.lock();
+        let line = format!("{}: {line}", self.ns);
+        s.log.push(line.clone());
+        if let Some(pos) = s
+            .fail
+            .iter()
+            .position(|(p, _)| line.starts_with(p.as_str()))
+        {
+            let (_, message) = s.fail.remove(pos);
+            return Err(Error::io(line, std::io::Error::other(message)));
+        }
+        Ok(s)
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::Setting {
+            setting: "device",
+            reason: format!("interface {name} does not exist in namespace {}", self.ns),
+        }
+    }
+}
+
+fn find<'a>(s: &'a mut State, ns: &Ns, name: &str) -> Option<&'a mut LinkState> {
+    s.links.get_mut(ns)?.iter_mut().find(|l| l.name == name)
+}
+
+fn apply(link: &mut LinkState, change: &LinkChange) {
+    if let Some(n) = &change.name {
+        link.name = n.clone();
+    }
+    if let Some(m) = change.mtu {
+        link.mtu = m;
+    }
+    if let Some(mac) = change.mac {
+        link.mac = Some(mac);
+    }
+    if let Some(up) = change.up {
+        link.up = up;
+    }
+}
+
+impl Kernel for FakeKernel {
+    type Session = FakeSession;
+
+    async fn open(&self, ns: &Ns) -> Result<Option<FakeSession>> {
+        if !self.lock().links.contains_key(ns) {
+            return Ok(None);
+        }
+        Ok(Some(FakeSession {
+            kernel: self.clone(),
+            ns: ns.clone(),
+        }))
+    }
+}
+
+impl Session for FakeSession {
+    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        let mut s = self.kernel.lock();
+        Ok(find(&mut s, &self.ns, name).cloned())
+    }
+
+    async fn links(&mut self) -> Result<Vec<LinkState>> {
+        Ok(self.kernel.links(&self.ns))
+    }
+
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {name} netns {to} {}", describe(change)))?;
+        let Some(pos) = s
+            .links
+            .get(&ns)
+            .and_then(|l| l.iter().position(|l| l.name == name))
+        else {
+            drop(s);
+            return Err(self.missing(name));
+        };
+        let Some(target) = s.links.get(to) else {
+            return Err(Error::Setting {
+                setting: "netns",
+                reason: format!("network namespace {to} does not exist"),
+            });
+        };
+        let new_name = change.name.clone().unwrap_or_else(|| name.to_string());
+        if target.iter().any(|l| l.name == new_name) {
+            return Err(Error::io(
+                format!("moving {name}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
+        let mut link = s
+            .links
+            .get_mut(&ns)
+            .map(|l| l.remove(pos))
+            .ok_or_else(|| self.missing(name))?;
+        // The kernel flushes addresses and routes and closes the device on a namespace change.
+        link.addresses.clear();
+        link.up = false;
+        apply(&mut link, change);
+        if let Some(routes) = s.routes.get_mut(&ns) {
+            routes.retain(|(ifname, _)| ifname != name);
+        }
+        s.links.entry(to.clone()).or_default().push(link);
+        Ok(())
+    }
+
+    async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {name} {}", describe(change)))?;
+        let clash = change
+            .name
+            .as_ref()
+            .is_some_and(|n| n != name && find(&mut s, &ns, n).is_some());
+        if clash {
+            return Err(Error::io(
+                format!("renaming {name}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
+        match find(&mut s, &ns, name) {
+            Some(link) => {
+                apply(link, change);
+                Ok(())
+            }
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+        }
+    }
+
+    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("addr add {address} dev {name}"))?;
+        match find(&mut s, &ns, name) {
+            Some(link) => {
+                if !link.addresses.contains(&address) {
+                    link.addresses.push(address);
+                }
+                Ok(())
+            }
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+        }
+    }
+
+    async fn del_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("addr del {address} dev {name}"))?;
+        if let Some(link) = find(&mut s, &ns, name) {
+            link.addresses.retain(|a| *a != address);
+        }
+        Ok(())
+    }
+
+    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
+        let ns = self.ns.clone();
+        let via = route
+            .gateway
+            .map(|g| format!(" via {g}"))
+            .unwrap_or_default();
+        let mut s = self.record(format!("route add {}{via} dev {name}", route.destination))?;
+        let up = find(&mut s, &ns, name).map(|l| l.up);
+        match up {
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+            Some(false) => Err(Error::io(
+                format!("adding route via {name}"),
+                std::io::Error::other("Network is down"),
+            )),
+            Some(true) => {
+                s.routes
+                    .entry(ns)
+                    .or_default()
+                    .push((name.into(), *route));
+                Ok(())
+            }
+        }
+    }
+
+    async fn set_sysctls(
+        &mut self,
+        name: &str,
+        sysctls: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        let ns = self.ns.clone();
+        let pairs: Vec<String> = sysctls.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut s = self.record(format!("sysctl {name} {}", pairs.join(" ")))?;
+        for (k, v) in sysctls {
+            s.sysctls
+                .insert((ns.clone(), name.into(), k.clone()), v.clone());
+        }
+        Ok(())
+    }
+
+    async fn add_vlan(&mut self, parent: &str, name: &str, id: u16) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link add {name} link {parent} type vlan id {id}"))?;
+        let Some(p) = find(&mut s, &ns, parent).cloned() else {
+            drop(s);
+            return Err(self.missing(parent));
+        };
+        s.next_index += 1;
+        let index = s.next_index;
+        s.links.entry(ns).or_default().push(LinkState {
+            index,
+            name: name.into(),
+            mtu: p.mtu,
+            mac: p.mac,
+            up: false,
+            addresses: vec![],
+            kind: Some("vlan".into()),
+        });
+        Ok(())
+    }
+
+    async fn del_link(&mut self, name: &str) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link del {name}"))?;
+        if let Some(links) = s.links.get_mut(&ns) {
+            links.retain(|l| l.name != name);
+        }
+        if let Some(routes) = s.routes.get_mut(&ns) {
+            routes.retain(|(ifname, _)| ifname != name);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,457 @@
+//! The only code that changes the kernel: moving a device into a pod's network namespace with
+//! its name, MTU, MAC, addresses, routes and sysctls, and putting it back exactly as it was.
+//!
+//! Layout follows youki's network code: the kernel sits behind the small [`Kernel`] /
+//! [`Session`] traits (an rtnetlink implementation in [`rtnl`], a recording fake in [`fake`]),
+//! and [`attach`] / [`detach`] are written once against them. Attach is two-phase so a crash
+//! can never lose a device: [`capture`] reads what must be restored (the caller checkpoints it)
+//! before [`attach`] changes anything, and a failing attach undoes every step it did.
+
+pub mod fake;
+pub mod rtnl;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+
+use knic_proto::netconfig::{Cidr, Route};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A network namespace an operation runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Ns {
+    /// The node's namespace (the driver runs with hostNetwork; tests use a throwaway one).
+    Host,
+    /// A pod's namespace, by its bind-mount path (e.g. `/var/run/netns/cni-…`).
+    Pod(PathBuf),
+}
+
+impl std::fmt::Display for Ns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ns::Host => f.write_str("host"),
+            Ns::Pod(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A link as the kernel reports it, with what detach must restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkState {
+    /// ifindex (kept across namespace moves when free; used to find a device the kernel
+    /// returned by itself under another name).
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// MTU.
+    pub mtu: u32,
+    /// MAC address, when the link has a 6-byte one.
+    pub mac: Option<[u8; 6]>,
+    /// Administratively up.
+    pub up: bool,
+    /// Global-scope addresses (link-local ones come back by themselves).
+    pub addresses: Vec<Cidr>,
+    /// `IFLA_INFO_KIND` (veth, macvlan, vlan…); `None` for physical devices.
+    pub kind: Option<String>,
+}
+
+/// Link attributes to change; `None` leaves one alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkChange {
+    /// New name.
+    pub name: Option<String>,
+    /// New MTU.
+    pub mtu: Option<u32>,
+    /// New MAC.
+    pub mac: Option<[u8; 6]>,
+    /// Admin state.
+    pub up: Option<bool>,
+}
+
+/// Operations inside one namespace. A session is opened per attach/detach and dropped after,
+/// never cached: an open netlink socket would keep a deleted pod namespace alive, and with it
+/// a physical device the kernel should hand back to the host.
+pub trait Session: Send {
+    /// The link named `name`, if present.
+    fn link(&mut self, name: &str) -> impl Future<Output = Result<Option<LinkState>>> + Send;
+    /// Every link (to find a device the kernel returned under another name).
+    fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send;
+    /// Moves `name` into `to` with its new name, MTU and MAC in one RTM_NEWLINK, so the device
+    /// never appears in the target under a temporary name.
+    fn move_link(
+        &mut self,
+        name: &str,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Changes attributes of a link in this namespace.
+    fn set_link(
+        &mut self,
+        name: &str,
+        change: &LinkChange,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Adds an address (IPv6 without duplicate address detection, so it is usable at once).
+    fn add_address(&mut self, name: &str, address: Cidr)
+    -> impl Future<Output = Result<()>> + Send;
+    /// Removes an address.
+    fn del_address(&mut self, name: &str, address: Cidr)
+    -> impl Future<Output = Result<()>> + Send;
+    /// Adds a route through `name`.
+    fn add_route(&mut self, name: &str, route: &Route) -> impl Future<Output = Result<()>> + Send;
+    /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.
+    fn set_sysctls(
+        &mut self,
+        name: &str,
+        sysctls: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Creates an 802.1Q child `name` of `parent`.
+    fn add_vlan(
+        &mut self,
+        parent: &str,
+        name: &str,
+        id: u16,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes a link.
+    fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Opens sessions; the one thing the executor needs from the outside world.
+pub trait Kernel: Send + Sync + 'static {
+    /// The session type.
+    type Session: Session;
+    /// A session in `ns`; a pod namespace that no longer exists is `Ok(None)`.
+    fn open(&self, ns: &Ns) -> impl Future<Output = Result<Option<Self::Session>>> + Send;
+}
+
+/// How the device reaches the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum AttachMode {
+    /// The device itself moves into the pod (NIC, VF, or a veth/macvlan playing one).
+    Move,
+    /// An 802.1Q child of the device goes into the pod; the device stays on the host.
+    Vlan {
+        /// VLAN id.
+        id: u16,
+    },
+}
+
+/// Everything attach needs, computed at prepare time (a pure function of claim, device and
+/// configuration) and checkpointed, so the NRI hook does no decision-making under its timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachPlan {
+    /// Pool of the allocated device.
+    pub pool: String,
+    /// Allocated device name.
+    pub device: String,
+    /// The claim request it serves.
+    pub request: String,
+    /// The device's netdev on the host, as discovered.
+    pub host_ifname: String,
+    /// Move or VLAN child.
+    pub mode: AttachMode,
+    /// Name inside the pod.
+    pub pod_ifname: String,
+    /// MTU inside the pod.
+    pub mtu: Option<u32>,
+    /// MAC inside the pod.
+    pub mac: Option<[u8; 6]>,
+    /// Addresses inside the pod.
+    pub addresses: Vec<Cidr>,
+    /// Routes inside the pod.
+    pub routes: Vec<Route>,
+    /// Per-interface sysctls inside the pod.
+    pub sysctls: BTreeMap<String, String>,
+}
+
+impl AttachPlan {
+    /// The host-side name of a VLAN child while it is created, before it moves into the pod:
+    /// short (≤ 15 bytes), `knic`-prefixed so a leftover is recognisable, unique per device.
+    pub fn vlan_temp_name(&self) -> String {
+        let hash = self.device.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("knic{:08x}", hash as u32)
+    }
+}
+
+/// What detach needs to put the node back: recorded before anything changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restore {
+    /// The device's host state before attach (for a VLAN child: the parent's, unchanged).
+    pub host: LinkState,
+}
+
+/// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
+pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore> {
+    let mut host = open(kernel, &Ns::Host).await?;
+    let link = host
+        .link(&plan.host_ifname)
+        .await?
+        .ok_or_else(|| Error::Setting {
+            setting: "device",
+            reason: format!(
+                "{}/{}: interface {} is not in the host namespace",
+                plan.pool, plan.device, plan.host_ifname
+            ),
+        })?;
+    Ok(Restore { host: link })
+}
+
+async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
+    kernel.open(ns).await?.ok_or_else(|| Error::Setting {
+        setting: "netns",
+        reason: format!("network namespace {ns} does not exist"),
+    })
+}
+
+/// Whether `link` (in the pod) is the plan's device: ifindexes are per namespace and can
+/// coincide, so the MAC the device carries in the pod must match too.
+fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> bool {
+    link.index == restore.host.index && link.mac == plan.mac.or(restore.host.mac)
+}
+
+/// Steps attach performed, undone in reverse on failure.
+#[derive(Debug)]
+enum Done {
+    CreatedVlan(String),
+    Moved,
+    MovedVlan,
+}
+
+/// Attaches per `plan` into the pod namespace `netns`. Idempotent: when the pod already has the
+/// interface (a repeated hook after a restart), nothing is done. On failure every step taken is
+/// undone, so the device is back on the host as [`capture`] saw it. Returns the interface as
+/// the pod sees it (its MAC goes into the claim status).
+pub async fn attach<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+) -> Result<LinkState> {
+    let mut pod = open(kernel, netns).await?;
+    if let Some(existing) = pod.link(&plan.pod_ifname).await? {
+        // Same device already there (repeat) → no-op; anything else is a name clash.
+        let ours = match plan.mode {
+            AttachMode::Move => is_same_device(&existing, plan, restore),
+            AttachMode::Vlan { .. } => existing.kind.as_deref() == Some("vlan"),
+        };
+        if ours {
+            return Ok(existing);
+        }
+        return Err(Error::Setting {
+            setting: "interface.name",
+            reason: format!(
+                "interface {} already exists in the pod ({netns}); choose another name",
+                plan.pod_ifname
+            ),
+        });
+    }
+    let mut done = Vec::new();
+    let result = attach_steps(kernel, plan, netns, &mut pod, &mut done).await;
+    if let Err(e) = result {
+        tracing::warn!(device = %plan.device, error = %e, steps = done.len(), "attach failed; undoing");
+        drop(pod);
+        if let Err(undo) = undo(kernel, plan, netns, restore, done).await {
+            tracing::error!(device = %plan.device, error = %undo, "undoing a failed attach failed");
+        }
+        return Err(e);
+    }
+    pod.link(&plan.pod_ifname)
+        .await?
+        .ok_or_else(|| Error::Setting {
+            setting: "device",
+            reason: format!(
+                "{} vanished from the pod right after attach",
+                plan.pod_ifname
+            ),
+        })
+}
+
+async fn attach_steps<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    pod: &mut K::Session,
+    done: &mut Vec<Done>,
+) -> Result<()> {
+    let into_pod = LinkChange {
+        name: Some(plan.pod_ifname.clone()),
+        mtu: plan.mtu,
+        mac: plan.mac,
+        up: None,
+    };
+    {
+        let mut host = open(kernel, &Ns::Host).await?;
+        match plan.mode {
+            AttachMode::Move => {
+                // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
+                host.move_link(&plan.host_ifname, netns, &into_pod).await?;
+                done.push(Done::Moved);
+            }
+            AttachMode::Vlan { id } => {
+                // The child is created on the host (its parent is there), then moved.
+                let temp = plan.vlan_temp_name();
+                host.add_vlan(&plan.host_ifname, &temp, id).await?;
+                done.push(Done::CreatedVlan(temp.clone()));
+                host.move_link(&temp, netns, &into_pod).await?;
+                done.push(Done::MovedVlan);
+            }
+        }
+    }
+    // Inside the pod: sysctls first (arp/ra settings must hold before the link is up),
+    // then addresses, then up, then routes (a route needs its link up).
+    if !plan.sysctls.is_empty() {
+        pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
+    }
+    for address in &plan.addresses {
+        pod.add_address(&plan.pod_ifname, *address).await?;
+    }
+    pod.set_link(
+        &plan.pod_ifname,
+        &LinkChange {
+            up: Some(true),
+            ..Default::default()
+        },
+    )
+    .await?;
+    for route in &plan.routes {
+        pod.add_route(&plan.pod_ifname, route).await?;
+    }
+    Ok(())
+}
+
+async fn undo<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+    done: Vec<Done>,
+) -> Result<()> {
+    for step in done.into_iter().rev() {
+        match step {
+            Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
+            Done::MovedVlan => {
+                if let Some(mut pod) = kernel.open(netns).await? {
+                    pod.del_link(&plan.pod_ifname).await?;
+                }
+                return Ok(());
+            }
+            Done::CreatedVlan(temp) => open(kernel, &Ns::Host).await?.del_link(&temp).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Puts the node back: the device returns to the host with its original name, MTU, MAC, admin
+/// state and host addresses; a VLAN child created for the pod is deleted. Works when the pod
+/// namespace is already gone (the kernel has then returned a physical device by itself, under
+/// whatever name was free, or destroyed a virtual one). Idempotent.
+pub async fn detach<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: Option<&Ns>,
+    restore: &Restore,
+) -> Result<()> {
+    let original = &restore.host;
+    let back = LinkChange {
+        name: Some(original.name.clone()),
+        mtu: Some(original.mtu),
+        mac: original.mac,
+        up: None,
+    };
+    if let AttachMode::Vlan { .. } = plan.mode {
+        // The child dies with the pod namespace; otherwise delete it there. A child left on the
+        // host by a crash between create and move is deleted too.
+        if let Some(ns) = netns
+            && let Some(mut pod) = kernel.open(ns).await?
+            && pod
+                .link(&plan.pod_ifname)
+                .await?
+                .is_some_and(|l| l.kind.as_deref() == Some("vlan"))
+        {
+            pod.del_link(&plan.pod_ifname).await?;
+        }
+        let mut host = open(kernel, &Ns::Host).await?;
+        if host.link(&plan.vlan_temp_name()).await?.is_some() {
+            host.del_link(&plan.vlan_temp_name()).await?;
+        }
+        return Ok(());
+    }
+
+    // Still in the pod: move it back (addresses and routes go with the namespace change).
+    if let Some(ns) = netns
+        && let Some(mut pod) = kernel.open(ns).await?
+        && let Some(link) = pod.link(&plan.pod_ifname).await?
+        && is_same_device(&link, plan, restore)
+    {
+        pod.set_link(
+            &plan.pod_ifname,
+            &LinkChange {
+                up: Some(false),
+                ..Default::default()
+            },
+        )
+        .await?;
+        pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
+    }
+
+    let mut host = open(kernel, &Ns::Host).await?;
+    let current = match host.link(&original.name).await? {
+        Some(l) if l.index == original.index => Some(l),
+        _ => host
+            .links()
+            .await?
+            .into_iter()
+            .find(|l| l.index == original.index && l.kind == original.kind),
+    };
+    let Some(current) = current else {
+        tracing::warn!(device = %plan.device, ifname = %original.name,
+            "the device no longer exists (a virtual device is destroyed with its pod's namespace)");
+        return Ok(());
+    };
+    if current.name != original.name
+        || current.mtu != original.mtu
+        || (original.mac.is_some() && current.mac != original.mac)
+    {
+        host.set_link(
+            &current.name,
+            &LinkChange {
+                up: Some(false),
+                ..Default::default()
+            },
+        )
+        .await?;
+        host.set_link(&current.name, &back).await?;
+    }
+    for address in &original.addresses {
+        let present = host
+            .link(&original.name)
+            .await?
+            .is_some_and(|l| l.addresses.contains(address));
+        if !present {
+            host.add_address(&original.name, *address).await?;
+        }
+    }
+    let now = host.link(&original.name).await?;
+    if now.is_some_and(|l| l.up != original.up) {
+        host.set_link(
+            &original.name,
+            &LinkChange {
+                up: Some(original.up),
+                ..Default::default()
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,470 @@
+//! The kernel, through rtnetlink. Each session owns one netlink socket created inside its
+//! namespace (a short-lived thread `setns`es there, opens the socket and leaves; a socket stays
+//! bound to the namespace it was created in), so no long-lived thread ever changes namespace.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use futures::TryStreamExt;
+use knic_proto::netconfig::{Cidr, Route};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::route::RouteScope;
+use nix::sched::{CloneFlags, setns};
+use rtnetlink::{Handle, LinkUnspec, LinkVlan, RouteMessageBuilder};
+
+use super::{Kernel, LinkChange, LinkState, Ns, Session};
+use crate::error::{Error, Result};
+
+/// The real kernel. `host` is the node's namespace: `None` for the process's own (production:
+/// the driver runs with hostNetwork), or a path (tests use a throwaway `knt-` namespace).
+#[derive(Debug, Clone)]
+pub struct Rtnl {
+    host: Option<PathBuf>,
+}
+
+impl Rtnl {
+    /// The kernel with `host` as the node's namespace.
+    pub fn new(host: Option<PathBuf>) -> Self {
+        Rtnl { host }
+    }
+
+    fn host_path(&self) -> PathBuf {
+        self.host
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"))
+    }
+}
+
+/// One rtnetlink socket in one namespace.
+pub struct RtnlSession {
+    handle: Handle,
+    task: tokio::task::JoinHandle<()>,
+    /// The namespace file, for sysctl writes (`None`: the process's own).
+    ns_path: Option<PathBuf>,
+    host_path: PathBuf,
+}
+
+impl Drop for RtnlSession {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(context, e)
+}
+
+fn nl(context: String) -> impl FnOnce(rtnetlink::Error) -> Error {
+    move |e| {
+        let text = e.to_string();
+        Error::io(context, std::io::Error::other(text))
+    }
+}
+
+/// Runs `f` on a fresh thread inside the namespace at `path` (or the current one).
+fn in_namespace<T: Send>(
+    path: Option<&Path>,
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<T> {
+    let file = path.map(File::open).transpose()?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(file) = &file {
+                setns(file, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("namespace thread panicked"))?
+    })
+}
+
+impl Kernel for Rtnl {
+    type Session = RtnlSession;
+
+    async fn open(&self, ns: &Ns) -> Result<Option<RtnlSession>> {
+        let ns_path = match ns {
+            Ns::Host => self.host.clone(),
+            Ns::Pod(p) => {
+                if !p.exists() {
+                    return Ok(None);
+                }
+                Some(p.clone())
+            }
+        };
+        let runtime = tokio::runtime::Handle::current();
+        let (connection, handle, _) = in_namespace(ns_path.as_deref(), || {
+            let _entered = runtime.enter();
+            rtnetlink::new_connection()
+        })
+        .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
+        let task = tokio::spawn(connection);
+        Ok(Some(RtnlSession {
+            handle,
+            task,
+            ns_path,
+            host_path: self.host_path(),
+        }))
+    }
+}
+
+fn state(msg: &LinkMessage) -> LinkState {
+    let mut s = LinkState {
+        index: msg.header.index,
+        name: String::new(),
+        mtu: 0,
+        mac: None,
+        up: msg.header.flags.contains(LinkFlags::Up),
+        addresses: Vec::new(),
+        kind: None,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => s.name = n.clone(),
+            LinkAttribute::Mtu(m) => s.mtu = *m,
+            LinkAttribute::Address(a) if a.len() == 6 => {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(a);
+                s.mac = Some(mac);
+            }
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        s.kind = Some(k.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+fn is_exists(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc_eexist())
+}
+
+const fn libc_eexist() -> i32 {
+    17
+}
+
+impl RtnlSession {
+    async fn find(&self, name: &str) -> Result<Option<LinkMessage>> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link),
+            // ENODEV: no such link.
+            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -19 => Ok(None),
+            Err(e) => Err(nl(format!("reading link {name}"))(e)),
+        }
+    }
+
+    async fn index(&self, name: &str) -> Result<u32> {
+        self.find(name)
+            .await?
+            .map(|l| l.header.index)
+            .ok_or_else(|| Error::Setting {
+                setting: "device",
+                reason: format!(
+                    "interface {name} does not exist in namespace {}",
+                    self.describe()
+                ),
+            })
+    }
+
+    fn describe(&self) -> String {
+        self.ns_path
+            .as_ref()
+            .map_or_else(|| "host".to_string(), |p| p.display().to_string())
+    }
+
+    async fn addresses(&self, index: u32) -> Result<Vec<Cidr>> {
+        let mut out = Vec::new();
+        let mut stream = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(nl(format!("reading addresses of link {index}")))?
+        {
+            if msg.header.index != index || msg.header.scope != AddressScope::Universe {
+                continue;
+            }
+            // IPv4 reports the interface address as IFA_LOCAL; IPv6 only has IFA_ADDRESS.
+            let local = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(ip) => Some(*ip),
+                _ => None,
+            });
+            let address = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            if let Some(addr) = local.or(address) {
+                out.push(Cidr {
+                    addr,
+                    prefix_len: msg.header.prefix_len,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn change_message(
+        index: u32,
+        change: &LinkChange,
+    ) -> rtnetlink::LinkMessageBuilder<LinkUnspec> {
+        let mut b = LinkUnspec::new_with_index(index);
+        if let Some(name) = &change.name {
+            b = b.name(name.clone());
+        }
+        if let Some(mtu) = change.mtu {
+            b = b.mtu(mtu);
+        }
+        if let Some(mac) = change.mac {
+            b = b.address(mac.to_vec());
+        }
+        match change.up {
+            Some(true) => b = b.up(),
+            Some(false) => b = b.down(),
+            None => {}
+        }
+        b
+    }
+}
+
+impl Session for RtnlSession {
+    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        let Some(msg) = self.find(name).await? else {
+            return Ok(None);
+        };
+        let mut s = state(&msg);
+        s.addresses = self.addresses(s.index).await?;
+        Ok(Some(s))
+    }
+
+    async fn links(&mut self) -> Result<Vec<LinkState>> {
+        let mut out = Vec::new();
+        let mut stream = self.handle.link().get().execute();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(nl("listing links".into()))?
+        {
+            out.push(state(&msg));
+        }
+        for s in &mut out {
+            s.addresses = self.addresses(s.index).await?;
+        }
+        Ok(out)
+    }
+
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+        let index = self.index(name).await?;
+        let target = match to {
+            Ns::Host => self.host_path.clone(),
+            Ns::Pod(p) => p.clone(),
+        };
+        let fd =
+            File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
+        // IFLA_NET_NS_FD plus IFLA_IFNAME/IFLA_MTU/IFLA_ADDRESS in one RTM_NEWLINK: the kernel
+        // moves first, then applies the rest inside the target namespace.
+        let msg = Self::change_message(index, change)
+            .setns_by_fd(fd.as_raw_fd())
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(nl(format!("moving {name} into namespace {to}")))
+    }
+
+    async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
+        let index = self.index(name).await?;
+        let msg = Self::change_message(index, change).build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(nl(format!("changing link {name}")))
+    }
+
+    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+        let index = self.index(name).await?;
+        let mut req = self
+            .handle
+            .address()
+            .add(index, address.addr, address.prefix_len);
+        if address.addr.is_ipv6() {
+            // No duplicate address detection: the address is usable the moment the pod starts.
+            req.message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_exists(&e) => Ok(()),
+            Err(e) => Err(nl(format!("adding address {address} to {name}"))(e)),
+        }
+    }
+
+    async fn del_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+        let index = self.index(name).await?;
+        let mut stream = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(nl(format!("reading addresses of {name}")))?
+        {
+            let matches = msg.header.prefix_len == address.prefix_len
+                && msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Local(ip) | AddressAttribute::Address(ip) if *ip == address.addr));
+            if matches {
+                self.handle
+                    .address()
+                    .del(msg)
+                    .execute()
+                    .await
+                    .map_err(nl(format!("removing address {address} from {name}")))?;
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
+        let index = self.index(name).await?;
+        let context = format!("adding route {} via {name}", route.destination);
+        let message = match route.destination.addr {
+            IpAddr::V4(dst) => {
+                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                    .destination_prefix(dst, route.destination.prefix_len)
+                    .output_interface(index);
+                if let Some(IpAddr::V4(gw)) = route.gateway {
+                    b = b.gateway(gw);
+                } else {
+                    b = b.scope(RouteScope::Link);
+                }
+                if let Some(IpAddr::V4(src)) = route.source {
+                    b = b.pref_source(src);
+                }
+                if let Some(m) = route.metric {
+                    b = b.priority(m);
+                }
+                if let Some(t) = route.table {
+                    b = b.table_id(t);
+                }
+                b.build()
+            }
+            IpAddr::V6(dst) => {
+                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                    .destination_prefix(dst, route.destination.prefix_len)
+                    .output_interface(index);
+                if let Some(IpAddr::V6(gw)) = route.gateway {
+                    b = b.gateway(gw);
+                }
+                if let Some(IpAddr::V6(src)) = route.source {
+                    b = b.pref_source(src);
+                }
+                if let Some(m) = route.metric {
+                    b = b.priority(m);
+                }
+                if let Some(t) = route.table {
+                    b = b.table_id(t);
+                }
+                b.build()
+            }
+        };
+        match self.handle.route().add(message).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_exists(&e) => Ok(()),
+            Err(e) => Err(nl(context)(e)),
+        }
+    }
+
+    async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
+        let mut files = Vec::new();
+        for (key, value) in sysctls {
+            // Accepts `ipv4.arp_ignore` and `net.ipv4.conf.<if>.arp_ignore` spellings.
+            let parts: Vec<&str> = key.split('.').collect();
+            let family = parts
+                .iter()
+                .find(|p| **p == "ipv4" || **p == "ipv6")
+                .copied();
+            let (Some(family), Some(leaf)) = (family, parts.last()) else {
+                return Err(Error::Setting {
+                    setting: "sysctls",
+                    reason: format!("{key}: not a per-interface sysctl"),
+                });
+            };
+            files.push((
+                PathBuf::from(format!("/proc/sys/net/{family}/conf/{name}/{leaf}")),
+                value.clone(),
+            ));
+        }
+        // /proc/sys/net shows the namespace of the task that opens the file.
+        in_namespace(self.ns_path.as_deref(), || {
+            for (path, value) in &files {
+                let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+                f.write_all(value.as_bytes())?;
+            }
+            Ok(())
+        })
+        .map_err(io(format!(
+            "writing sysctls of {name} in namespace {}",
+            self.describe()
+        )))
+    }
+
+    async fn add_vlan(&mut self, parent: &str, name: &str, id: u16) -> Result<()> {
+        let parent_index = self.index(parent).await?;
+        let msg = LinkVlan::new(name, parent_index, id).build();
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("Operation not supported") || text.contains("-95") {
+                Error::Setting {
+                    setting: "vlan",
+                    reason: format!("cannot create VLAN {id} on {parent}: the kernel has no 8021q (VLAN) support"),
+                }
+            } else {
+                Error::io(format!("creating VLAN {id} on {parent}"), std::io::Error::other(text))
+            }
+        })
+    }
+
+    async fn del_link(&mut self, name: &str) -> Result<()> {
+        let Some(msg) = self.find(name).await? else {
+            return Ok(());
+        };
+        self.handle
+            .link()
+            .del(msg.header.index)
+            .execute()
+            .await
+            .map_err(nl(format!("deleting link {name}")))
+    }
+}
+
+/// Whether this kernel can create VLAN (802.1Q) links; kernel tests skip VLAN cases without it.
+pub fn kernel_has_8021q() -> bool {
+    Path::new("/sys/module/8021q").exists() || Path::new("/proc/net/vlan").exists()
+}

@@ -1,0 +1,275 @@
+use std::collections::BTreeMap;
+
+use knic_proto::netconfig::{Cidr, Route};
+
+use super::fake::FakeKernel;
+use super::*;
+
+fn cidr(s: &str) -> Cidr {
+    s.parse().unwrap()
+}
+
+fn pod() -> Ns {
+    Ns::Pod("/var/run/netns/cni-1".into())
+}
+
+fn plan(mode: AttachMode) -> AttachPlan {
+    let mut sysctls = BTreeMap::new();
+    sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
+    AttachPlan {
+        pool: "node-a".into(),
+        device: "pci-0000-a2-01-0".into(),
+        request: "nic".into(),
+        host_ifname: "ens1f0v0".into(),
+        mode,
+        pod_ifname: "net1".into(),
+        mtu: Some(9000),
+        mac: Some([0x02, 0, 0, 0, 0, 0x10]),
+        addresses: vec![cidr("192.0.2.10/24"), cidr("2001:db8::10/64")],
+        routes: vec![Route {
+            destination: cidr("203.0.113.0/24"),
+            gateway: Some("192.0.2.1".parse().unwrap()),
+            source: None,
+            metric: None,
+            table: None,
+        }],
+        sysctls,
+    }
+}
+
+fn kernel() -> (FakeKernel, u32) {
+    let k = FakeKernel::new();
+    let index = k.add_link(
+        &Ns::Host,
+        "ens1f0v0",
+        1500,
+        [0xaa, 0, 0, 0, 0, 1],
+        None,
+        &[cidr("198.51.100.5/24")],
+    );
+    k.add_link(&Ns::Host, "eth0", 1500, [0xbb, 0, 0, 0, 0, 1], None, &[]);
+    k.add_namespace(&pod());
+    (k, index)
+}
+
+#[tokio::test]
+async fn attach_moves_with_one_message_and_configures_in_order() {
+    let (k, index) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    assert_eq!(restore.host.index, index);
+    let link = attach(&k, &p, &pod(), &restore).await.unwrap();
+    assert_eq!(link.name, "net1");
+    assert_eq!(
+        (link.mtu, link.mac, link.up),
+        (9000, Some([2, 0, 0, 0, 0, 0x10]), true)
+    );
+    assert_eq!(
+        link.addresses,
+        vec![cidr("192.0.2.10/24"), cidr("2001:db8::10/64")]
+    );
+    assert_eq!(
+        k.log(),
+        vec![
+            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1 mtu 9000 address 02:00:00:00:00:10",
+            "/var/run/netns/cni-1: sysctl net1 ipv4.arp_ignore=1",
+            "/var/run/netns/cni-1: addr add 192.0.2.10/24 dev net1",
+            "/var/run/netns/cni-1: addr add 2001:db8::10/64 dev net1",
+            "/var/run/netns/cni-1: link set net1 up",
+            "/var/run/netns/cni-1: route add 203.0.113.0/24 via 192.0.2.1 dev net1",
+        ]
+    );
+    // A repeated hook is a no-op.
+    let before = k.log().len();
+    let again = attach(&k, &p, &pod(), &restore).await.unwrap();
+    assert_eq!(again.index, index);
+    assert_eq!(k.log().len(), before);
+}
+
+#[tokio::test]
+async fn detach_restores_name_mtu_mac_addresses_and_state_idempotently() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore).await.unwrap();
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    let host = k
+        .links(&Ns::Host)
+        .into_iter()
+        .find(|l| l.name == "ens1f0v0")
+        .unwrap();
+    assert_eq!(host, restore.host, "the node is exactly as before");
+    assert!(k.links(&pod()).is_empty());
+    let before = k.log().len();
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    assert_eq!(k.log().len(), before, "a second detach changes nothing");
+}
+
+#[tokio::test]
+async fn failure_mid_attach_undoes_everything() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    k.fail_on("/var/run/netns/cni-1: route add", "Network is unreachable");
+    let err = attach(&k, &p, &pod(), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Network is unreachable"), "{err}");
+    let host = k
+        .links(&Ns::Host)
+        .into_iter()
+        .find(|l| l.name == "ens1f0v0")
+        .unwrap();
+    assert_eq!(host, restore.host);
+    assert!(k.links(&pod()).is_empty());
+}
+
+#[tokio::test]
+async fn name_clash_in_the_pod_is_refused_before_anything_moves() {
+    let (k, _) = kernel();
+    k.add_link(
+        &pod(),
+        "net1",
+        1500,
+        [0xcc, 0, 0, 0, 0, 1],
+        Some("veth"),
+        &[],
+    );
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    let err = attach(&k, &p, &pod(), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid setting interface.name: interface net1 already exists in the pod (/var/run/netns/cni-1); choose another name"
+    );
+    assert!(k.log().is_empty(), "nothing was attempted: {:?}", k.log());
+}
+
+#[tokio::test]
+async fn deleted_namespace_returns_a_physical_device_under_another_name_and_it_is_restored() {
+    let (k, index) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore).await.unwrap();
+    // Meanwhile something else took the original name.
+    k.add_link(
+        &Ns::Host,
+        "ens1f0v0",
+        1500,
+        [0xdd, 0, 0, 0, 0, 1],
+        Some("veth"),
+        &[],
+    );
+    k.delete_namespace(&pod());
+    // The kernel keeps the pod-side name when it is free on the host.
+    let returned = k
+        .links(&Ns::Host)
+        .into_iter()
+        .find(|l| l.index == index)
+        .unwrap();
+    assert_eq!(returned.name, "net1");
+    // Detach finds it by index; the name is taken, so it is restored in every other respect.
+    let err = detach(&k, &p, Some(&pod()), &restore).await;
+    assert!(
+        err.is_err(),
+        "the original name is taken by another link: {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn deleted_namespace_then_detach_restores_the_returned_device() {
+    let (k, index) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore).await.unwrap();
+    k.delete_namespace(&pod());
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    let host = k
+        .links(&Ns::Host)
+        .into_iter()
+        .find(|l| l.index == index)
+        .unwrap();
+    assert_eq!(host, restore.host);
+}
+
+#[tokio::test]
+async fn virtual_device_destroyed_with_the_namespace_is_not_an_error() {
+    let k = FakeKernel::new();
+    k.add_link(
+        &Ns::Host,
+        "ens1f0v0",
+        1500,
+        [0xaa, 0, 0, 0, 0, 1],
+        Some("macvlan"),
+        &[],
+    );
+    k.add_namespace(&pod());
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore).await.unwrap();
+    k.delete_namespace(&pod());
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    assert!(k.links(&Ns::Host).is_empty());
+}
+
+#[tokio::test]
+async fn vlan_child_is_created_on_the_host_moved_and_deleted() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Vlan { id: 100 });
+    let restore = capture(&k, &p).await.unwrap();
+    let link = attach(&k, &p, &pod(), &restore).await.unwrap();
+    assert_eq!(link.kind.as_deref(), Some("vlan"));
+    let temp = p.vlan_temp_name();
+    assert!(temp.starts_with("knic") && temp.len() <= 15, "{temp}");
+    assert_eq!(
+        k.log()[0],
+        format!("host: link add {temp} link ens1f0v0 type vlan id 100")
+    );
+    assert_eq!(
+        k.log()[1],
+        format!(
+            "host: link set {temp} netns /var/run/netns/cni-1 name net1 mtu 9000 address 02:00:00:00:00:10"
+        )
+    );
+    // The parent never left the host.
+    assert!(k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"));
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    assert_eq!(
+        k.log().last().unwrap(),
+        "/var/run/netns/cni-1: link del net1"
+    );
+    assert!(k.links(&pod()).is_empty());
+}
+
+#[tokio::test]
+async fn vlan_without_8021q_fails_cleanly() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Vlan { id: 100 });
+    let restore = capture(&k, &p).await.unwrap();
+    k.fail_on("host: link add", "Operation not supported");
+    let err = attach(&k, &p, &pod(), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Operation not supported"), "{err}");
+    assert_eq!(k.links(&Ns::Host).len(), 2, "nothing left behind");
+}
+
+#[tokio::test]
+async fn missing_pod_namespace_is_an_error_naming_it() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    let err = attach(&k, &p, &Ns::Pod("/var/run/netns/gone".into()), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid setting netns: network namespace /var/run/netns/gone does not exist"
+    );
+}

@@ -1,0 +1,469 @@
+//! The runtime's end of NRI, for tests and demos without containerd.
+//!
+//! [`TestRuntime`] behaves like containerd's NRI adaptation where knic can tell the difference:
+//! it listens on a Unix socket, waits for RegisterPlugin (validating name and index the same
+//! way), sends Configure and a chunked Synchronize (checking the plugin acknowledges every
+//! non-final chunk with `more = true`), delivers pod events through the dedicated RPCs with a
+//! fallback to StateChange on Unimplemented, only for subscribed events, each under a request
+//! timeout after which the plugin connection is closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use knic_proto::nri as api;
+use knic_proto::ttrpc::Status;
+use prost::Message;
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::mux::{Mux, MuxWriter, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use super::ttrpc::{self, CallError, Client};
+use super::{NRI_VERSION, PLUGIN_SERVICE, PodSandbox, RUNTIME_SERVICE};
+use crate::error::{Error, Result};
+
+/// containerd's default NRI request timeout.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// containerd's default NRI registration timeout.
+pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a plugin registered as, and what it subscribed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// RegisterPluginRequest.plugin_name.
+    pub name: String,
+    /// RegisterPluginRequest.plugin_idx.
+    pub index: String,
+    /// ConfigureResponse.events, the subscription bitmask.
+    pub events: u32,
+    /// RegisterPluginRequest.NRI_version.
+    pub nri_version: String,
+}
+
+struct Connection {
+    client: Client,
+    writer: MuxWriter,
+    // Kept so dropping the connection stops the demultiplexer.
+    _mux: Mux,
+    server: JoinHandle<()>,
+    events: u32,
+}
+
+impl Connection {
+    async fn close(&self) {
+        let _ = self.writer.shutdown().await;
+        self.server.abort();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// An NRI runtime that listens on a unix socket path like containerd does.
+pub struct TestRuntime {
+    socket: PathBuf,
+    listener: Option<UnixListener>,
+    conn: Option<Connection>,
+    state_change: bool,
+    request_timeout: Duration,
+    registration_timeout: Duration,
+    sync_chunk: usize,
+    sync_messages: usize,
+    last_delivery: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for TestRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestRuntime")
+            .field("socket", &self.socket)
+            .field("connected", &self.conn.is_some())
+            .field("state_change", &self.state_change)
+            .finish()
+    }
+}
+
+impl TestRuntime {
+    /// Binds `socket`, replacing a stale socket file as containerd does at start-up (a runtime
+    /// restart leaves the old one behind).
+    pub async fn listen(socket: &Path) -> Result<TestRuntime> {
+        let listener = bind(socket)?;
+        Ok(TestRuntime {
+            socket: socket.to_owned(),
+            listener: Some(listener),
+            conn: None,
+            state_change: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            registration_timeout: DEFAULT_REGISTRATION_TIMEOUT,
+            sync_chunk: usize::MAX,
+            sync_messages: 0,
+            last_delivery: Mutex::new(None),
+        })
+    }
+
+    /// Behave like NRI <= 0.11: deliver events via StateChange.
+    pub fn use_state_change(&mut self, yes: bool) {
+        self.state_change = yes;
+    }
+
+    /// Sets how long each plugin call may take (default 2 s, containerd's); an overrun closes
+    /// the plugin connection, as containerd does.
+    pub fn set_request_timeout(&mut self, timeout: Duration) {
+        self.request_timeout = timeout;
+    }
+
+    /// Sets the most pods per Synchronize message (default: all in one, split further only when
+    /// a message would exceed ttrpc's 4 MiB), so tests can force several chunks.
+    pub fn set_sync_chunk_size(&mut self, pods_per_message: usize) {
+        self.sync_chunk = pods_per_message.max(1);
+    }
+
+    /// The RPC that delivered the last pod event (`RunPodSandbox`, `StateChange`, ...), so tests
+    /// can tell the dedicated RPCs from the StateChange fallback.
+    pub fn last_delivery(&self) -> Option<String> {
+        self.last_delivery
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many Synchronize messages the last [`TestRuntime::accept`] needed.
+    pub fn sync_messages(&self) -> usize {
+        self.sync_messages
+    }
+
+    /// Whether a plugin connection is open.
+    pub fn is_connected(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| !c.client.is_closed())
+    }
+
+    /// Accepts the plugin, handles RegisterPlugin, sends Configure and Synchronize (with `pods`,
+    /// split into chunks when large), returns what the plugin registered as. A previous plugin
+    /// connection is closed first; after [`TestRuntime::shutdown`] the socket is bound again.
+    pub async fn accept(&mut self, pods: Vec<PodSandbox>) -> Result<Registered> {
+        if let Some(old) = self.conn.take() {
+            old.close().await;
+        }
+        let listener = match self.listener.take() {
+            Some(listener) => listener,
+            None => bind(&self.socket)?,
+        };
+        let accepted = listener.accept().await;
+        self.listener = Some(listener);
+        let (stream, _) = accepted
+            .map_err(|e| Error::io(format!("accepting on {}", self.socket.display()), e))?;
+
+        let mut mux = Mux::new(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+        let (Some(plugin_conn), Some(runtime_conn)) = (
+            mux.open(PLUGIN_SERVICE_CONN),
+            mux.open(RUNTIME_SERVICE_CONN),
+        ) else {
+            return Err(fail("NRI multiplexer", "logical connections unavailable"));
+        };
+        let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            let service = RuntimeService {
+                registrations: reg_tx,
+            };
+            if let Err(e) = ttrpc::serve(runtime_conn, RUNTIME_SERVICE, &service).await {
+                tracing::debug!(error = %e, "test runtime: Runtime service ended");
+            }
+        });
+        let writer = mux.writer();
+        let mut conn = Connection {
+            client: Client::new(plugin_conn),
+            writer,
+            _mux: mux,
+            server,
+            events: 0,
+        };
+
+        let registration = tokio::time::timeout(self.registration_timeout, reg_rx.recv()).await;
+        let (name, index, nri_version) = match registration {
+            Ok(Some(Ok(reg))) => reg,
+            Ok(Some(Err(reason))) => {
+                conn.close().await;
+                return Err(fail("plugin registration", &reason));
+            }
+            Ok(None) => return Err(fail("plugin registration", "connection closed")),
+            Err(_) => {
+                conn.close().await;
+                return Err(fail("plugin registration", "timed out"));
+            }
+        };
+
+        let configure = api::ConfigureRequest {
+            config: String::new(),
+            runtime_name: "knic-test-runtime".to_owned(),
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+            registration_timeout: millis(self.registration_timeout),
+            request_timeout: millis(self.request_timeout),
+            nri_version: NRI_VERSION.to_owned(),
+        };
+        let reply = conn
+            .client
+            .call(
+                PLUGIN_SERVICE,
+                "Configure",
+                configure.encode_to_vec(),
+                self.request_timeout,
+            )
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                conn.close().await;
+                return Err(fail("Configure", &e.to_string()));
+            }
+        };
+        let events = api::ConfigureResponse::decode(reply.as_slice())
+            .map_err(|e| fail("Configure response", &e.to_string()))?
+            .events as u32;
+        // containerd: no subscription at all means "every event".
+        conn.events = if events == 0 { u32::MAX } else { events };
+
+        match self.synchronize(&conn, &pods).await {
+            Ok(messages) => self.sync_messages = messages,
+            Err(reason) => {
+                conn.close().await;
+                return Err(fail("Synchronize", &reason));
+            }
+        }
+        self.conn = Some(conn);
+        Ok(Registered {
+            name,
+            index,
+            events,
+            nri_version,
+        })
+    }
+
+    async fn synchronize(
+        &self,
+        conn: &Connection,
+        pods: &[PodSandbox],
+    ) -> std::result::Result<usize, String> {
+        let pods: Vec<api::PodSandbox> = pods.iter().map(PodSandbox::to_proto).collect();
+        let mut rest = pods.as_slice();
+        let mut per_message = self.sync_chunk.min(rest.len()).max(1);
+        let mut sent = 0;
+        loop {
+            let take = per_message.min(rest.len());
+            let req = api::SynchronizeRequest {
+                pods: rest[..take].to_vec(),
+                containers: Vec::new(),
+                more: rest.len() > take,
+            };
+            let reply = conn
+                .client
+                .call(
+                    PLUGIN_SERVICE,
+                    "Synchronize",
+                    req.encode_to_vec(),
+                    self.request_timeout,
+                )
+                .await;
+            match reply {
+                Ok(reply) => {
+                    sent += 1;
+                    if !req.more {
+                        return Ok(sent);
+                    }
+                    let reply = api::SynchronizeResponse::decode(reply.as_slice())
+                        .map_err(|e| e.to_string())?;
+                    if !reply.more {
+                        return Err("plugin does not handle split sync requests".to_owned());
+                    }
+                    rest = &rest[take..];
+                }
+                // Like containerd: too large for one ttrpc message, retry with smaller chunks.
+                Err(CallError::TooLarge(_)) if per_message > 1 => per_message /= 2,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Delivers RunPodSandbox; `Err` carries the plugin's error text.
+    pub async fn run_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+        let req = api::RunPodSandboxRequest {
+            pod: Some(pod.to_proto()),
+        };
+        self.deliver(api::Event::RunPodSandbox, req.encode_to_vec(), pod)
+            .await
+    }
+
+    /// Delivers StopPodSandbox; `Err` carries the plugin's error text.
+    pub async fn stop_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+        let req = api::StopPodSandboxRequest {
+            pod: Some(pod.to_proto()),
+        };
+        self.deliver(api::Event::StopPodSandbox, req.encode_to_vec(), pod)
+            .await
+    }
+
+    /// Delivers RemovePodSandbox; `Err` carries the plugin's error text.
+    pub async fn remove_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+        let req = api::RemovePodSandboxRequest {
+            pod: Some(pod.to_proto()),
+        };
+        self.deliver(api::Event::RemovePodSandbox, req.encode_to_vec(), pod)
+            .await
+    }
+
+    async fn deliver(
+        &self,
+        event: api::Event,
+        dedicated_payload: Vec<u8>,
+        pod: &PodSandbox,
+    ) -> std::result::Result<(), String> {
+        let conn = self
+            .conn
+            .as_ref()
+            .ok_or_else(|| "no NRI plugin connected".to_owned())?;
+        let bit = 1u32 << (event as i32 - 1);
+        if conn.events & bit == 0 {
+            return Ok(());
+        }
+        let method = dedicated_method(event);
+        if !self.state_change {
+            match self.call(conn, method, dedicated_payload).await {
+                Err(CallError::Status { code, .. }) if code == ttrpc::code::UNIMPLEMENTED => {
+                    tracing::warn!(method, "plugin lacks the dedicated RPC, using StateChange");
+                }
+                other => return self.outcome(conn, method, other).await,
+            }
+        }
+        let event_msg = api::StateChangeEvent {
+            event: event as i32,
+            pod: Some(pod.to_proto()),
+            container: None,
+        };
+        let result = self
+            .call(conn, "StateChange", event_msg.encode_to_vec())
+            .await;
+        self.outcome(conn, "StateChange", result).await
+    }
+
+    async fn call(
+        &self,
+        conn: &Connection,
+        method: &str,
+        payload: Vec<u8>,
+    ) -> std::result::Result<Vec<u8>, CallError> {
+        *self
+            .last_delivery
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(method.to_owned());
+        conn.client
+            .call(PLUGIN_SERVICE, method, payload, self.request_timeout)
+            .await
+    }
+
+    async fn outcome(
+        &self,
+        conn: &Connection,
+        method: &str,
+        result: std::result::Result<Vec<u8>, CallError>,
+    ) -> std::result::Result<(), String> {
+        match result {
+            Ok(_) => Ok(()),
+            Err(CallError::Status { message, .. }) => Err(message),
+            Err(e) => {
+                // Fatal for the plugin, as in containerd (which then lets the pod continue
+                // without it; a test wants to see the failure instead).
+                conn.close().await;
+                Err(format!("{method}: {e}; the plugin connection was closed"))
+            }
+        }
+    }
+
+    /// Sends Shutdown, drops the connection and stops listening (simulates a runtime restart: a
+    /// new `listen` + `accept` on the same path sees the plugin reconnect).
+    pub async fn shutdown(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = conn
+                .client
+                .call(
+                    PLUGIN_SERVICE,
+                    "Shutdown",
+                    api::Empty {}.encode_to_vec(),
+                    Duration::from_millis(500),
+                )
+                .await;
+            conn.close().await;
+        }
+        self.listener = None;
+    }
+}
+
+fn dedicated_method(event: api::Event) -> &'static str {
+    match event {
+        api::Event::RunPodSandbox => "RunPodSandbox",
+        api::Event::StopPodSandbox => "StopPodSandbox",
+        _ => "RemovePodSandbox",
+    }
+}
+
+fn bind(socket: &Path) -> Result<UnixListener> {
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::io(
+                format!("removing stale socket {}", socket.display()),
+                e,
+            ));
+        }
+    }
+    UnixListener::bind(socket).map_err(|e| Error::io(format!("binding {}", socket.display()), e))
+}
+
+fn fail(context: &str, reason: &str) -> Error {
+    Error::io(
+        format!("test NRI runtime: {context}"),
+        std::io::Error::other(reason.to_owned()),
+    )
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+type Registration = std::result::Result<(String, String, String), String>;
+
+/// The Runtime service: accepts RegisterPlugin with containerd's checks.
+struct RuntimeService {
+    registrations: mpsc::UnboundedSender<Registration>,
+}
+
+impl ttrpc::Service for RuntimeService {
+    async fn call(&self, method: &str, payload: &[u8]) -> std::result::Result<Vec<u8>, Status> {
+        if method != "RegisterPlugin" {
+            return Err(ttrpc::status(
+                ttrpc::code::UNIMPLEMENTED,
+                format!("method {method}"),
+            ));
+        }
+        let req = api::RegisterPluginRequest::decode(payload)
+            .map_err(|e| ttrpc::status(ttrpc::code::INVALID_ARGUMENT, e.to_string()))?;
+        let idx = &req.plugin_idx;
+        let problem = if req.plugin_name.is_empty() {
+            Some("invalid (empty) plugin name".to_owned())
+        } else if idx.len() != 2 || !idx.bytes().all(|b| b.is_ascii_digit()) {
+            Some(format!("invalid plugin index: {idx:?}"))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let _ = self.registrations.send(Err(problem.clone()));
+            return Err(ttrpc::status(ttrpc::code::UNKNOWN, problem));
+        }
+        let _ = self
+            .registrations
+            .send(Ok((req.plugin_name, req.plugin_idx, req.nri_version)));
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,488 @@
+//! Pod networks: what happens when the runtime creates, stops and removes a pod sandbox.
+//!
+//! The NRI hooks land here. Attach executes the plans made at prepare time, recording the
+//! host state in the checkpoint *before* the first change, so a crash at any step leaves enough
+//! to put the node back; a failing attach undoes everything this hook did and fails the sandbox
+//! (the runtime tears it down and the kubelet retries). Detach puts devices back. Synchronize
+//! after a (re)connect converges: devices of running pods are (re)attached, devices of pods that
+//! are gone are returned. The claim status write happens after the hook has answered.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::Mutex;
+
+use crate::checkpoint::PreparedClaim;
+use crate::claims::{ClaimSource, Preparer, Releaser};
+use crate::error::Result;
+use crate::netns::{self, Kernel, LinkState, Ns};
+use crate::nri::{NriHandler, PodSandbox};
+
+/// One device's line in a claim's `status.devices`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceStatus {
+    /// Pool.
+    pub pool: String,
+    /// Device.
+    pub device: String,
+    /// `Ready` condition status.
+    pub ready: bool,
+    /// Condition reason (CamelCase, required by the apiserver).
+    pub reason: String,
+    /// Condition message.
+    pub message: String,
+    /// Interface name in the pod.
+    pub interface_name: Option<String>,
+    /// Addresses in CIDR interface form.
+    pub ips: Vec<String>,
+    /// MAC in the pod.
+    pub hardware_address: Option<String>,
+}
+
+/// Where claim status goes: the API in production, a recorder in tests.
+pub trait StatusSink: Send + Sync + 'static {
+    /// Writes the whole set of this driver's entries for the claim (server-side apply removes
+    /// what the same manager omits, so partial writes would erase earlier fields).
+    fn write<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        devices: &'a [DeviceStatus],
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+}
+
+/// Writes `status.devices` with server-side apply, field manager `knic.dev`.
+pub struct KubeStatus {
+    client: kube::Client,
+}
+
+impl KubeStatus {
+    /// Uses `client` for every write.
+    pub fn new(client: kube::Client) -> Self {
+        KubeStatus { client }
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The apply body for one claim's entries: whole entries (driver, pool, device, conditions with
+/// reason and lastTransitionTime, networkData), as the apiserver validates them.
+pub fn status_patch(
+    claim: &PreparedClaim,
+    devices: &[DeviceStatus],
+    now: &str,
+) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|d| {
+            let mut entry = serde_json::json!({
+                "driver": knic_proto::DRIVER_NAME,
+                "pool": d.pool,
+                "device": d.device,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": if d.ready { "True" } else { "False" },
+                    "reason": d.reason,
+                    "message": d.message,
+                    "lastTransitionTime": now,
+                }],
+            });
+            if let Some(name) = &d.interface_name {
+                let mut data = serde_json::json!({"interfaceName": name, "ips": d.ips});
+                if let Some(mac) = &d.hardware_address {
+                    data["hardwareAddress"] = mac.clone().into();
+                }
+                entry["networkData"] = data;
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace},
+        "status": {"devices": entries},
+    })
+}
+
+impl StatusSink for KubeStatus {
+    fn write<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        devices: &'a [DeviceStatus],
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(async move {
+            let api: kube::Api<ResourceClaim> =
+                kube::Api::namespaced(self.client.clone(), &claim.namespace);
+            let body = status_patch(claim, devices, &now_rfc3339());
+            let params = PatchParams::apply(knic_proto::DRIVER_NAME).force();
+            api.patch_status(&claim.name, &params, &Patch::Apply(&body))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// Logs instead of writing (the demo, or a driver without API access).
+pub struct LogStatus;
+
+impl StatusSink for LogStatus {
+    fn write<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        devices: &'a [DeviceStatus],
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(async move {
+            for d in devices {
+                tracing::info!(claim = %claim.name, device = %d.device, ready = d.ready, reason = %d.reason, "claim status");
+            }
+            Ok(())
+        })
+    }
+}
+
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The runtime-hook side of the driver.
+pub struct PodNetworks<K, S> {
+    kernel: K,
+    preparer: Arc<Preparer<S>>,
+    status: Arc<dyn StatusSink>,
+    /// Pod UID → netns path, cached from RunPodSandbox/Synchronize (Remove carries none).
+    netns: Mutex<HashMap<String, PathBuf>>,
+}
+
+impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
+    /// Wires the hooks to the kernel, the prepared claims and the status sink, and installs
+    /// itself as the preparer's releaser so unprepare can always put devices back.
+    pub fn new(kernel: K, preparer: Arc<Preparer<S>>, status: Arc<dyn StatusSink>) -> Arc<Self> {
+        let this = Arc::new(PodNetworks {
+            kernel,
+            preparer: preparer.clone(),
+            status,
+            netns: Mutex::default(),
+        });
+        preparer.set_releaser(Arc::new(ReleaseVia(Arc::downgrade(&this))));
+        this
+    }
+
+    fn publish_status(&self, claim: PreparedClaim, devices: Vec<DeviceStatus>) {
+        let sink = self.status.clone();
+        // After the hook has answered: the runtime's 2 s budget is for the kernel work.
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(200);
+            for attempt in 1..=5 {
+                match tokio::time::timeout(Duration::from_secs(3), sink.write(&claim, &devices))
+                    .await
+                {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => {
+                        tracing::warn!(claim = %claim.name, attempt, error = %e, "claim status write failed")
+                    }
+                    Err(_) => {
+                        tracing::warn!(claim = %claim.name, attempt, "claim status write timed out")
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        });
+    }
+
+    /// Attaches every device of the pod's claims into `netns`; all or nothing.
+    pub async fn attach_pod(
+        &self,
+        pod_uid: &str,
+        pod_name: &str,
+        netns: PathBuf,
+    ) -> Result<(), String> {
+        let claims = self
+            .preparer
+            .claims_for_pod(pod_uid)
+            .await
+            .map_err(|e| e.to_string())?;
+        let target = Ns::Pod(netns.clone());
+        let mut done: Vec<(PreparedClaim, usize)> = Vec::new();
+        let mut statuses: Vec<(PreparedClaim, Vec<DeviceStatus>)> = Vec::new();
+        for claim in claims {
+            let mut entries = Vec::new();
+            for (i, a) in claim.attachments.iter().enumerate() {
+                match self.attach_one(&claim, i, &netns).await {
+                    Ok(link) => {
+                        done.push((claim.clone(), i));
+                        entries.push(DeviceStatus {
+                            pool: a.plan.pool.clone(),
+                            device: a.plan.device.clone(),
+                            ready: true,
+                            reason: "InterfaceConfigured".into(),
+                            message: format!("{} configured in pod {pod_name}", a.plan.pod_ifname),
+                            interface_name: Some(a.plan.pod_ifname.clone()),
+                            ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
+                            hardware_address: link.mac.map(mac_text),
+                        });
+                    }
+                    Err(e) => {
+                        let text = format!(
+                            "ResourceClaim {}/{}: device {}/{}: {e}",
+                            claim.namespace, claim.name, a.plan.pool, a.plan.device
+                        );
+                        tracing::error!(pod = %pod_name, error = %text, "attach failed; undoing this pod's devices");
+                        for (c, j) in done.iter().rev() {
+                            if let Err(undo) = self.detach_one(c, *j, Some(&target)).await {
+                                tracing::error!(error = %undo, "undo after failed attach failed");
+                            }
+                        }
+                        let failed = DeviceStatus {
+                            pool: a.plan.pool.clone(),
+                            device: a.plan.device.clone(),
+                            ready: false,
+                            reason: "AttachFailed".into(),
+                            message: e.to_string(),
+                            interface_name: None,
+                            ips: vec![],
+                            hardware_address: None,
+                        };
+                        self.publish_status(claim.clone(), vec![failed]);
+                        return Err(text);
+                    }
+                }
+            }
+            statuses.push((claim, entries));
+        }
+        for (claim, entries) in statuses {
+            if !entries.is_empty() {
+                self.publish_status(claim, entries);
+            }
+        }
+        Ok(())
+    }
+
+    async fn attach_one(
+        &self,
+        claim: &PreparedClaim,
+        i: usize,
+        path: &PathBuf,
+    ) -> Result<LinkState> {
+        let a = &claim.attachments[i];
+        let target = &Ns::Pod(path.clone());
+        // A sandbox recreated with a new namespace: first bring the device back from the old.
+        if let (Some(restore), Some(old)) = (&a.restore, &a.netns)
+            && old != path
+        {
+            netns::detach(&self.kernel, &a.plan, Some(&Ns::Pod(old.clone())), restore).await?;
+        }
+        let restore = match &a.restore {
+            Some(r) => r.clone(),
+            None => netns::capture(&self.kernel, &a.plan).await?,
+        };
+        // Durable before the first change: a crash from here on knows what to put back.
+        let (r, p) = (restore.clone(), path.clone());
+        self.preparer
+            .update(&claim.uid, move |c| {
+                c.attachments[i].restore = Some(r);
+                c.attachments[i].netns = Some(p);
+            })
+            .await?;
+        match netns::attach(&self.kernel, &a.plan, target, &restore).await {
+            Ok(link) => Ok(link),
+            Err(e) => {
+                // attach undid its own steps: the device is home again.
+                self.preparer
+                    .update(&claim.uid, move |c| {
+                        c.attachments[i].restore = None;
+                        c.attachments[i].netns = None;
+                    })
+                    .await?;
+                Err(e)
+            }
+        }
+    }
+
+    async fn detach_one(&self, claim: &PreparedClaim, i: usize, netns: Option<&Ns>) -> Result<()> {
+        // Always from the checkpoint: callers' copies may predate the restore record.
+        let Some(claim) = self.preparer.claim(&claim.uid).await? else {
+            return Ok(());
+        };
+        let Some(a) = claim.attachments.get(i) else {
+            return Ok(());
+        };
+        let Some(restore) = &a.restore else {
+            return Ok(());
+        };
+        let recorded = a.netns.clone().map(Ns::Pod);
+        netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await?;
+        self.preparer
+            .update(&claim.uid, move |c| {
+                c.attachments[i].restore = None;
+                c.attachments[i].netns = None;
+            })
+            .await
+    }
+
+    async fn detach_claims(
+        &self,
+        claims: Vec<PreparedClaim>,
+        netns: Option<&Ns>,
+    ) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for claim in claims {
+            // The preparer's copy may be older than the checkpoint after earlier steps.
+            for i in 0..claim.attachments.len() {
+                if let Err(e) = self.detach_one(&claim, i, netns).await {
+                    errors.push(format!(
+                        "ResourceClaim {}/{}: {e}",
+                        claim.namespace, claim.name
+                    ));
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// Puts back every device of the pod's claims.
+    pub async fn detach_pod(&self, pod_uid: &str, netns: Option<PathBuf>) -> Result<(), String> {
+        let netns = match netns {
+            Some(p) => Some(p),
+            None => self.netns.lock().await.get(pod_uid).cloned(),
+        };
+        let claims = self
+            .preparer
+            .claims_for_pod(pod_uid)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.detach_claims(claims, netns.map(Ns::Pod).as_ref())
+            .await
+    }
+}
+
+struct ReleaseVia<K, S>(std::sync::Weak<PodNetworks<K, S>>);
+
+impl<K: Kernel, S: ClaimSource> Releaser for ReleaseVia<K, S> {
+    fn release<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(async move {
+            let Some(pods) = self.0.upgrade() else {
+                return Ok(());
+            };
+            for (i, a) in claim.attachments.iter().enumerate() {
+                if let Some(restore) = &a.restore {
+                    let ns = a.netns.clone().map(Ns::Pod);
+                    netns::detach(&pods.kernel, &a.plan, ns.as_ref(), restore).await?;
+                    tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl<K: Kernel, S: ClaimSource> NriHandler for PodNetworks<K, S> {
+    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+        let Some(path) = pod.netns.clone() else {
+            let claims = self
+                .preparer
+                .claims_for_pod(&pod.uid)
+                .await
+                .map_err(|e| e.to_string())?;
+            if claims.iter().any(|c| !c.attachments.is_empty()) {
+                return Err(format!(
+                    "pod {}/{} has knic claims but no network namespace (hostNetwork pods cannot get interfaces)",
+                    pod.namespace, pod.name
+                ));
+            }
+            return Ok(());
+        };
+        self.netns
+            .lock()
+            .await
+            .insert(pod.uid.clone(), path.clone());
+        let started = std::time::Instant::now();
+        let result = self
+            .attach_pod(&pod.uid, &format!("{}/{}", pod.namespace, pod.name), path)
+            .await;
+        tracing::debug!(pod = %pod.name, elapsed = ?started.elapsed(), ok = result.is_ok(), "RunPodSandbox handled");
+        result
+    }
+
+    async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+        self.detach_pod(&pod.uid, pod.netns.clone()).await
+    }
+
+    async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+        let result = self.detach_pod(&pod.uid, pod.netns.clone()).await;
+        self.netns.lock().await.remove(&pod.uid);
+        result
+    }
+
+    async fn synchronize(&self, pods: Vec<PodSandbox>) {
+        let running: HashMap<String, PodSandbox> = pods
+            .into_iter()
+            .filter(|p| p.netns.is_some())
+            .map(|p| (p.uid.clone(), p))
+            .collect();
+        {
+            let mut cache = self.netns.lock().await;
+            for (uid, pod) in &running {
+                if let Some(path) = &pod.netns {
+                    cache.insert(uid.clone(), path.clone());
+                }
+            }
+        }
+        let Ok(checkpoint) = self.preparer.prepared().await else {
+            return;
+        };
+        let mut pod_uids: Vec<String> = checkpoint
+            .claims
+            .values()
+            .map(|c| c.pod_uid.clone())
+            .collect();
+        pod_uids.sort();
+        pod_uids.dedup();
+        for uid in pod_uids {
+            let away = checkpoint
+                .claims
+                .values()
+                .any(|c| c.pod_uid == uid && c.attachments.iter().any(|a| a.restore.is_some()));
+            match running.get(&uid) {
+                // Running pod: make sure its devices are there (a crash mid-attach resumes).
+                Some(pod) if away => {
+                    if let Some(path) = pod.netns.clone()
+                        && let Err(e) = self
+                            .attach_pod(&uid, &format!("{}/{}", pod.namespace, pod.name), path)
+                            .await
+                    {
+                        tracing::error!(pod = %pod.name, error = %e, "re-attaching after a restart failed");
+                    }
+                }
+                Some(_) => {}
+                // Gone: put its devices back.
+                None if away => {
+                    if let Err(e) = self.detach_pod(&uid, None).await {
+                        tracing::error!(pod_uid = %uid, error = %e, "returning devices of a gone pod failed");
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+}

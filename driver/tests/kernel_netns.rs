@@ -1,0 +1,449 @@
+//! Kernel tests of the executor: real veth and macvlan links, real network namespaces. The test
+//! process first enters private network and mount namespaces (its "host"), so every link and
+//! every `knt-` namespace it creates disappears with it, even on a crash; each trial also
+//! deletes what it made. VLAN needs 8021q, which this kernel may lack: then the VLAN trial is
+//! reported ignored with that reason, never passed.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use knic_driver::netns::rtnl::{Rtnl, kernel_has_8021q};
+use knic_driver::netns::{AttachMode, AttachPlan, Kernel, Ns, Session, attach, capture, detach};
+use knic_proto::netconfig::{Cidr, Route};
+use libtest_mimic::{Arguments, Failed, Trial};
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, setns, unshare};
+
+fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn isolate() -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("kernel tests need root (network namespaces)".into());
+    }
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
+        .map_err(|e| format!("unshare: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making mounts private: {e}"))?;
+    // A private /run/netns so `ip netns add` never touches the host's.
+    std::fs::create_dir_all("/run/netns").map_err(|e| e.to_string())?;
+    mount(
+        Some("tmpfs"),
+        "/run/netns",
+        Some("tmpfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| format!("mounting a private /run/netns: {e}"))?;
+    ip(&["link", "set", "lo", "up"]).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A named namespace deleted on drop.
+struct Netns(String);
+impl Netns {
+    fn new(name: &str) -> anyhow::Result<Netns> {
+        ip(&["netns", "add", name])?;
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        Ok(Netns(name.into()))
+    }
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.0))
+    }
+    fn ns(&self) -> Ns {
+        Ns::Pod(self.path())
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
+}
+
+/// Links in the test's host namespace, deleted on drop.
+struct Links(Vec<&'static str>);
+impl Drop for Links {
+    fn drop(&mut self) {
+        for l in &self.0 {
+            let _ = ip(&["link", "del", l]);
+        }
+    }
+}
+
+fn cidr(s: &str) -> Cidr {
+    s.parse().unwrap()
+}
+
+fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
+    let mut sysctls = BTreeMap::new();
+    sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
+    AttachPlan {
+        pool: "node".into(),
+        device: host_ifname.into(),
+        request: "nic".into(),
+        host_ifname: host_ifname.into(),
+        mode,
+        pod_ifname: "net1".into(),
+        mtu: Some(1400),
+        mac: Some([0x02, 0, 0, 0, 0x4b, 0x10]),
+        addresses: vec![cidr("192.0.2.10/24"), cidr("2001:db8::10/64")],
+        routes: vec![Route {
+            destination: cidr("203.0.113.0/24"),
+            gateway: Some("192.0.2.1".parse().unwrap()),
+            source: None,
+            metric: Some(50),
+            table: None,
+        }],
+        sysctls,
+    }
+}
+
+/// Runs `f` on a thread inside the namespace at `path`.
+fn in_ns<T: Send>(path: &PathBuf, f: impl FnOnce() -> T + Send) -> T {
+    let file = std::fs::File::open(path).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            setns(&file, CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// A UDP echo round trip from the pod to the peer: proves the interface carries traffic.
+fn udp_echo(pod: &PathBuf, peer: &PathBuf, peer_addr: &str) -> anyhow::Result<()> {
+    let server = in_ns(peer, || UdpSocket::bind(format!("{peer_addr}:7007")))?;
+    let client = in_ns(pod, || UdpSocket::bind("0.0.0.0:0"))?;
+    client.set_read_timeout(Some(Duration::from_secs(3)))?;
+    server.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let (n, from) = server.recv_from(&mut buf)?;
+        server.send_to(&buf[..n], from)
+    });
+    client.send_to(b"knic", format!("{peer_addr}:7007"))?;
+    let mut buf = [0u8; 64];
+    let (n, _) = client.recv_from(&mut buf)?;
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    ensure!(&buf[..n] == b"knic");
+    Ok(())
+}
+
+async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-a")?;
+    let peer = Netns::new("knt-peer-a")?;
+    let _links = Links(vec!["knt-a0"]);
+    ip(&[
+        "link",
+        "add",
+        "knt-a0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "knt-a1",
+        "netns",
+        "knt-peer-a",
+    ])?;
+    ip(&["addr", "add", "198.51.100.5/24", "dev", "knt-a0"])?;
+    ip(&["link", "set", "knt-a0", "up"])?;
+    ip(&[
+        "-n",
+        "knt-peer-a",
+        "addr",
+        "add",
+        "192.0.2.1/24",
+        "dev",
+        "knt-a1",
+    ])?;
+    ip(&["-n", "knt-peer-a", "link", "set", "knt-a1", "up"])?;
+
+    let p = plan("knt-a0", AttachMode::Move);
+    let restore = capture(k, &p).await?;
+    ensure!(
+        restore.host.addresses == vec![cidr("198.51.100.5/24")],
+        "{:?}",
+        restore.host
+    );
+    let link = attach(k, &p, &pod.ns(), &restore).await?;
+    ensure!(
+        link.name == "net1" && link.mtu == 1400 && link.mac == p.mac && link.up,
+        "{link:?}"
+    );
+    ensure!(
+        link.addresses.contains(&cidr("192.0.2.10/24"))
+            && link.addresses.contains(&cidr("2001:db8::10/64")),
+        "{link:?}"
+    );
+    let routes = ip(&["-n", "knt-pod-a", "route", "show", "203.0.113.0/24"])?;
+    ensure!(
+        routes.contains("via 192.0.2.1 dev net1") && routes.contains("metric 50"),
+        "routes: {routes}"
+    );
+    let arp = in_ns(&pod.path(), || {
+        std::fs::read_to_string("/proc/sys/net/ipv4/conf/net1/arp_ignore")
+    })?;
+    ensure!(arp.trim() == "1", "arp_ignore {arp}");
+    ensure!(
+        k.open(&Ns::Host)
+            .await?
+            .context("host")?
+            .link("knt-a0")
+            .await?
+            .is_none(),
+        "still on the host"
+    );
+    udp_echo(&pod.path(), &peer.path(), "192.0.2.1")?;
+
+    // A repeated hook changes nothing.
+    let again = attach(k, &p, &pod.ns(), &restore).await?;
+    ensure!(again.index == link.index);
+
+    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    let back = k
+        .open(&Ns::Host)
+        .await?
+        .context("host")?
+        .link("knt-a0")
+        .await?
+        .context("not back")?;
+    ensure!(
+        back == restore.host,
+        "restored {back:?} != before {:?}",
+        restore.host
+    );
+    ensure!(
+        k.open(&pod.ns())
+            .await?
+            .context("pod")?
+            .link("net1")
+            .await?
+            .is_none()
+    );
+    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    Ok(())
+}
+
+async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-b")?;
+    let _links = Links(vec!["knt-b0"]);
+    ip(&[
+        "link", "add", "knt-b0", "type", "veth", "peer", "name", "knt-b1",
+    ])?;
+    ip(&[
+        "-n",
+        "knt-pod-b",
+        "link",
+        "add",
+        "net1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "knt-b3",
+    ])?;
+    let p = plan("knt-b0", AttachMode::Move);
+    let restore = capture(k, &p).await?;
+    let err = attach(k, &p, &pod.ns(), &restore)
+        .await
+        .err()
+        .context("clash must fail")?
+        .to_string();
+    ensure!(
+        err.contains("interface net1 already exists in the pod"),
+        "{err}"
+    );
+    let host = k
+        .open(&Ns::Host)
+        .await?
+        .context("host")?
+        .link("knt-b0")
+        .await?
+        .context("moved anyway")?;
+    ensure!(host == restore.host);
+    Ok(())
+}
+
+async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-c")?;
+    let _links = Links(vec!["knt-c0"]);
+    ip(&[
+        "link", "add", "knt-c0", "type", "veth", "peer", "name", "knt-c1",
+    ])?;
+    ip(&["addr", "add", "198.51.100.7/24", "dev", "knt-c0"])?;
+    ip(&["link", "set", "knt-c0", "up"])?;
+    let mut p = plan("knt-c0", AttachMode::Move);
+    // The kernel refuses a gateway no address can reach: a failure after the move.
+    p.routes[0].gateway = Some("10.255.255.1".parse()?);
+    let restore = capture(k, &p).await?;
+    let err = attach(k, &p, &pod.ns(), &restore)
+        .await
+        .err()
+        .context("must fail")?
+        .to_string();
+    ensure!(
+        err.contains("adding route 203.0.113.0/24 via net1"),
+        "{err}"
+    );
+    let host = k
+        .open(&Ns::Host)
+        .await?
+        .context("host")?
+        .link("knt-c0")
+        .await?
+        .context("lost")?;
+    ensure!(host == restore.host, "{host:?} != {:?}", restore.host);
+    ensure!(
+        k.open(&pod.ns())
+            .await?
+            .context("pod")?
+            .links()
+            .await?
+            .iter()
+            .all(|l| l.name == "lo")
+    );
+    Ok(())
+}
+
+async fn namespace_deleted_before_detach(k: &Rtnl) -> anyhow::Result<()> {
+    let _links = Links(vec!["knt-d0", "knt-m0"]);
+    ip(&[
+        "link", "add", "knt-d0", "type", "veth", "peer", "name", "knt-d1",
+    ])?;
+    ip(&[
+        "link", "add", "knt-m0", "link", "knt-d0", "type", "macvlan", "mode", "bridge",
+    ])?;
+    let p = plan("knt-m0", AttachMode::Move);
+    let restore = capture(k, &p).await?;
+    ensure!(restore.host.kind.as_deref() == Some("macvlan"));
+    {
+        let pod = Netns::new("knt-pod-d")?;
+        attach(k, &p, &pod.ns(), &restore).await?;
+    } // the namespace is deleted here, taking the macvlan with it
+    detach(
+        k,
+        &p,
+        Some(&Ns::Pod("/run/netns/knt-pod-d".into())),
+        &restore,
+    )
+    .await?;
+    let host = k.open(&Ns::Host).await?.context("host")?;
+    let mut host = host;
+    ensure!(
+        host.link("knt-m0").await?.is_none(),
+        "a macvlan dies with its namespace"
+    );
+    ensure!(
+        host.link("knt-d0").await?.is_some(),
+        "its parent is untouched"
+    );
+    Ok(())
+}
+
+async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-v")?;
+    let _links = Links(vec!["knt-v0"]);
+    ip(&[
+        "link", "add", "knt-v0", "type", "veth", "peer", "name", "knt-v1",
+    ])?;
+    let p = plan("knt-v0", AttachMode::Vlan { id: 100 });
+    let restore = capture(k, &p).await?;
+    let link = attach(k, &p, &pod.ns(), &restore).await?;
+    ensure!(link.kind.as_deref() == Some("vlan"));
+    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    ensure!(
+        k.open(&pod.ns())
+            .await?
+            .context("pod")?
+            .link("net1")
+            .await?
+            .is_none()
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let isolated = isolate();
+    if let Err(reason) = &isolated {
+        eprintln!("skipped: kernel executor tests: {reason}");
+    }
+    let ignored = isolated.is_err();
+    let vlan = kernel_has_8021q();
+    if !vlan {
+        eprintln!("skipped: kernel/vlan_child_into_pod: kernel has no 8021q");
+    }
+    type Case = fn(
+        &'static Rtnl,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
+    static KERNEL: std::sync::OnceLock<Rtnl> = std::sync::OnceLock::new();
+    let k: &'static Rtnl = KERNEL.get_or_init(|| Rtnl::new(None));
+    let cases: Vec<(&str, Case, bool)> = vec![
+        (
+            "kernel/veth_attach_detach_ipv4_ipv6_routes_mtu_mac_rename",
+            |k| Box::pin(veth_attach_detach(k)),
+            ignored,
+        ),
+        (
+            "kernel/name_clash_in_pod",
+            |k| Box::pin(name_clash(k)),
+            ignored,
+        ),
+        (
+            "kernel/failed_attach_is_undone",
+            |k| Box::pin(failed_attach_is_undone(k)),
+            ignored,
+        ),
+        (
+            "kernel/namespace_deleted_before_detach",
+            |k| Box::pin(namespace_deleted_before_detach(k)),
+            ignored,
+        ),
+        (
+            "kernel/vlan_child_into_pod",
+            |k| Box::pin(vlan_child(k)),
+            ignored || !vlan,
+        ),
+    ];
+    let trials = cases
+        .into_iter()
+        .map(|(name, case, ignore)| {
+            Trial::test(name, move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(case(k))
+                    .map_err(|e| Failed::from(format!("{e:#}")))
+            })
+            .with_ignored_flag(ignore)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,1 +1,0 @@
-//! The `NetworkConfig` opaque-parameters contract (being written).

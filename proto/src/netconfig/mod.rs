@@ -1,0 +1,303 @@
+//! The `NetworkConfig` opaque-parameters contract (`apiVersion: knic.dev/v1alpha1`,
+//! `kind: NetworkConfig`).
+//!
+//! Operators put these objects into DeviceClass and ResourceClaim `config` entries. They are
+//! opaque to Kubernetes, so nothing checks them before knic does: this module is the only line
+//! of defence between a typo in a YAML file and an interface that silently comes up wrong. It is
+//! therefore deliberately strict and deliberately chatty:
+//!
+//! * [`parse`] turns one parameters object into the layered wire form, rejecting unknown fields
+//!   and wrong JSON types with their path (a misspelt `mtuu` must fail, never do nothing);
+//! * [`merge`] layers class entries under claim entries;
+//! * [`validate`] checks every semantic rule on the merged result and returns the typed
+//!   [`ValidConfig`] the driver acts on.
+//!
+//! Every stage reports *all* problems it finds, so an operator fixes a config in one round trip
+//! instead of one error per `kubectl apply`.
+//!
+//! This crate is Kubernetes-free on purpose: the controller, the driver and the tests agree on
+//! one contract without pulling `k8s-openapi` into every consumer.
+
+mod cidr;
+mod parse;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+pub use cidr::{Cidr, CidrError};
+pub use parse::parse;
+pub use validate::{check_interface_name, sysctl_path, validate};
+
+/// The only `apiVersion` knic accepts: a config written for another version may mean something
+/// else, so it is refused rather than guessed at.
+pub const API_VERSION: &str = "knic.dev/v1alpha1";
+
+/// The only `kind` knic accepts, so a parameters object meant for another driver or another
+/// knic object is never misread as network configuration.
+pub const KIND: &str = "NetworkConfig";
+
+/// One validation problem, located precisely enough (`config[1].parameters.routes[0].gateway`)
+/// that an operator can find it in a long claim without guessing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Where the problem is, in the wire (camelCase) spelling, with list indices and quoted map
+    /// keys; empty only when the whole object is wrong and no prefix was given.
+    pub path: String,
+    /// Which rule was broken and, where useful, what would be accepted instead.
+    pub message: String,
+}
+
+impl FieldError {
+    /// Builds an error; a constructor keeps call sites short enough to list every rule inline.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// All problems of one config, so an operator fixes them in one round instead of discovering
+/// them one `kubectl apply` at a time. Never empty when returned as an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<FieldError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The wire form of one `NetworkConfig` parameters object.
+///
+/// Every field is optional because configs are layered ([`merge`]): a DeviceClass may set only
+/// the MTU and leave addressing to each claim. Unknown fields are denied both here (for anyone
+/// deserializing directly) and in [`parse`] (which also reports their paths, all at once).
+/// `null` means "not set", exactly like an absent field, so it cannot clear a lower layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Must be [`API_VERSION`]; [`parse`] requires it so every object states what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Must be [`KIND`]; required by [`parse`] for the same reason as `api_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Link-level settings of the interface as it appears inside the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<InterfaceConfig>,
+    /// Static addresses in interface CIDR form (`192.0.2.10/24`, host bits allowed, as in
+    /// Kubernetes `networkData.ips`), so the prefix length also gives the on-link subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<String>>,
+    /// Dynamic addressing from a named knic IPAM network; the alternative to `addresses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipam: Option<IpamConfig>,
+    /// Routes installed in the pod's network namespace through this interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<RouteConfig>>,
+    /// Tags the pod's traffic with an 802.1Q VLAN on top of the allocated device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<VlanConfig>,
+    /// Per-interface sysctls, keyed by the short form `ipv4.<name>` / `ipv6.<name>` (the
+    /// allowlist is documented on [`validate`]) because the interface's final name is only known
+    /// once the driver assigns it. Values are strings, as in a pod's `securityContext.sysctls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sysctls: Option<BTreeMap<String, String>>,
+}
+
+/// Link-level settings; merged field by field so a class can fix the MTU while a claim names
+/// the interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterfaceConfig {
+    /// The name inside the pod; when unset the driver assigns `net1`, `net2`, … so only pods
+    /// that care about names have to pick them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Link MTU in bytes; unset keeps whatever the device has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Unicast MAC as `aa:bb:cc:dd:ee:ff`, for workloads whose licences or DHCP leases are tied
+    /// to a fixed address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_address: Option<String>,
+}
+
+/// Asks the controller's IPAM for an address instead of fixing one in the claim, so many pods
+/// can share one claim template without address clashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IpamConfig {
+    /// The IPAM network's name; a DNS label because it names a Kubernetes-style object.
+    pub network: String,
+}
+
+/// One route as written by the operator; strings stay strings here so [`validate`] can report
+/// every malformed value with its path instead of failing on the first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Destination in network CIDR form (host bits zero); `0.0.0.0/0` / `::/0` for a default.
+    pub destination: String,
+    /// Next hop; unset makes the route on-link (directly reachable through this interface).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Preferred source address, for pods that must answer from one specific static address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Route priority; lower wins. Unset uses the kernel default (0 for IPv4, 1024 for IPv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<u32>,
+    /// Routing table id for policy routing; unset means the main table (254).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<u32>,
+}
+
+/// An 802.1Q VLAN on top of the allocated device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VlanConfig {
+    /// VLAN id, `1..=4094` (0 means "priority tag only" and 4095 is reserved by 802.1Q).
+    pub id: u16,
+}
+
+/// The checked, typed configuration the driver acts on and stores in its checkpoint, so a
+/// restarted driver never has to re-validate (or re-interpret) operator input.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidConfig {
+    /// Requested name inside the pod; `None` lets the driver assign `netN`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    /// Requested MTU; `None` leaves the device's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Requested MAC; stored as `aa:bb:cc:dd:ee:ff` in the checkpoint so it stays readable.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "validate::mac_serde"
+    )]
+    pub hardware_address: Option<[u8; 6]>,
+    /// Static addresses in the order given (the first of a family is the primary one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<Cidr>,
+    /// IPAM network to allocate from; never set together with `addresses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipam_network: Option<String>,
+    /// Routes in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
+    /// VLAN id in `1..=4094`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// Short sysctl key (`ipv4.rp_filter`) → canonical decimal value (`"01"` becomes `"1"`);
+    /// [`sysctl_path`] turns a key into the real `/proc/sys` file once the name is known.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, String>,
+}
+
+/// One checked route; every address is the same family as `destination`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    /// Network form (host bits zero).
+    pub destination: Cidr,
+    /// Next hop; `None` for an on-link route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<IpAddr>,
+    /// Preferred source; always one of the config's static addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<IpAddr>,
+    /// Priority as given; `None` means the kernel default for the family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<u32>,
+    /// Table as given; `None` means main (254).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<u32>,
+}
+
+/// Layers configs in order (class entries first, then claim entries) so that the claim, the
+/// more specific object, overrides the class's defaults.
+///
+/// Rules, chosen so a later layer can always express what it wants:
+/// * a scalar set in a later layer wins (`null` and absent both mean "not set", so a layer can
+///   never unset a lower layer's value: leave fields you want claims to choose out of classes);
+/// * `interface` merges field by field (`name`, `mtu`, `hardwareAddress`);
+/// * `addresses` and `ipam` are **one** choice, "how does this interface get addresses": a
+///   layer that sets either replaces both, so a claim with static `addresses` overrides a
+///   class's `ipam` (and `addresses: []` turns a class's IPAM off) instead of producing a
+///   "both set" error the claim author could not fix;
+/// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
+///   list impossible to shrink and its order matters;
+/// * `sysctls` merge key by key, later value wins.
+///
+/// The result is not validated; run [`validate`] on it.
+pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
+    let mut merged = NetworkConfig::default();
+    for layer in layers {
+        if layer.api_version.is_some() {
+            merged.api_version.clone_from(&layer.api_version);
+        }
+        if layer.kind.is_some() {
+            merged.kind.clone_from(&layer.kind);
+        }
+        if let Some(interface) = &layer.interface {
+            let target = merged
+                .interface
+                .get_or_insert_with(InterfaceConfig::default);
+            if interface.name.is_some() {
+                target.name.clone_from(&interface.name);
+            }
+            if interface.mtu.is_some() {
+                target.mtu = interface.mtu;
+            }
+            if interface.hardware_address.is_some() {
+                target
+                    .hardware_address
+                    .clone_from(&interface.hardware_address);
+            }
+        }
+        if layer.addresses.is_some() || layer.ipam.is_some() {
+            merged.addresses.clone_from(&layer.addresses);
+            merged.ipam.clone_from(&layer.ipam);
+        }
+        if layer.routes.is_some() {
+            merged.routes.clone_from(&layer.routes);
+        }
+        if layer.vlan.is_some() {
+            merged.vlan.clone_from(&layer.vlan);
+        }
+        if let Some(sysctls) = &layer.sysctls {
+            let target = merged.sysctls.get_or_insert_with(BTreeMap::new);
+            for (key, value) in sysctls {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    merged
+}

@@ -1,0 +1,313 @@
+//! [`parse`]: JSON parameters → wire form, with every structural problem reported by path.
+//!
+//! This walks the `serde_json::Value` by hand rather than going through serde, because serde
+//! stops at the first error and its messages carry no path; an operator who misspelt two
+//! fields and quoted a number should hear about all three at once, each with its location.
+//! It accepts the same documents as the derived `Deserialize` of [`NetworkConfig`] (a test
+//! compares the two on a full config), except that `apiVersion` and `kind` are required here.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::{
+    API_VERSION, ConfigErrors, FieldError, InterfaceConfig, IpamConfig, KIND, NetworkConfig,
+    RouteConfig, VlanConfig,
+};
+
+const CONFIG_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "interface",
+    "addresses",
+    "ipam",
+    "routes",
+    "vlan",
+    "sysctls",
+];
+const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
+const IPAM_FIELDS: &[&str] = &["network"];
+const ROUTE_FIELDS: &[&str] = &["destination", "gateway", "source", "metric", "table"];
+const VLAN_FIELDS: &[&str] = &["id"];
+
+/// Parses one opaque parameters object (the `parameters` of one DRA config entry).
+///
+/// `prefix` is prepended to every path (e.g. `config[1].parameters`) so errors from a claim
+/// with several config entries point at the right one; pass `""` for bare paths.
+///
+/// Beyond the JSON shape this only checks `apiVersion` and `kind`, which are required here
+/// (every object must say what it is) and must be exactly [`API_VERSION`] and [`KIND`]. The
+/// semantic rules live in [`super::validate`], which runs on the merged layers.
+pub fn parse(value: &Value, prefix: &str) -> Result<NetworkConfig, ConfigErrors> {
+    let mut parser = Parser::default();
+    let config = parser.config(value, prefix);
+    if parser.errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(parser.errors))
+    }
+}
+
+#[derive(Default)]
+struct Parser {
+    errors: Vec<FieldError>,
+}
+
+/// `parent.field`, or just `field` at the root when no prefix was given.
+fn child(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// Describes a JSON value for a type error: its kind, plus the value when it is short.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}
+
+/// A present, non-null field: `null` means "not set", as with serde's `Option`.
+fn field<'a>(map: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    map.get(name).filter(|v| !v.is_null())
+}
+
+impl Parser {
+    fn error(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError::new(path, message));
+    }
+
+    fn type_error(&mut self, path: &str, expected: &str, got: &Value) {
+        self.error(path, format!("expected {expected}, got {}", describe(got)));
+    }
+
+    /// The object's map, after reporting every key not in `known`.
+    fn object<'a>(
+        &mut self,
+        value: &'a Value,
+        path: &str,
+        known: &[&str],
+    ) -> Option<&'a Map<String, Value>> {
+        let Value::Object(map) = value else {
+            self.type_error(path, "an object", value);
+            return None;
+        };
+        for key in map.keys() {
+            if !known.contains(&key.as_str()) {
+                self.error(child(path, key), "unknown field");
+            }
+        }
+        Some(map)
+    }
+
+    fn string(&mut self, value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(s) => Some(s.clone()),
+            other => {
+                self.type_error(path, "a string", other);
+                None
+            }
+        }
+    }
+
+    /// An integer in `0..=max` (the wire type's range). Values outside it are reported with
+    /// the field's semantic range `shown`, so `-1` or `70000` read like the validator's message
+    /// for `0` or `4095` rather than like a type-system detail.
+    fn integer(&mut self, value: &Value, path: &str, max: u64, shown: (u64, u64)) -> Option<u64> {
+        let Value::Number(n) = value else {
+            self.type_error(path, "an integer", value);
+            return None;
+        };
+        if n.is_f64() {
+            self.type_error(path, "an integer", value);
+            return None;
+        }
+        match n.as_u64() {
+            Some(v) if v <= max => Some(v),
+            _ => {
+                let (lo, hi) = shown;
+                self.error(path, format!("must be between {lo} and {hi}, got {n}"));
+                None
+            }
+        }
+    }
+
+    /// A `u32` field whose valid values are `lo..=hi` (checked by the validator).
+    fn u32(&mut self, value: &Value, path: &str, lo: u32, hi: u32) -> Option<u32> {
+        let v = self.integer(value, path, u64::from(u32::MAX), (lo.into(), hi.into()))?;
+        u32::try_from(v).ok()
+    }
+
+    fn string_list(&mut self, value: &Value, path: &str) -> Option<Vec<String>> {
+        let Value::Array(items) = value else {
+            self.type_error(path, "a list of strings", value);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            if let Some(s) = self.string(item, &format!("{path}[{i}]")) {
+                out.push(s);
+            }
+        }
+        Some(out)
+    }
+
+    fn config(&mut self, value: &Value, path: &str) -> NetworkConfig {
+        let mut config = NetworkConfig::default();
+        let Some(map) = self.object(value, path, CONFIG_FIELDS) else {
+            return config;
+        };
+        config.api_version = self.identity(map, path, "apiVersion", API_VERSION);
+        config.kind = self.identity(map, path, "kind", KIND);
+        if let Some(v) = field(map, "interface") {
+            config.interface = self.interface(v, &child(path, "interface"));
+        }
+        if let Some(v) = field(map, "addresses") {
+            config.addresses = self.string_list(v, &child(path, "addresses"));
+        }
+        if let Some(v) = field(map, "ipam") {
+            config.ipam = self.ipam(v, &child(path, "ipam"));
+        }
+        if let Some(v) = field(map, "routes") {
+            config.routes = self.routes(v, &child(path, "routes"));
+        }
+        if let Some(v) = field(map, "vlan") {
+            config.vlan = self.vlan(v, &child(path, "vlan"));
+        }
+        if let Some(v) = field(map, "sysctls") {
+            config.sysctls = self.sysctls(v, &child(path, "sysctls"));
+        }
+        config
+    }
+
+    /// `apiVersion` / `kind`: required, and exactly `expected`.
+    fn identity(
+        &mut self,
+        map: &Map<String, Value>,
+        path: &str,
+        name: &str,
+        expected: &str,
+    ) -> Option<String> {
+        let path = child(path, name);
+        let Some(value) = field(map, name) else {
+            self.error(path, format!("required; must be {expected:?}"));
+            return None;
+        };
+        let got = self.string(value, &path)?;
+        if got != expected {
+            self.error(path, format!("must be {expected:?}, got {got:?}"));
+        }
+        Some(got)
+    }
+
+    fn interface(&mut self, value: &Value, path: &str) -> Option<InterfaceConfig> {
+        let map = self.object(value, path, INTERFACE_FIELDS)?;
+        let mut interface = InterfaceConfig::default();
+        if let Some(v) = field(map, "name") {
+            interface.name = self.string(v, &child(path, "name"));
+        }
+        if let Some(v) = field(map, "mtu") {
+            interface.mtu = self.u32(v, &child(path, "mtu"), 68, 65535);
+        }
+        if let Some(v) = field(map, "hardwareAddress") {
+            interface.hardware_address = self.string(v, &child(path, "hardwareAddress"));
+        }
+        Some(interface)
+    }
+
+    fn ipam(&mut self, value: &Value, path: &str) -> Option<IpamConfig> {
+        let map = self.object(value, path, IPAM_FIELDS)?;
+        let network_path = child(path, "network");
+        let Some(v) = field(map, "network") else {
+            self.error(network_path, "required");
+            return None;
+        };
+        let network = self.string(v, &network_path)?;
+        Some(IpamConfig { network })
+    }
+
+    fn routes(&mut self, value: &Value, path: &str) -> Option<Vec<RouteConfig>> {
+        let Value::Array(items) = value else {
+            self.type_error(path, "a list of routes", value);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            if let Some(route) = self.route(item, &format!("{path}[{i}]")) {
+                out.push(route);
+            }
+        }
+        Some(out)
+    }
+
+    fn route(&mut self, value: &Value, path: &str) -> Option<RouteConfig> {
+        let map = self.object(value, path, ROUTE_FIELDS)?;
+        let destination_path = child(path, "destination");
+        let destination = match field(map, "destination") {
+            Some(v) => self.string(v, &destination_path),
+            None => {
+                self.error(destination_path, "required");
+                None
+            }
+        };
+        let mut route = RouteConfig {
+            destination: destination.unwrap_or_default(),
+            ..RouteConfig::default()
+        };
+        if let Some(v) = field(map, "gateway") {
+            route.gateway = self.string(v, &child(path, "gateway"));
+        }
+        if let Some(v) = field(map, "source") {
+            route.source = self.string(v, &child(path, "source"));
+        }
+        if let Some(v) = field(map, "metric") {
+            route.metric = self.u32(v, &child(path, "metric"), 0, u32::MAX);
+        }
+        if let Some(v) = field(map, "table") {
+            route.table = self.u32(v, &child(path, "table"), 1, u32::MAX);
+        }
+        Some(route)
+    }
+
+    fn vlan(&mut self, value: &Value, path: &str) -> Option<VlanConfig> {
+        let map = self.object(value, path, VLAN_FIELDS)?;
+        let id_path = child(path, "id");
+        let Some(v) = field(map, "id") else {
+            self.error(id_path, "required");
+            return None;
+        };
+        let id = self.integer(v, &id_path, u64::from(u16::MAX), (1, 4094))?;
+        let id = u16::try_from(id).ok()?;
+        Some(VlanConfig { id })
+    }
+
+    fn sysctls(&mut self, value: &Value, path: &str) -> Option<BTreeMap<String, String>> {
+        let Value::Object(map) = value else {
+            self.type_error(path, "a map of sysctl names to string values", value);
+            return None;
+        };
+        let mut out = BTreeMap::new();
+        for (key, v) in map {
+            let key_path = format!("{path}[{key:?}]");
+            match v {
+                Value::String(s) => {
+                    out.insert(key.clone(), s.clone());
+                }
+                // YAML turns `rp_filter: 1` into a number; say how to fix it.
+                Value::Number(_) => self.error(
+                    key_path,
+                    format!("expected a string, got {} (quote it)", describe(v)),
+                ),
+                other => self.type_error(&key_path, "a string", other),
+            }
+        }
+        Some(out)
+    }
+}

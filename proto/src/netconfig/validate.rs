@@ -1,0 +1,589 @@
+//! [`validate`]: the semantic rules of `NetworkConfig`, each reported with its path.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::cidr::parse_ip;
+use super::{
+    API_VERSION, Cidr, ConfigErrors, FieldError, KIND, NetworkConfig, Route, RouteConfig,
+    ValidConfig,
+};
+
+/// Linux's `IFNAMSIZ` is 16 including the terminating NUL.
+const MAX_INTERFACE_NAME_BYTES: usize = 15;
+
+/// IPv4 needs 68 bytes (RFC 791) and the kernel drops IPv4 from a device below it; 65535 is
+/// `ETH_MAX_MTU`, the largest MTU the kernel lets an Ethernet-type device take.
+const MIN_MTU: u32 = 68;
+const MAX_MTU: u32 = 65535;
+/// RFC 8200: below this the kernel disables IPv6 on the device, so IPv6 addresses would vanish.
+const MIN_IPV6_MTU: u32 = 1280;
+
+/// The main routing table (`RT_TABLE_MAIN`), which an unset `table` means.
+const MAIN_TABLE: u32 = 254;
+
+/// Per-interface sysctls a pod may set, as short keys (`ipv4.<name>` for
+/// `net.ipv4.conf.<ifname>.<name>`, `ipv6.<name>` likewise) with their allowed values.
+///
+/// The short form is the contract because the interface's final name is only known once the
+/// driver assigns it, and because a full name would invite setting sysctls of *other*
+/// interfaces. The allowlist holds only settings that affect this one interface and are safe
+/// in a pod; anything else is rejected by name. `arp_ignore` allows 0-3 and 8: the kernel
+/// documents 4-7 as reserved.
+const SYSCTLS: &[(&str, &[u32])] = &[
+    ("ipv4.arp_announce", &[0, 1, 2]),
+    ("ipv4.arp_ignore", &[0, 1, 2, 3, 8]),
+    ("ipv4.forwarding", &[0, 1]),
+    ("ipv4.proxy_arp", &[0, 1]),
+    ("ipv4.rp_filter", &[0, 1, 2]),
+    ("ipv6.accept_ra", &[0, 1, 2]),
+    ("ipv6.autoconf", &[0, 1]),
+    ("ipv6.disable_ipv6", &[0, 1]),
+];
+
+/// Checks that `name` is a name the kernel will accept for a device (`dev_valid_name`), so a
+/// bad name fails at admission instead of as an `EINVAL` while a pod is starting. Shared with
+/// the driver, which also checks names it assigns and clashes inside a pod.
+///
+/// The kernel's rules: 1 to 15 bytes, not `.` or `..`, no `/`, `:` or whitespace (the kernel's
+/// `isspace`, which includes byte 0xA0). knic is a little stricter, because these names also
+/// reach logs, sysctl paths and netlink: no `%` (the kernel treats it as a `eth%d` template and
+/// would pick a different name), no control characters (including NUL, which would truncate
+/// the name on the wire), and no Unicode whitespace.
+pub fn check_interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("interface name must not be empty".to_owned());
+    }
+    if name.len() > MAX_INTERFACE_NAME_BYTES {
+        return Err(format!(
+            "interface name {name:?} is {} bytes; Linux allows at most {MAX_INTERFACE_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("interface name {name:?} is not allowed by Linux"));
+    }
+    for c in ['/', ':', '%'] {
+        if name.contains(c) {
+            return Err(format!("interface name {name:?} must not contain {c:?}"));
+        }
+    }
+    if name.bytes().any(|b| b == 0xa0) || name.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "interface name {name:?} must not contain whitespace"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "interface name {name:?} must not contain control characters"
+        ));
+    }
+    Ok(())
+}
+
+/// The `/proc/sys` file for an allowlisted short sysctl key on `interface`, or `None` if the
+/// key is not allowlisted or the name is not a valid interface name. The driver should build
+/// the path only through here: the checks keep a key or name from escaping into another
+/// interface's (or the host's) settings, and the path form avoids the dotted form's ambiguity
+/// with VLAN names such as `eth0.100`.
+pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
+    SYSCTLS.iter().find(|(k, _)| *k == key)?;
+    check_interface_name(interface).ok()?;
+    let (family, name) = key.split_once('.')?;
+    Some(format!("/proc/sys/net/{family}/conf/{interface}/{name}"))
+}
+
+/// Checks every rule on a (usually merged) config and returns the typed form, or every
+/// problem found so the operator fixes them all in one round.
+///
+/// Paths are relative to the config (`interface.mtu`, `routes[1].gateway`) because a merged
+/// value may come from any layer. `apiVersion` and `kind` are checked only when present:
+/// [`super::parse`] already required them on every object.
+///
+/// Rules beyond the plain type ranges, all documented in the error texts:
+/// * `interface.mtu` in 68..=65535, and at least 1280 when any static address is IPv6 (with
+///   `ipam`, the driver checks this once the family is known);
+/// * `interface.hardwareAddress` is a unicast, non-zero MAC;
+/// * `addresses` are interface CIDRs that are not unspecified, multicast or IPv4-mapped, each
+///   IP listed once; `ipam` cannot be combined with a non-empty `addresses`;
+/// * a route's `destination` has no host bits; `gateway` and `source` are its family;
+///   `gateway` is not unspecified/multicast, not one of the addresses and, when static
+///   addresses are given, inside the subnet of one of them (IPv6 link-local gateways, as
+///   routers advertise them, are always on-link and exempt); `source` is one of the static
+///   addresses (so it cannot be used with `ipam`); `table` is not 0 (unspecified) or one of
+///   the kernel's 252 (compat), 253 (default) and 255 (local), while 254 (main) is allowed
+///   and equals unset; no two routes share destination, table and metric (an unset metric is
+///   the kernel default, 0 for IPv4 and 1024 for IPv6), as the kernel would refuse the second;
+/// * `vlan.id` in 1..=4094;
+/// * `sysctls` keys (short form, for `net.ipv{4,6}.conf.<ifname>.<name>`) from the allowlist
+///   `ipv4.arp_announce` (0-2), `ipv4.arp_ignore` (0-3 or 8; 4-7 are reserved),
+///   `ipv4.forwarding` (0/1), `ipv4.proxy_arp` (0/1), `ipv4.rp_filter` (0-2),
+///   `ipv6.accept_ra` (0-2), `ipv6.autoconf` (0/1), `ipv6.disable_ipv6` (0/1), as decimal
+///   strings; `ipv6.disable_ipv6: "1"` is refused alongside IPv6 addresses.
+pub fn validate(config: &NetworkConfig) -> Result<ValidConfig, ConfigErrors> {
+    let mut v = Validator::default();
+    let valid = v.config(config);
+    if v.errors.is_empty() {
+        Ok(valid)
+    } else {
+        Err(ConfigErrors(v.errors))
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    errors: Vec<FieldError>,
+}
+
+fn family_name(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() { "IPv4" } else { "IPv6" }
+}
+
+/// RFC 1123 label: what Kubernetes accepts as an object name of this kind.
+fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
+        && bytes.first().copied().is_some_and(edge_ok)
+        && bytes.last().copied().is_some_and(edge_ok)
+}
+
+pub(super) fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let malformed = || {
+        format!(
+            "{s:?} is not a MAC address; expected six colon-separated hex pairs like 02:00:00:00:00:01"
+        )
+    };
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for octet in &mut mac {
+        let part = parts.next().ok_or_else(malformed)?;
+        if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(malformed());
+        }
+        *octet = u8::from_str_radix(part, 16).map_err(|_| malformed())?;
+    }
+    if parts.next().is_some() {
+        return Err(malformed());
+    }
+    Ok(mac)
+}
+
+pub(super) fn format_mac(mac: &[u8; 6]) -> String {
+    let [a, b, c, d, e, f] = mac;
+    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+}
+
+/// A parsed MAC the kernel will accept as a device address (`is_valid_ether_addr`).
+fn check_mac(text: &str) -> Result<[u8; 6], String> {
+    let mac = parse_mac(text)?;
+    if mac[0] & 1 == 1 {
+        return Err(format!(
+            "{} is a multicast address; a unicast address is required (the low bit of the first octet must be 0)",
+            format_mac(&mac)
+        ));
+    }
+    if mac == [0; 6] {
+        return Err("00:00:00:00:00:00 is all zeros, which is not a usable address".to_owned());
+    }
+    Ok(mac)
+}
+
+/// Serde adapter storing a MAC as its readable `aa:bb:cc:dd:ee:ff` string.
+pub(super) mod mac_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        mac: &Option<[u8; 6]>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match mac {
+            Some(mac) => serializer.serialize_str(&super::format_mac(mac)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<[u8; 6]>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|s| super::parse_mac(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl Validator {
+    fn error(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError::new(path, message));
+    }
+
+    fn config(&mut self, config: &NetworkConfig) -> ValidConfig {
+        let mut out = ValidConfig::default();
+        if let Some(api_version) = &config.api_version
+            && api_version != API_VERSION
+        {
+            self.error(
+                "apiVersion",
+                format!("must be {API_VERSION:?}, got {api_version:?}"),
+            );
+        }
+        if let Some(kind) = &config.kind
+            && kind != KIND
+        {
+            self.error("kind", format!("must be {KIND:?}, got {kind:?}"));
+        }
+
+        let interface = config.interface.clone().unwrap_or_default();
+        if let Some(name) = &interface.name {
+            match check_interface_name(name) {
+                Ok(()) => out.interface_name = Some(name.clone()),
+                Err(message) => self.error("interface.name", message),
+            }
+        }
+        if let Some(mtu) = interface.mtu {
+            if (MIN_MTU..=MAX_MTU).contains(&mtu) {
+                out.mtu = Some(mtu);
+            } else {
+                self.error(
+                    "interface.mtu",
+                    format!("must be between {MIN_MTU} and {MAX_MTU}, got {mtu}"),
+                );
+            }
+        }
+        if let Some(mac) = &interface.hardware_address {
+            match check_mac(mac) {
+                Ok(mac) => out.hardware_address = Some(mac),
+                Err(message) => self.error("interface.hardwareAddress", message),
+            }
+        }
+
+        let (addresses, addresses_ok) = self.addresses(config.addresses.as_deref().unwrap_or(&[]));
+        if let Some(mtu) = out.mtu
+            && mtu < MIN_IPV6_MTU
+            && let Some(i) = addresses.iter().position(Cidr::is_ipv6)
+        {
+            self.error(
+                "interface.mtu",
+                format!(
+                    "{mtu} is below {MIN_IPV6_MTU}, the minimum MTU for IPv6 (addresses[{i}] is IPv6)"
+                ),
+            );
+        }
+
+        if let Some(ipam) = &config.ipam {
+            if config.addresses.as_ref().is_some_and(|a| !a.is_empty()) {
+                self.error(
+                    "ipam",
+                    "cannot be combined with addresses; use static addresses or IPAM, not both",
+                );
+            }
+            if is_dns_label(&ipam.network) {
+                out.ipam_network = Some(ipam.network.clone());
+            } else {
+                self.error(
+                    "ipam.network",
+                    format!(
+                        "{:?} is not a DNS label (1-63 lowercase letters, digits or '-', starting and ending with a letter or digit)",
+                        ipam.network
+                    ),
+                );
+            }
+        }
+
+        let static_addresses = if addresses_ok {
+            Some(&addresses[..])
+        } else {
+            None
+        };
+        out.routes = self.routes(config.routes.as_deref().unwrap_or(&[]), static_addresses);
+        out.addresses = addresses;
+
+        if let Some(vlan) = &config.vlan {
+            if (1..=4094).contains(&vlan.id) {
+                out.vlan = Some(vlan.id);
+            } else {
+                self.error(
+                    "vlan.id",
+                    format!("must be between 1 and 4094, got {}", vlan.id),
+                );
+            }
+        }
+
+        if let Some(sysctls) = &config.sysctls {
+            out.sysctls = self.sysctls(sysctls, &out.addresses);
+        }
+        out
+    }
+
+    /// Every address that parsed, and whether all did (so later checks against the address
+    /// list do not pile spurious errors onto a typo).
+    fn addresses(&mut self, texts: &[String]) -> (Vec<Cidr>, bool) {
+        let mut out: Vec<Cidr> = Vec::with_capacity(texts.len());
+        // One IP with two prefix lengths: IPv6 refuses the second (EEXIST) and for IPv4 it
+        // leaves "which subnet is on-link?" to chance, so each IP may appear once.
+        let mut first_index: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        let mut all_ok = true;
+        for (i, text) in texts.iter().enumerate() {
+            let path = format!("addresses[{i}]");
+            let cidr = match text.parse::<Cidr>() {
+                Ok(cidr) => cidr,
+                Err(e) => {
+                    self.error(path, e.to_string());
+                    all_ok = false;
+                    continue;
+                }
+            };
+            let problem = match cidr.addr {
+                ip if ip.is_unspecified() => Some(format!("{cidr} is the unspecified address")),
+                ip if ip.is_multicast() => Some(format!("{cidr} is a multicast address")),
+                IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => Some(format!(
+                    "{cidr} is an IPv4-mapped IPv6 address; write the IPv4 address instead"
+                )),
+                _ => None,
+            };
+            if let Some(message) = problem {
+                self.error(path, message);
+                all_ok = false;
+                continue;
+            }
+            if let Some(j) = first_index.get(&cidr.addr) {
+                self.error(
+                    path,
+                    format!("{} is already listed at addresses[{j}]", cidr.addr),
+                );
+                all_ok = false;
+                continue;
+            }
+            first_index.insert(cidr.addr, i);
+            out.push(cidr);
+        }
+        (out, all_ok)
+    }
+
+    /// `static_addresses` is `None` when some address was invalid: checks against the list
+    /// are skipped then rather than reported against a list the operator must fix anyway.
+    fn routes(&mut self, routes: &[RouteConfig], static_addresses: Option<&[Cidr]>) -> Vec<Route> {
+        let mut out = Vec::with_capacity(routes.len());
+        // (destination, effective table, effective metric) → index, for duplicates.
+        let mut seen: BTreeMap<(Cidr, u32, u32), usize> = BTreeMap::new();
+        for (i, route) in routes.iter().enumerate() {
+            let path = format!("routes[{i}]");
+            let errors_before = self.errors.len();
+
+            let destination = match route.destination.parse::<Cidr>() {
+                Ok(cidr) if cidr.network() != cidr => {
+                    self.error(
+                        format!("{path}.destination"),
+                        format!("{cidr} has host bits set; did you mean {}?", cidr.network()),
+                    );
+                    None
+                }
+                Ok(cidr) => Some(cidr),
+                Err(e) => {
+                    self.error(format!("{path}.destination"), e.to_string());
+                    None
+                }
+            };
+
+            let gateway = route
+                .gateway
+                .as_deref()
+                .and_then(|text| self.gateway(text, &path, destination, static_addresses));
+            let source = route
+                .source
+                .as_deref()
+                .and_then(|text| self.source(text, &path, destination, static_addresses));
+
+            if let Some(table) = route.table {
+                let reserved = match table {
+                    0 => Some(
+                        "0 is not a table id; omit table (or use 254) for the main table"
+                            .to_owned(),
+                    ),
+                    252 | 253 | 255 => {
+                        let name = match table {
+                            252 => "compat",
+                            253 => "default",
+                            _ => "local",
+                        };
+                        Some(format!(
+                            "{table} is reserved for the kernel's \"{name}\" table; use 254 (main) or an id of your own"
+                        ))
+                    }
+                    _ => None,
+                };
+                if let Some(message) = reserved {
+                    self.error(format!("{path}.table"), message);
+                }
+            }
+
+            let Some(destination) = destination else {
+                continue;
+            };
+            let default_metric = if destination.is_ipv4() { 0 } else { 1024 };
+            let key = (
+                destination,
+                route.table.unwrap_or(MAIN_TABLE),
+                route.metric.unwrap_or(default_metric),
+            );
+            if let Some(j) = seen.get(&key) {
+                self.error(
+                    path,
+                    format!("same destination, table and metric as routes[{j}]"),
+                );
+                continue;
+            }
+            seen.insert(key, i);
+            if self.errors.len() == errors_before {
+                out.push(Route {
+                    destination,
+                    gateway,
+                    source,
+                    metric: route.metric,
+                    table: route.table,
+                });
+            }
+        }
+        out
+    }
+
+    fn gateway(
+        &mut self,
+        text: &str,
+        path: &str,
+        destination: Option<Cidr>,
+        static_addresses: Option<&[Cidr]>,
+    ) -> Option<IpAddr> {
+        let path = format!("{path}.gateway");
+        let gateway = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(message) => {
+                self.error(path, message);
+                return None;
+            }
+        };
+        if let Some(destination) = destination
+            && destination.is_ipv4() != gateway.is_ipv4()
+        {
+            self.error(
+                path,
+                format!(
+                    "{gateway} is {} but destination {destination} is {}",
+                    family_name(gateway),
+                    family_name(destination.addr)
+                ),
+            );
+            return None;
+        }
+        if gateway.is_unspecified() || gateway.is_multicast() {
+            self.error(path, format!("{gateway} is not a unicast address"));
+            return None;
+        }
+        let Some(addresses) = static_addresses.filter(|a| !a.is_empty()) else {
+            return Some(gateway);
+        };
+        if addresses.iter().any(|a| a.addr == gateway) {
+            self.error(
+                path,
+                format!("{gateway} is one of this interface's own addresses"),
+            );
+            return None;
+        }
+        let link_local = matches!(gateway, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        if !link_local && !addresses.iter().any(|a| a.contains(gateway)) {
+            self.error(
+                path,
+                format!("{gateway} is not inside any address's subnet"),
+            );
+            return None;
+        }
+        Some(gateway)
+    }
+
+    fn source(
+        &mut self,
+        text: &str,
+        path: &str,
+        destination: Option<Cidr>,
+        static_addresses: Option<&[Cidr]>,
+    ) -> Option<IpAddr> {
+        let path = format!("{path}.source");
+        let source = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(message) => {
+                self.error(path, message);
+                return None;
+            }
+        };
+        if let Some(destination) = destination
+            && destination.is_ipv4() != source.is_ipv4()
+        {
+            self.error(
+                path,
+                format!(
+                    "{source} is {} but destination {destination} is {}",
+                    family_name(source),
+                    family_name(destination.addr)
+                ),
+            );
+            return None;
+        }
+        let addresses = static_addresses?;
+        if !addresses.iter().any(|a| a.addr == source) {
+            self.error(
+                path,
+                format!("{source} is not one of this interface's static addresses"),
+            );
+            return None;
+        }
+        Some(source)
+    }
+
+    fn sysctls(
+        &mut self,
+        sysctls: &BTreeMap<String, String>,
+        addresses: &[Cidr],
+    ) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (key, value) in sysctls {
+            let path = format!("sysctls[{key:?}]");
+            let Some((_, allowed)) = SYSCTLS.iter().find(|(k, _)| k == key) else {
+                let keys: Vec<&str> = SYSCTLS.iter().map(|(k, _)| *k).collect();
+                self.error(
+                    path,
+                    format!("unknown sysctl; allowed: {}", keys.join(", ")),
+                );
+                continue;
+            };
+            let number = Some(value)
+                .filter(|v| !v.is_empty() && v.len() <= 10 && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|n| allowed.contains(n));
+            let Some(number) = number else {
+                let allowed: Vec<String> = allowed.iter().map(u32::to_string).collect();
+                self.error(
+                    path,
+                    format!(
+                        "{value:?} is not allowed; allowed values: {}",
+                        allowed.join(", ")
+                    ),
+                );
+                continue;
+            };
+            if key == "ipv6.disable_ipv6"
+                && number == 1
+                && let Some(i) = addresses.iter().position(Cidr::is_ipv6)
+            {
+                self.error(
+                    path,
+                    format!("\"1\" disables IPv6, but addresses[{i}] is IPv6"),
+                );
+                continue;
+            }
+            out.insert(key.clone(), number.to_string());
+        }
+        out
+    }
+}
