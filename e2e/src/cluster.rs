@@ -188,11 +188,27 @@ impl Cluster {
         name: &str,
         results: Option<&[(&str, &str)]>,
     ) -> anyhow::Result<TestClaim> {
+        self.create_claim_with_config(name, results, None).await
+    }
+
+    /// Like [`Cluster::create_claim`], with opaque `knic.dev` parameters (a `NetworkConfig`)
+    /// in the claim spec and, as the scheduler copies it, in the allocation.
+    pub async fn create_claim_with_config(
+        &self,
+        name: &str,
+        results: Option<&[(&str, &str)]>,
+        parameters: Option<serde_json::Value>,
+    ) -> anyhow::Result<TestClaim> {
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut spec = json!({"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}});
+        if let Some(p) = &parameters {
+            spec["devices"]["config"] =
+                json!([{"requests": ["nic"], "opaque": {"driver": "knic.dev", "parameters": p}}]);
+        }
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}},
+            "spec": spec,
         }))?;
         let claim = claims.create(&PostParams::default(), &claim).await?;
         let uid = claim
@@ -222,8 +238,13 @@ impl Cluster {
                     json!({"request": "nic", "driver": driver, "pool": self.node, "device": device})
                 })
                 .collect();
+            let config = match &parameters {
+                Some(p) => json!([{"source": "FromClaim", "requests": ["nic"],
+                                   "opaque": {"driver": "knic.dev", "parameters": p}}]),
+                None => json!([]),
+            };
             let status = json!({"status": {
-                "allocation": {"devices": {"results": results}},
+                "allocation": {"devices": {"results": results, "config": config}},
                 "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": pod_uid}],
             }});
             claims

@@ -64,3 +64,131 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Enters private network and mount namespaces for a kernel test binary: a fresh sysfs mounted
+/// at `<tmp>/knt-sysfs-<pid>/sys` (returned root), a private `/run/netns`, loopback up.
+/// Everything the test creates dies with the process. Must run before any other thread exists.
+pub fn isolate() -> Result<std::path::PathBuf, String> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, unshare};
+    if !nix::unistd::geteuid().is_root() {
+        return Err("kernel tests need root (network namespaces, sysfs mounts)".into());
+    }
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
+        .map_err(|e| format!("unshare: {e}"))?;
+    // Nothing mounted from here on may propagate to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making mounts private: {e}"))?;
+    let root = std::env::temp_dir().join(format!("knt-sysfs-{}", std::process::id()));
+    std::fs::create_dir_all(root.join("sys")).map_err(|e| e.to_string())?;
+    mount(
+        Some("sysfs"),
+        &root.join("sys"),
+        Some("sysfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| format!("mounting sysfs: {e}"))?;
+    std::fs::create_dir_all("/run/netns").map_err(|e| e.to_string())?;
+    mount(
+        Some("tmpfs"),
+        "/run/netns",
+        Some("tmpfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| format!("mounting a private /run/netns: {e}"))?;
+    ip(&["link", "set", "lo", "up"]).map_err(|e| e.to_string())?;
+    Ok(root)
+}
+
+/// Undoes [`isolate`]'s temp directory (the mounts die with the process's mount namespace).
+pub fn unisolate(root: &std::path::Path) {
+    let _ = nix::mount::umount(&root.join("sys"));
+    let _ = std::fs::remove_dir_all(root);
+}
+
+/// Runs `ip` with `args`; its stderr becomes the error.
+pub fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `f` on a fresh thread inside the network namespace at `path` (sockets it creates stay
+/// in that namespace).
+pub fn in_netns<T: Send>(
+    path: &std::path::Path,
+    f: impl FnOnce() -> T + Send,
+) -> anyhow::Result<T> {
+    let file = std::fs::File::open(path)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
+    })
+}
+
+/// A UDP echo round trip from a socket in `from` to `to_addr:7007` answered by a socket in
+/// `responder`: proof that an interface carries traffic, without needing `ping`.
+pub fn udp_echo(
+    from: &std::path::Path,
+    responder: &std::path::Path,
+    to_addr: &str,
+) -> anyhow::Result<()> {
+    use std::net::UdpSocket;
+    let server = in_netns(responder, || UdpSocket::bind(format!("{to_addr}:7007")))??;
+    let client = in_netns(from, || UdpSocket::bind("0.0.0.0:0"))??;
+    client.set_read_timeout(Some(Duration::from_secs(3)))?;
+    server.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let (n, peer) = server.recv_from(&mut buf)?;
+        server.send_to(&buf[..n], peer)
+    });
+    client.send_to(b"knic", format!("{to_addr}:7007"))?;
+    let mut buf = [0u8; 64];
+    let (n, _) = client.recv_from(&mut buf)?;
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    anyhow::ensure!(&buf[..n] == b"knic", "echo returned {:?}", &buf[..n]);
+    Ok(())
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+pub struct Netns(pub String);
+
+impl Netns {
+    /// Creates it with loopback up.
+    pub fn new(name: &str) -> anyhow::Result<Netns> {
+        ip(&["netns", "add", name])?;
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        Ok(Netns(name.into()))
+    }
+
+    /// Its bind-mount path, as a runtime passes it in NRI events.
+    pub fn path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/run/netns/{}", self.0))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
+}

@@ -5,67 +5,18 @@
 //! periodic rescan set to an hour, so every republish here is driven by link events.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use knic_e2e::cluster::Cluster;
 use knic_e2e::driver::{DriverConfig, DriverProcess};
-use knic_e2e::harness::{eventually, trial};
+use knic_e2e::harness::{eventually, ip, isolate, trial, unisolate};
 use libtest_mimic::Arguments;
-use nix::mount::{MsFlags, mount};
-use nix::sched::{CloneFlags, unshare};
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
 
 fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), lines.join("\n") + "\n")?;
-    ip(&["-batch", &file.path().to_string_lossy()])
-}
-
-/// Enters a private network and mount namespace with a fresh sysfs under a temp dir. Must run
-/// before any other thread exists (unshare of a mount namespace requires a single thread).
-fn isolate() -> Result<PathBuf, String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err("kernel tests need root (network namespaces, sysfs mounts)".into());
-    }
-    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("unshare: {e}"))?;
-    // Nothing mounted from here on may propagate to the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("making mounts private: {e}"))?;
-    let root = std::env::temp_dir().join(format!("knt-sysfs-{}", std::process::id()));
-    std::fs::create_dir_all(root.join("sys")).map_err(|e| e.to_string())?;
-    mount(
-        Some("sysfs"),
-        &root.join("sys"),
-        Some("sysfs"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|e| format!("mounting sysfs: {e}"))?;
-    ip(&["link", "set", "lo", "up"]).map_err(|e| e.to_string())?;
-    Ok(root)
+    ip(&["-batch", &file.path().to_string_lossy()]).map(|_| ())
 }
 
 async fn start(root: &Path, test: &str, include: &str) -> anyhow::Result<(Cluster, DriverProcess)> {
@@ -228,8 +179,7 @@ fn main() {
     ];
     let conclusion = libtest_mimic::run(&args, trials);
     if let Ok(root) = &isolated {
-        let _ = nix::mount::umount(&root.join("sys"));
-        let _ = std::fs::remove_dir_all(root);
+        unisolate(root);
     }
     conclusion.exit();
 }

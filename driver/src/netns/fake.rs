@@ -337,10 +337,7 @@ impl Session for FakeSession {
                 std::io::Error::other("Network is down"),
             )),
             Some(true) => {
-                s.routes
-                    .entry(ns)
-                    .or_default()
-                    .push((name.into(), *route));
+                s.routes.entry(ns).or_default().push((name.into(), *route));
                 Ok(())
             }
         }

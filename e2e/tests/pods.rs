@@ -1,0 +1,455 @@
+//! Pods get their interfaces end to end: a test kubelet prepares claims over the DRA socket, an
+//! NRI test runtime speaking the real multiplexed ttrpc creates and stops sandboxes, and the
+//! real `knic-driver` moves veth devices (playing NICs) into real network namespaces, writes
+//! the claims' status to the API (the in-process fake) and puts everything back. Runs as root
+//! in private network and mount namespaces; without root the trials report themselves ignored.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use knic_driver::nri::PodSandbox;
+use knic_driver::nri::runtime::TestRuntime;
+use knic_e2e::cluster::{Cluster, TestClaim};
+use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::harness::{Netns, eventually, ip, isolate, trial, udp_echo, unisolate};
+use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin};
+use libtest_mimic::Arguments;
+use serde_json::json;
+
+struct Env {
+    cluster: Cluster,
+    config: DriverConfig,
+    driver: DriverProcess,
+    runtime: TestRuntime,
+    plugin: Plugin,
+    peer: Netns,
+    tag: &'static str,
+}
+
+impl Env {
+    fn dev(&self, n: u8) -> String {
+        format!("knt-{}{n}", self.tag)
+    }
+
+    fn id(&self, claim: &TestClaim) -> ClaimId {
+        ClaimId {
+            namespace: self.cluster.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        }
+    }
+
+    fn pod(&self, claim: &TestClaim, netns: Option<&Netns>) -> PodSandbox {
+        PodSandbox {
+            id: format!("sandbox-{}", claim.name),
+            name: format!("{}-pod", claim.name),
+            uid: claim.pod_uid.clone(),
+            namespace: self.cluster.namespace.clone(),
+            netns: netns.map(Netns::path),
+            ips: vec!["10.244.0.5".into()],
+        }
+    }
+
+    async fn claim_status(&self, name: &str) -> anyhow::Result<serde_json::Value> {
+        let api: kube::Api<ResourceClaim> =
+            kube::Api::namespaced(self.cluster.client.clone(), &self.cluster.namespace);
+        Ok(serde_json::to_value(api.get(name).await?.status)?)
+    }
+}
+
+/// Host state of a link as `ip -o link` prints it (name, mtu, mac, state).
+fn host_link(name: &str) -> anyhow::Result<String> {
+    let out = ip(&["-o", "link", "show", name])?;
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    let mtu = fields
+        .iter()
+        .position(|f| *f == "mtu")
+        .map(|i| fields[i + 1])
+        .unwrap_or_default();
+    let mac = fields
+        .iter()
+        .position(|f| *f == "link/ether")
+        .map(|i| fields[i + 1])
+        .unwrap_or_default();
+    let up = out.contains(",UP") || out.contains("<UP");
+    Ok(format!("{name} mtu {mtu} mac {mac} up {up}"))
+}
+
+async fn setup(root: &Path, tag: &'static str) -> anyhow::Result<Env> {
+    let cluster = Cluster::fake(&format!("pods-{tag}")).await?;
+    cluster.ensure_node().await?;
+    let peer = Netns::new(&format!("knt-peer-{tag}"))?;
+    let peer_name = peer.0.clone();
+    for (host, other, addr) in [(0, 1, "192.0.2.1/24"), (2, 3, "198.51.100.1/24")] {
+        let (h, o) = (format!("knt-{tag}{host}"), format!("knt-{tag}{other}"));
+        ip(&[
+            "link", "add", &h, "type", "veth", "peer", "name", &o, "netns", &peer_name,
+        ])?;
+        ip(&["link", "set", &h, "up"])?;
+        ip(&["-n", &peer_name, "addr", "add", addr, "dev", &o])?;
+        ip(&["-n", &peer_name, "link", "set", &o, "up"])?;
+    }
+    ip(&[
+        "-n",
+        &peer_name,
+        "addr",
+        "add",
+        "2001:db8::1/64",
+        "dev",
+        &format!("knt-{tag}1"),
+        "nodad",
+    ])?;
+    let nri_socket = cluster.tmp.path().join("nri.sock");
+    let mut runtime = TestRuntime::listen(&nri_socket).await?;
+    let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig)
+        .with_env("KNIC_SYSFS_ROOT", root.to_string_lossy())
+        .with_env("KNIC_NETLINK", "true")
+        .with_env("KNIC_INCLUDE", format!("name=knt-{tag}0,name=knt-{tag}2"))
+        .with_env("KNIC_NRI_SOCKET", nri_socket.to_string_lossy());
+    let driver = DriverProcess::start(&config)?;
+    let registered = tokio::time::timeout(Duration::from_secs(20), runtime.accept(vec![]))
+        .await
+        .context("the driver never connected to the NRI runtime")??;
+    ensure!(
+        registered.name == "knic" && registered.index == "10" && registered.events == 7,
+        "{registered:?}"
+    );
+    let plugin = kubelet::register(&config.registry_dir).await?;
+    let env = Env {
+        cluster,
+        config,
+        driver,
+        runtime,
+        plugin,
+        peer,
+        tag,
+    };
+    let want = vec![env.dev(0), env.dev(2)];
+    eventually(
+        "both veth devices published",
+        Duration::from_secs(20),
+        || async {
+            let slices = env.cluster.slices().await?;
+            let names: Vec<String> = slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .map(|d| d.name.clone())
+                .collect();
+            Ok((names == want).then_some(()))
+        },
+    )
+    .await?;
+    Ok(env)
+}
+
+fn network_config(body: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig"});
+    if let (Some(v), Some(b)) = (v.as_object_mut(), body.as_object()) {
+        v.extend(b.clone());
+    }
+    v
+}
+
+async fn two_pods(env: &mut Env) -> anyhow::Result<()> {
+    let before = (host_link(&env.dev(0))?, host_link(&env.dev(2))?);
+    let a = env
+        .cluster
+        .create_claim_with_config(
+            "claim-a",
+            Some(&[("knic.dev", &env.dev(0))]),
+            Some(network_config(json!({
+                "addresses": ["192.0.2.10/24", "2001:db8::10/64"],
+                "routes": [{"destination": "203.0.113.0/24", "gateway": "192.0.2.1"}],
+                "sysctls": {"ipv4.arp_ignore": "1"},
+            }))),
+        )
+        .await?;
+    let b = env
+        .cluster
+        .create_claim_with_config(
+            "claim-b",
+            Some(&[("knic.dev", &env.dev(2))]),
+            Some(network_config(json!({
+                "interface": {"name": "data0", "mtu": 1400, "hardwareAddress": "02:00:00:00:00:b0"},
+                "addresses": ["198.51.100.10/24"],
+            }))),
+        )
+        .await?;
+    for claim in [&a, &b] {
+        let out = env.plugin.prepare(DraVersion::V1, &[env.id(claim)]).await?;
+        ensure!(
+            out[&claim.uid].error.is_empty(),
+            "prepare {}: {}",
+            claim.name,
+            out[&claim.uid].error
+        );
+    }
+    let (ns_a, ns_b) = (
+        Netns::new(&format!("knt-pa-{}", env.tag))?,
+        Netns::new(&format!("knt-pb-{}", env.tag))?,
+    );
+    env.runtime
+        .run_pod_sandbox(&env.pod(&a, Some(&ns_a)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    env.runtime
+        .run_pod_sandbox(&env.pod(&b, Some(&ns_b)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+
+    // Inside the pods, before any container would start.
+    let net1 = ip(&["-n", &ns_a.0, "addr", "show", "net1"])?;
+    ensure!(
+        net1.contains("inet 192.0.2.10/24")
+            && net1.contains("inet6 2001:db8::10/64")
+            && net1.contains("UP"),
+        "{net1}"
+    );
+    let routes = ip(&["-n", &ns_a.0, "route", "show", "203.0.113.0/24"])?;
+    ensure!(routes.contains("via 192.0.2.1 dev net1"), "{routes}");
+    udp_echo(&ns_a.path(), &env.peer.path(), "192.0.2.1").context("traffic through net1")?;
+    let data0 = ip(&["-n", &ns_b.0, "link", "show", "data0"])?;
+    ensure!(
+        data0.contains("mtu 1400") && data0.contains("02:00:00:00:00:b0"),
+        "{data0}"
+    );
+    udp_echo(&ns_b.path(), &env.peer.path(), "198.51.100.1").context("traffic through data0")?;
+    ensure!(
+        ip(&["link", "show", &env.dev(0)]).is_err(),
+        "the device left the host"
+    );
+
+    // Status written by server-side apply, field manager knic.dev.
+    let status = eventually("claim-a status", Duration::from_secs(10), || async {
+        let s = env.claim_status("claim-a").await?;
+        Ok(s["devices"][0]["networkData"]["interfaceName"]
+            .is_string()
+            .then_some(s))
+    })
+    .await?;
+    let entry = &status["devices"][0];
+    ensure!(
+        entry["driver"] == "knic.dev"
+            && entry["device"] == json!(env.dev(0))
+            && entry["pool"] == json!(env.cluster.node),
+        "{entry}"
+    );
+    ensure!(entry["networkData"]["interfaceName"] == "net1", "{entry}");
+    ensure!(
+        entry["networkData"]["ips"] == json!(["192.0.2.10/24", "2001:db8::10/64"]),
+        "{entry}"
+    );
+    ensure!(
+        entry["networkData"]["hardwareAddress"]
+            .as_str()
+            .is_some_and(|m| m.len() == 17),
+        "{entry}"
+    );
+    let ready = &entry["conditions"][0];
+    ensure!(
+        ready["type"] == "Ready"
+            && ready["status"] == "True"
+            && ready["reason"] == "InterfaceConfigured",
+        "{ready}"
+    );
+    ensure!(ready["lastTransitionTime"].is_string());
+    let fake = env.cluster.fake.as_ref().context("fake")?;
+    ensure!(
+        fake.requests().iter().any(|r| r.method == "PATCH"
+            && r.path.ends_with("/resourceclaims/claim-a/status")
+            && r.field_manager.as_deref() == Some("knic.dev")),
+        "no server-side apply by knic.dev"
+    );
+    let status_b = eventually("claim-b status", Duration::from_secs(10), || async {
+        let s = env.claim_status("claim-b").await?;
+        Ok(s["devices"][0]["networkData"]["interfaceName"]
+            .is_string()
+            .then_some(s))
+    })
+    .await?;
+    ensure!(
+        status_b["devices"][0]["networkData"]["hardwareAddress"] == "02:00:00:00:00:b0",
+        "{status_b}"
+    );
+
+    // Pods go away: stop, remove, unprepare; the node is exactly as before.
+    for (claim, ns) in [(&a, &ns_a), (&b, &ns_b)] {
+        env.runtime
+            .stop_pod_sandbox(&env.pod(claim, Some(ns)))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        env.runtime
+            .remove_pod_sandbox(&env.pod(claim, None))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let out = env
+            .plugin
+            .unprepare(DraVersion::V1, &[env.id(claim)])
+            .await?;
+        ensure!(out[&claim.uid].is_empty(), "unprepare: {}", out[&claim.uid]);
+    }
+    ensure!(
+        (host_link(&env.dev(0))?, host_link(&env.dev(2))?) == before,
+        "host links differ after detach"
+    );
+    ensure!(
+        ip(&["-n", &ns_a.0, "link", "show", "net1"]).is_err(),
+        "net1 left in the pod"
+    );
+    let checkpoint = std::fs::read_to_string(env.config.plugin_dir.join("checkpoint.json"))?;
+    ensure!(
+        checkpoint.contains("\"claims\":{}"),
+        "checkpoint not empty: {checkpoint}"
+    );
+    Ok(())
+}
+
+async fn failed_attach_fails_the_sandbox(env: &mut Env) -> anyhow::Result<()> {
+    let before = host_link(&env.dev(0))?;
+    // `lo` exists in every pod: the clash is only visible at attach time.
+    let c = env
+        .cluster
+        .create_claim_with_config(
+            "clash",
+            Some(&[("knic.dev", &env.dev(0))]),
+            Some(network_config(json!({
+                "interface": {"name": "lo"}, "addresses": ["192.0.2.20/24"],
+            }))),
+        )
+        .await?;
+    let out = env
+        .plugin
+        .prepare(DraVersion::V1beta1, &[env.id(&c)])
+        .await?;
+    ensure!(out[&c.uid].error.is_empty(), "{}", out[&c.uid].error);
+    let ns = Netns::new(&format!("knt-pc-{}", env.tag))?;
+    let err = env
+        .runtime
+        .run_pod_sandbox(&env.pod(&c, Some(&ns)))
+        .await
+        .err()
+        .context("attach must fail")?;
+    ensure!(
+        err.contains("interface lo already exists in the pod"),
+        "{err}"
+    );
+    ensure!(
+        host_link(&env.dev(0))? == before,
+        "the device must be back on the host unchanged"
+    );
+    let status = eventually("Ready=False", Duration::from_secs(10), || async {
+        let s = env.claim_status("clash").await?;
+        Ok((s["devices"][0]["conditions"][0]["status"] == "False").then_some(s))
+    })
+    .await?;
+    ensure!(
+        status["devices"][0]["conditions"][0]["reason"] == "AttachFailed",
+        "{status}"
+    );
+    // The kubelet gives up on the pod: unprepare leaves nothing behind.
+    let out = env
+        .plugin
+        .unprepare(DraVersion::V1beta1, &[env.id(&c)])
+        .await?;
+    ensure!(out[&c.uid].is_empty());
+    Ok(())
+}
+
+async fn runtime_restart_reconnects(env: &mut Env) -> anyhow::Result<()> {
+    let c = env
+        .cluster
+        .create_claim_with_config(
+            "after-restart",
+            Some(&[("knic.dev", &env.dev(2))]),
+            Some(network_config(json!({
+                "addresses": ["198.51.100.30/24"],
+            }))),
+        )
+        .await?;
+    ensure!(
+        env.plugin.prepare(DraVersion::V1, &[env.id(&c)]).await?[&c.uid]
+            .error
+            .is_empty()
+    );
+    // containerd restarts: the connection drops, the socket comes back.
+    let socket = PathBuf::from(
+        env.config
+            .env
+            .iter()
+            .find(|(k, _)| k == "KNIC_NRI_SOCKET")
+            .map(|(_, v)| v.clone())
+            .context("socket")?,
+    );
+    env.runtime.shutdown().await;
+    let _ = std::fs::remove_file(&socket);
+    env.runtime = TestRuntime::listen(&socket).await?;
+    let registered = tokio::time::timeout(Duration::from_secs(20), env.runtime.accept(vec![]))
+        .await
+        .context("no reconnect")??;
+    ensure!(registered.name == "knic");
+    let ns = Netns::new(&format!("knt-pr-{}", env.tag))?;
+    env.runtime
+        .run_pod_sandbox(&env.pod(&c, Some(&ns)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(ip(&["-n", &ns.0, "addr", "show", "net1"])?.contains("198.51.100.30/24"));
+    env.runtime
+        .stop_pod_sandbox(&env.pod(&c, Some(&ns)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(env.plugin.unprepare(DraVersion::V1, &[env.id(&c)]).await?[&c.uid].is_empty());
+    Ok(())
+}
+
+type Scenario = for<'a> fn(
+    &'a mut Env,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
+>;
+
+fn main() {
+    let args = Arguments::from_args();
+    let isolated = isolate();
+    if let Err(reason) = &isolated {
+        eprintln!("skipped: pod e2e tests: {reason}");
+    }
+    let root = isolated.clone().unwrap_or_default();
+    let ignored = isolated.is_err();
+    let scenarios: Vec<(&str, &'static str, Scenario)> = vec![
+        (
+            "fake/two_pods_get_their_interfaces_and_the_node_is_restored",
+            "a",
+            |e| Box::pin(two_pods(e)),
+        ),
+        (
+            "fake/failed_attach_fails_the_sandbox_and_restores",
+            "b",
+            |e| Box::pin(failed_attach_fails_the_sandbox(e)),
+        ),
+        ("fake/runtime_restart_reconnects", "c", |e| {
+            Box::pin(runtime_restart_reconnects(e))
+        }),
+    ];
+    let mut trials = Vec::new();
+    for (name, tag, scenario) in scenarios {
+        let root = root.clone();
+        trials.push(trial(name.into(), ignored, move || async move {
+            let mut env = setup(&root, tag).await?;
+            let outcome = scenario(&mut env).await;
+            let _ = ip(&["link", "del", &env.dev(0)]);
+            let _ = ip(&["link", "del", &env.dev(2)]);
+            let cleanup = env.cluster.cleanup().await;
+            match outcome {
+                Ok(()) => cleanup,
+                Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
+            }
+        }));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Ok(root) = &isolated {
+        unisolate(root);
+    }
+    conclusion.exit();
+}
