@@ -72,6 +72,9 @@ pub struct Attachment {
     /// The pod network namespace attach targeted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<PathBuf>,
+    /// Attach finished; false with `restore` set means it was cut short and must be resumed.
+    #[serde(default)]
+    pub attached: bool,
 }
 
 /// One allocated device of a prepared claim.

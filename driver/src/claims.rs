@@ -395,6 +395,7 @@ impl<S: ClaimSource> Preparer<S> {
                 plan,
                 restore: None,
                 netns: None,
+                attached: false,
             })
             .collect();
         let mut next = checkpoint.clone();

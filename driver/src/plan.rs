@@ -127,3 +127,165 @@ pub fn plans(
         Err(ConfigErrors(errors))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::checkpoint::{OpaqueConfig, PreparedDevice};
+
+    fn device(request: &str, name: &str, ifname: Option<&str>) -> PreparedDevice {
+        let published = ifname.map(|i| {
+            serde_json::from_value(json!({"name": name, "attributes": {"ifName": {"string": i}}}))
+                .unwrap()
+        });
+        PreparedDevice {
+            request: request.into(),
+            pool: "node-a".into(),
+            device: name.into(),
+            share_id: None,
+            published,
+        }
+    }
+
+    fn config(source: &str, requests: &[&str], body: serde_json::Value) -> OpaqueConfig {
+        let mut parameters = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig"});
+        parameters
+            .as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        OpaqueConfig {
+            source: source.into(),
+            requests: requests.iter().map(|s| s.to_string()).collect(),
+            parameters,
+        }
+    }
+
+    fn claim(devices: Vec<PreparedDevice>, configs: Vec<OpaqueConfig>) -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u".into(),
+            pod_uid: "p".into(),
+            pod_name: "pod".into(),
+            devices,
+            configs,
+            prepared_at: 0,
+            attachments: vec![],
+        }
+    }
+
+    #[test]
+    fn defaults_are_net1_net2_in_request_order_skipping_taken_names() {
+        let c = claim(
+            vec![
+                device("a", "d0", Some("eth1")),
+                device("b", "d1", Some("eth2")),
+            ],
+            vec![],
+        );
+        let taken: BTreeSet<String> = ["net1".to_string()].into();
+        let p = plans(&c, &taken).unwrap();
+        let names: Vec<_> = p.iter().map(|p| p.pod_ifname.as_str()).collect();
+        assert_eq!(names, ["net2", "net3"]);
+        assert_eq!(p[0].host_ifname, "eth1");
+        assert_eq!(p[0].mode, AttachMode::Move);
+    }
+
+    #[test]
+    fn claim_config_overrides_class_config_per_request() {
+        let c = claim(
+            vec![
+                device("a", "d0", Some("eth1")),
+                device("b/fast", "d1", Some("eth2")),
+            ],
+            vec![
+                config(
+                    "FromClass",
+                    &[],
+                    json!({"interface": {"mtu": 9000}, "addresses": ["192.0.2.1/24"]}),
+                ),
+                config(
+                    "FromClaim",
+                    &["b"],
+                    json!({"interface": {"name": "fast0"}, "addresses": ["198.51.100.1/24"], "vlan": {"id": 42}}),
+                ),
+            ],
+        );
+        let p = plans(&c, &BTreeSet::new()).unwrap();
+        assert_eq!((p[0].pod_ifname.as_str(), p[0].mtu), ("net1", Some(9000)));
+        assert_eq!(p[0].addresses[0].to_string(), "192.0.2.1/24");
+        assert_eq!(
+            (p[1].pod_ifname.as_str(), p[1].mtu),
+            ("fast0", Some(9000)),
+            "subrequest b/fast matches b"
+        );
+        assert_eq!(p[1].addresses[0].to_string(), "198.51.100.1/24");
+        assert_eq!(p[1].mode, AttachMode::Vlan { id: 42 });
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let c = claim(
+            vec![
+                device("a", "d0", Some("eth1")),
+                device("b", "d1", None),
+                device("c", "d2", Some("eth3")),
+            ],
+            vec![
+                config("FromClaim", &["a"], json!({"interface": {"mtuu": 1}})),
+                config("FromClaim", &["c"], json!({"ipam": {"network": "blue"}})),
+            ],
+        );
+        let err = plans(&c, &BTreeSet::new()).unwrap_err().to_string();
+        assert!(
+            err.contains("config[0].parameters.interface.mtuu: unknown field"),
+            "{err}"
+        );
+        assert!(
+            err.contains("device node-a/d1: has no network interface on the host"),
+            "{err}"
+        );
+        assert!(err.contains("request c: ipam.network: address management for network \"blue\" is not available yet"), "{err}");
+    }
+
+    #[test]
+    fn explicit_name_clash_with_another_claim_of_the_pod() {
+        let c = claim(
+            vec![device("a", "d0", Some("eth1"))],
+            vec![config(
+                "FromClaim",
+                &[],
+                json!({"interface": {"name": "net1"}}),
+            )],
+        );
+        let taken: BTreeSet<String> = ["net1".to_string()].into();
+        let err = plans(&c, &taken).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "request a: interface.name: net1 is already used by another device of this pod"
+        );
+    }
+
+    #[test]
+    fn invalid_merged_config_is_rejected_with_request_prefix() {
+        let c = claim(
+            vec![device("a", "d0", Some("eth1"))],
+            vec![config(
+                "FromClaim",
+                &[],
+                json!({"addresses": ["192.0.2.10/24"], "routes": [{"destination": "203.0.113.0/24", "gateway": "198.51.100.1"}]}),
+            )],
+        );
+        let err = plans(&c, &BTreeSet::new()).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "request a: routes[0].gateway: 198.51.100.1 is not inside any address's subnet"
+            ),
+            "{err}"
+        );
+    }
+}

@@ -290,6 +290,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
             None => netns::capture(&self.kernel, &a.plan).await?,
         };
         // Durable before the first change: a crash from here on knows what to put back.
+        let resume = a.restore.is_some() && !a.attached;
         let (r, p) = (restore.clone(), path.clone());
         self.preparer
             .update(&claim.uid, move |c| {
@@ -297,14 +298,21 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
                 c.attachments[i].netns = Some(p);
             })
             .await?;
-        match netns::attach(&self.kernel, &a.plan, target, &restore).await {
-            Ok(link) => Ok(link),
+        crate::failpoint::hit("attach:after-checkpoint");
+        match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
+            Ok(link) => {
+                self.preparer
+                    .update(&claim.uid, move |c| c.attachments[i].attached = true)
+                    .await?;
+                Ok(link)
+            }
             Err(e) => {
                 // attach undid its own steps: the device is home again.
                 self.preparer
                     .update(&claim.uid, move |c| {
                         c.attachments[i].restore = None;
                         c.attachments[i].netns = None;
+                        c.attachments[i].attached = false;
                     })
                     .await?;
                 Err(e)
@@ -329,6 +337,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
             .update(&claim.uid, move |c| {
                 c.attachments[i].restore = None;
                 c.attachments[i].netns = None;
+                c.attachments[i].attached = false;
             })
             .await
     }
@@ -484,5 +493,59 @@ impl<K: Kernel, S: ClaimSource> NriHandler for PodNetworks<K, S> {
                 None => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_patch_carries_whole_entries() {
+        let claim = PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u".into(),
+            pod_uid: "p".into(),
+            pod_name: "pod".into(),
+            devices: vec![],
+            configs: vec![],
+            prepared_at: 0,
+            attachments: vec![],
+        };
+        let ok = DeviceStatus {
+            pool: "node-a".into(),
+            device: "d0".into(),
+            ready: true,
+            reason: "InterfaceConfigured".into(),
+            message: "net1 configured".into(),
+            interface_name: Some("net1".into()),
+            ips: vec!["192.0.2.10/24".into()],
+            hardware_address: Some("02:00:00:00:00:10".into()),
+        };
+        let failed = DeviceStatus {
+            ready: false,
+            reason: "AttachFailed".into(),
+            interface_name: None,
+            ..ok.clone()
+        };
+        let patch = status_patch(&claim, &[ok, failed], "2026-11-22T00:00:00Z");
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "status": {"devices": [
+                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
+                     "conditions": [{"type": "Ready", "status": "True", "reason": "InterfaceConfigured",
+                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                     "networkData": {"interfaceName": "net1", "ips": ["192.0.2.10/24"], "hardwareAddress": "02:00:00:00:00:10"}},
+                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
+                     "conditions": [{"type": "Ready", "status": "False", "reason": "AttachFailed",
+                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}]},
+                ]},
+            })
+        );
+        assert_eq!(now_rfc3339().len(), 20);
     }
 }

@@ -191,7 +191,7 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
         "{:?}",
         restore.host
     );
-    let link = attach(k, &p, &pod.ns(), &restore).await?;
+    let link = attach(k, &p, &pod.ns(), &restore, false).await?;
     ensure!(
         link.name == "net1" && link.mtu == 1400 && link.mac == p.mac && link.up,
         "{link:?}"
@@ -222,7 +222,7 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
     udp_echo(&pod.path(), &peer.path(), "192.0.2.1")?;
 
     // A repeated hook changes nothing.
-    let again = attach(k, &p, &pod.ns(), &restore).await?;
+    let again = attach(k, &p, &pod.ns(), &restore, false).await?;
     ensure!(again.index == link.index);
 
     detach(k, &p, Some(&pod.ns()), &restore).await?;
@@ -270,7 +270,7 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
     ])?;
     let p = plan("knt-b0", AttachMode::Move);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &pod.ns(), &restore)
+    let err = attach(k, &p, &pod.ns(), &restore, false)
         .await
         .err()
         .context("clash must fail")?
@@ -302,7 +302,7 @@ async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
     // The kernel refuses a gateway no address can reach: a failure after the move.
     p.routes[0].gateway = Some("10.255.255.1".parse()?);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &pod.ns(), &restore)
+    let err = attach(k, &p, &pod.ns(), &restore, false)
         .await
         .err()
         .context("must fail")?
@@ -344,7 +344,7 @@ async fn namespace_deleted_before_detach(k: &Rtnl) -> anyhow::Result<()> {
     ensure!(restore.host.kind.as_deref() == Some("macvlan"));
     {
         let pod = Netns::new("knt-pod-d")?;
-        attach(k, &p, &pod.ns(), &restore).await?;
+        attach(k, &p, &pod.ns(), &restore, false).await?;
     } // the namespace is deleted here, taking the macvlan with it
     detach(
         k,
@@ -374,7 +374,7 @@ async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
     ])?;
     let p = plan("knt-v0", AttachMode::Vlan { id: 100 });
     let restore = capture(k, &p).await?;
-    let link = attach(k, &p, &pod.ns(), &restore).await?;
+    let link = attach(k, &p, &pod.ns(), &restore, false).await?;
     ensure!(link.kind.as_deref() == Some("vlan"));
     detach(k, &p, Some(&pod.ns()), &restore).await?;
     ensure!(

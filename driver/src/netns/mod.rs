@@ -226,7 +226,9 @@ enum Done {
 }
 
 /// Attaches per `plan` into the pod namespace `netns`. Idempotent: when the pod already has the
-/// interface (a repeated hook after a restart), nothing is done. On failure every step taken is
+/// interface (a repeated hook) nothing is done, unless `resume` says an earlier attach was cut
+/// short (a crash after the move): then the in-pod configuration is applied again (every step
+/// tolerates what is already there). On failure every step taken is
 /// undone, so the device is back on the host as [`capture`] saw it. Returns the interface as
 /// the pod sees it (its MAC goes into the claim status).
 pub async fn attach<K: Kernel>(
@@ -234,6 +236,7 @@ pub async fn attach<K: Kernel>(
     plan: &AttachPlan,
     netns: &Ns,
     restore: &Restore,
+    resume: bool,
 ) -> Result<LinkState> {
     let mut pod = open(kernel, netns).await?;
     if let Some(existing) = pod.link(&plan.pod_ifname).await? {
@@ -242,6 +245,16 @@ pub async fn attach<K: Kernel>(
             AttachMode::Move => is_same_device(&existing, plan, restore),
             AttachMode::Vlan { .. } => existing.kind.as_deref() == Some("vlan"),
         };
+        if ours && resume {
+            configure_in_pod(plan, &mut pod).await?;
+            return pod
+                .link(&plan.pod_ifname)
+                .await?
+                .ok_or_else(|| Error::Setting {
+                    setting: "device",
+                    reason: format!("{} vanished from the pod while resuming", plan.pod_ifname),
+                });
+        }
         if ours {
             return Ok(existing);
         }
@@ -294,6 +307,7 @@ async fn attach_steps<K: Kernel>(
                 // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
                 host.move_link(&plan.host_ifname, netns, &into_pod).await?;
                 done.push(Done::Moved);
+                crate::failpoint::hit("attach:after-move");
             }
             AttachMode::Vlan { id } => {
                 // The child is created on the host (its parent is there), then moved.
@@ -305,8 +319,13 @@ async fn attach_steps<K: Kernel>(
             }
         }
     }
-    // Inside the pod: sysctls first (arp/ra settings must hold before the link is up),
-    // then addresses, then up, then routes (a route needs its link up).
+    configure_in_pod(plan, pod).await
+}
+
+/// Inside the pod: sysctls first (arp/ra settings must hold before the link is up), then
+/// addresses, then up, then routes (a route needs its link up). Each step accepts what is
+/// already in place, so it can be repeated after a crash.
+async fn configure_in_pod<S: Session>(plan: &AttachPlan, pod: &mut S) -> Result<()> {
     if !plan.sysctls.is_empty() {
         pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
     }
@@ -400,6 +419,7 @@ pub async fn detach<K: Kernel>(
         )
         .await?;
         pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
+        crate::failpoint::hit("detach:after-move");
     }
 
     let mut host = open(kernel, &Ns::Host).await?;

@@ -58,7 +58,7 @@ async fn attach_moves_with_one_message_and_configures_in_order() {
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
     assert_eq!(restore.host.index, index);
-    let link = attach(&k, &p, &pod(), &restore).await.unwrap();
+    let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert_eq!(link.name, "net1");
     assert_eq!(
         (link.mtu, link.mac, link.up),
@@ -81,9 +81,37 @@ async fn attach_moves_with_one_message_and_configures_in_order() {
     );
     // A repeated hook is a no-op.
     let before = k.log().len();
-    let again = attach(&k, &p, &pod(), &restore).await.unwrap();
+    let again = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert_eq!(again.index, index);
     assert_eq!(k.log().len(), before);
+}
+
+#[tokio::test]
+async fn resuming_a_cut_short_attach_completes_the_configuration() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    // A crash right after the move: the pod has the link, nothing else.
+    k.fail_on("/var/run/netns/cni-1: sysctl", "killed");
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    host.move_link(
+        "ens1f0v0",
+        &pod(),
+        &LinkChange {
+            name: Some("net1".into()),
+            mtu: Some(9000),
+            mac: p.mac,
+            up: None,
+        },
+    )
+    .await
+    .unwrap();
+    let link = attach(&k, &p, &pod(), &restore, true).await.unwrap_err();
+    assert!(link.to_string().contains("killed"));
+    let link = attach(&k, &p, &pod(), &restore, true).await.unwrap();
+    assert!(link.up);
+    assert_eq!(link.addresses.len(), 2);
+    assert_eq!(k.routes(&pod()).len(), 1);
 }
 
 #[tokio::test]
@@ -91,7 +119,7 @@ async fn detach_restores_name_mtu_mac_addresses_and_state_idempotently() {
     let (k, _) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    attach(&k, &p, &pod(), &restore).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     let host = k
         .links(&Ns::Host)
@@ -111,7 +139,7 @@ async fn failure_mid_attach_undoes_everything() {
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
     k.fail_on("/var/run/netns/cni-1: route add", "Network is unreachable");
-    let err = attach(&k, &p, &pod(), &restore)
+    let err = attach(&k, &p, &pod(), &restore, false)
         .await
         .unwrap_err()
         .to_string();
@@ -138,7 +166,7 @@ async fn name_clash_in_the_pod_is_refused_before_anything_moves() {
     );
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    let err = attach(&k, &p, &pod(), &restore)
+    let err = attach(&k, &p, &pod(), &restore, false)
         .await
         .unwrap_err()
         .to_string();
@@ -154,7 +182,7 @@ async fn deleted_namespace_returns_a_physical_device_under_another_name_and_it_i
     let (k, index) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    attach(&k, &p, &pod(), &restore).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
     // Meanwhile something else took the original name.
     k.add_link(
         &Ns::Host,
@@ -185,7 +213,7 @@ async fn deleted_namespace_then_detach_restores_the_returned_device() {
     let (k, index) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    attach(&k, &p, &pod(), &restore).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
     k.delete_namespace(&pod());
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     let host = k
@@ -210,7 +238,7 @@ async fn virtual_device_destroyed_with_the_namespace_is_not_an_error() {
     k.add_namespace(&pod());
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    attach(&k, &p, &pod(), &restore).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
     k.delete_namespace(&pod());
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     assert!(k.links(&Ns::Host).is_empty());
@@ -221,7 +249,7 @@ async fn vlan_child_is_created_on_the_host_moved_and_deleted() {
     let (k, _) = kernel();
     let p = plan(AttachMode::Vlan { id: 100 });
     let restore = capture(&k, &p).await.unwrap();
-    let link = attach(&k, &p, &pod(), &restore).await.unwrap();
+    let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert_eq!(link.kind.as_deref(), Some("vlan"));
     let temp = p.vlan_temp_name();
     assert!(temp.starts_with("knic") && temp.len() <= 15, "{temp}");
@@ -251,7 +279,7 @@ async fn vlan_without_8021q_fails_cleanly() {
     let p = plan(AttachMode::Vlan { id: 100 });
     let restore = capture(&k, &p).await.unwrap();
     k.fail_on("host: link add", "Operation not supported");
-    let err = attach(&k, &p, &pod(), &restore)
+    let err = attach(&k, &p, &pod(), &restore, false)
         .await
         .unwrap_err()
         .to_string();
@@ -264,10 +292,16 @@ async fn missing_pod_namespace_is_an_error_naming_it() {
     let (k, _) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    let err = attach(&k, &p, &Ns::Pod("/var/run/netns/gone".into()), &restore)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = attach(
+        &k,
+        &p,
+        &Ns::Pod("/var/run/netns/gone".into()),
+        &restore,
+        false,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         err,
         "invalid setting netns: network namespace /var/run/netns/gone does not exist"

@@ -1,0 +1,476 @@
+//! Attach benchmark: attach + detach of one veth device with one IPv4 address, one IPv6 address
+//! and one route, through knic's executor (what the driver's NRI hook runs) and, side by side
+//! in the same run, through the CNI `host-device` plugin with `static` IPAM, exec'd exactly as
+//! a container runtime does (CNI_* environment, network configuration on stdin).
+//!
+//! Both sides do the same work on the same device: move it into a pod namespace renamed to
+//! `net1`, add 192.0.2.10/24, 2001:db8::10/64 and 203.0.113.0/24 via 192.0.2.1, bring it up;
+//! then move it back to the host under its own name (down, as it started). knic's attach time
+//! includes `capture` (the hook does it too); host-device's times are from spawn to exit of the
+//! plugin (which itself execs `static`). A cycle is attach + detach.
+//!
+//! Method: 20 warm-up cycles per side, then the measured cycles INTERLEAVED — each iteration
+//! runs one knic cycle then one host-device cycle — so drift in machine load hits both sides
+//! alike. Each side is verified with `ip` on its first warm-up cycle and its last measured
+//! cycle (attached: addresses and route in the pod; detached: the device back on the host
+//! under its name, nothing left in the pod); every knic attach is also checked from the link
+//! state it returns, every host-device ADD from its result. Verification is never timed.
+//!
+//! The process first enters private network and mount namespaces (its "host"), so nothing it
+//! creates outlives it; it also deletes what it made. Needs root (skips otherwise).
+//!
+//! Run: `cargo bench -p knic-driver --bench attach` (`KNIC_BENCH_CYCLES=N` to change the
+//! number of measured cycles, default 1000; `KNIC_BENCH_CNI_PATH=DIR` for another plugin
+//! directory than /usr/lib/cni or /opt/cni/bin).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use knic_driver::netns::rtnl::Rtnl;
+use knic_driver::netns::{AttachMode, AttachPlan, Ns, attach, capture, detach};
+use knic_proto::netconfig::{Cidr, Route};
+
+const DEFAULT_CYCLES: usize = 1000;
+const WARMUP: usize = 20;
+const HOST_IF: &str = "knt-bench0";
+const PEER_IF: &str = "knt-bench1";
+const POD_NS: &str = "knt-bench-pod";
+const PEER_NS: &str = "knt-bench-peer";
+const POD_IF: &str = "net1";
+const ADDR4: &str = "192.0.2.10/24";
+const ADDR6: &str = "2001:db8::10/64";
+const ROUTE_DST: &str = "203.0.113.0/24";
+const ROUTE_GW: &str = "192.0.2.1";
+const CNI_DIRS: [&str; 2] = ["/usr/lib/cni", "/opt/cni/bin"];
+const ATTACH_P99_TARGET: Duration = Duration::from_millis(5);
+const RATIO_TARGET: f64 = 25.0;
+
+fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Private network and mount namespaces and a private /run/netns; must run before any thread
+/// exists (unshare of a mount namespace is refused to a multi-threaded process).
+fn isolate() -> anyhow::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, unshare};
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).context("unshare")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making mounts private")?;
+    std::fs::create_dir_all("/run/netns")?;
+    mount(
+        Some("tmpfs"),
+        "/run/netns",
+        Some("tmpfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .context("mounting a private /run/netns")?;
+    ip(&["link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// The pod and peer namespaces and the veth pair; deleted on drop.
+struct Setup;
+
+impl Setup {
+    fn new() -> anyhow::Result<Setup> {
+        // Built first so a failure half-way still cleans up.
+        let setup = Setup;
+        for ns in [POD_NS, PEER_NS] {
+            ip(&["netns", "add", ns])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        ip(&[
+            "link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF, "netns", PEER_NS,
+        ])?;
+        ip(&["-n", PEER_NS, "addr", "add", "192.0.2.1/24", "dev", PEER_IF])?;
+        ip(&["-n", PEER_NS, "link", "set", PEER_IF, "up"])?;
+        // The device stays down on the host: host-device always returns it down, so knic
+        // (which restores the captured state) has exactly the same work to do.
+        Ok(setup)
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", HOST_IF]);
+        let _ = ip(&["-n", POD_NS, "link", "del", POD_IF]);
+        for ns in [POD_NS, PEER_NS] {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+fn pod_path() -> PathBuf {
+    PathBuf::from(format!("/run/netns/{POD_NS}"))
+}
+
+/// Checks with `ip` that the pod has `net1` with both addresses and the route.
+fn verify_attached(side: &str) -> anyhow::Result<()> {
+    let addrs = ip(&["-n", POD_NS, "addr", "show", POD_IF])?;
+    ensure!(
+        addrs.contains(ADDR4) && addrs.contains(ADDR6),
+        "{side}: addresses in the pod after attach:\n{addrs}"
+    );
+    let routes = ip(&["-n", POD_NS, "route", "show", ROUTE_DST])?;
+    ensure!(
+        routes.contains(&format!("via {ROUTE_GW} dev {POD_IF}")),
+        "{side}: route in the pod after attach: {routes:?}"
+    );
+    ensure!(
+        ip(&["link", "show", HOST_IF]).is_err(),
+        "{side}: {HOST_IF} still on the host after attach"
+    );
+    Ok(())
+}
+
+/// Checks with `ip` that the device is back on the host under its name and gone from the pod.
+fn verify_detached(side: &str) -> anyhow::Result<()> {
+    ip(&["link", "show", HOST_IF]).with_context(|| format!("{side}: {HOST_IF} not back"))?;
+    ensure!(
+        ip(&["-n", POD_NS, "link", "show", POD_IF]).is_err(),
+        "{side}: {POD_IF} still in the pod after detach"
+    );
+    Ok(())
+}
+
+fn knic_plan() -> AttachPlan {
+    let cidr = |s: &str| -> Cidr { s.parse().unwrap() };
+    AttachPlan {
+        pool: "bench".into(),
+        device: HOST_IF.into(),
+        request: "nic".into(),
+        host_ifname: HOST_IF.into(),
+        mode: AttachMode::Move,
+        pod_ifname: POD_IF.into(),
+        mtu: None,
+        mac: None,
+        addresses: vec![cidr(ADDR4), cidr(ADDR6)],
+        routes: vec![Route {
+            destination: cidr(ROUTE_DST),
+            gateway: Some(ROUTE_GW.parse().unwrap()),
+            source: None,
+            metric: None,
+            table: None,
+        }],
+        sysctls: BTreeMap::new(),
+    }
+}
+
+/// One knic cycle: (capture + attach, detach).
+async fn knic_cycle(
+    k: &Rtnl,
+    plan: &AttachPlan,
+    pod: &Ns,
+    verify: bool,
+) -> anyhow::Result<(Duration, Duration)> {
+    let start = Instant::now();
+    let restore = capture(k, plan).await?;
+    // `resume = false`: a fresh attach, as the hook does for a new pod.
+    let link = attach(k, plan, pod, &restore, false).await?;
+    let attach_time = start.elapsed();
+    ensure!(
+        link.name == POD_IF && link.up && plan.addresses.iter().all(|a| link.addresses.contains(a)),
+        "knic: attached link {link:?}"
+    );
+    if verify {
+        verify_attached("knic")?;
+    }
+    let start = Instant::now();
+    detach(k, plan, Some(pod), &restore).await?;
+    let detach_time = start.elapsed();
+    if verify {
+        verify_detached("knic")?;
+    }
+    Ok((attach_time, detach_time))
+}
+
+/// The CNI host-device plugin, exec'd the way libcni does.
+struct HostDevice {
+    plugin: PathBuf,
+    dir: PathBuf,
+}
+
+impl HostDevice {
+    fn find() -> Result<HostDevice, Vec<PathBuf>> {
+        let dirs: Vec<PathBuf> = match std::env::var_os("KNIC_BENCH_CNI_PATH") {
+            Some(d) => vec![PathBuf::from(d)],
+            None => CNI_DIRS.iter().map(PathBuf::from).collect(),
+        };
+        dirs.iter()
+            .find(|d| d.join("host-device").is_file() && d.join("static").is_file())
+            .map(|d| HostDevice {
+                plugin: d.join("host-device"),
+                dir: d.clone(),
+            })
+            .ok_or_else(|| dirs.iter().map(|d| d.join("host-device")).collect())
+    }
+
+    /// The network configuration; DEL carries the ADD result as `prevResult`, as libcni does
+    /// from its cache.
+    fn config(prev_result: Option<&serde_json::Value>) -> Vec<u8> {
+        let mut conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "host-device",
+            "device": HOST_IF,
+            "ipam": {
+                "type": "static",
+                "addresses": [{"address": ADDR4}, {"address": ADDR6}],
+                "routes": [{"dst": ROUTE_DST, "gw": ROUTE_GW}],
+            },
+        });
+        if let Some(prev) = prev_result {
+            conf["prevResult"] = prev.clone();
+        }
+        serde_json::to_vec(&conf).unwrap()
+    }
+
+    /// Runs the plugin with `command` and `stdin`; returns its stdout.
+    fn run(&self, command: &str, stdin: &[u8]) -> anyhow::Result<Vec<u8>> {
+        let mut child = Command::new(&self.plugin)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", "knt-bench")
+            .env("CNI_NETNS", pod_path())
+            .env("CNI_IFNAME", POD_IF)
+            .env("CNI_PATH", &self.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", self.plugin.display()))?;
+        child.stdin.take().unwrap().write_all(stdin)?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "host-device {command}: {}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(out.stdout)
+    }
+
+    /// The plugin's own version line (printed to stderr when run without CNI_COMMAND).
+    fn about(&self) -> String {
+        Command::new(&self.plugin)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "version unknown".into())
+    }
+
+    /// One host-device cycle: (ADD, DEL).
+    fn cycle(&self, add_conf: &[u8], verify: bool) -> anyhow::Result<(Duration, Duration)> {
+        let start = Instant::now();
+        let out = self.run("ADD", add_conf)?;
+        let add_time = start.elapsed();
+        let result: serde_json::Value =
+            serde_json::from_slice(&out).context("host-device ADD result")?;
+        let ips: Vec<&str> = result["ips"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|i| i["address"].as_str()).collect())
+            .unwrap_or_default();
+        ensure!(
+            ips.contains(&ADDR4) && ips.contains(&ADDR6),
+            "host-device: ADD result {result}"
+        );
+        if verify {
+            verify_attached("host-device")?;
+        }
+        let del_conf = Self::config(Some(&result));
+        let start = Instant::now();
+        self.run("DEL", &del_conf)?;
+        let del_time = start.elapsed();
+        if verify {
+            verify_detached("host-device")?;
+        }
+        Ok((add_time, del_time))
+    }
+}
+
+/// Attach, detach and cycle times of one side.
+#[derive(Default)]
+struct Samples {
+    attach: Vec<Duration>,
+    detach: Vec<Duration>,
+    cycle: Vec<Duration>,
+}
+
+impl Samples {
+    fn push(&mut self, (a, d): (Duration, Duration)) {
+        self.attach.push(a);
+        self.detach.push(d);
+        self.cycle.push(a + d);
+    }
+}
+
+/// Median and nearest-rank p99.
+fn stats(samples: &[Duration]) -> (Duration, Duration) {
+    let mut s = samples.to_vec();
+    s.sort();
+    let n = s.len();
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2
+    };
+    let p99 = s[(n * 99).div_ceil(100).max(1) - 1];
+    (median, p99)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn print_side(name: &str, s: &Samples) {
+    for (phase, v) in [
+        ("attach", &s.attach),
+        ("detach", &s.detach),
+        ("cycle", &s.cycle),
+    ] {
+        let (median, p99) = stats(v);
+        println!("{name:<12} {phase:<7} {:>12} {:>12}", ms(median), ms(p99));
+    }
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "MET" } else { "NOT MET" }
+}
+
+fn main() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: attach benchmark needs root (network namespaces)");
+        return Ok(());
+    }
+    // Before any thread exists.
+    isolate()?;
+
+    let cycles: usize = match std::env::var("KNIC_BENCH_CYCLES") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .with_context(|| format!("KNIC_BENCH_CYCLES={v}: not a positive integer"))?,
+        Err(_) => DEFAULT_CYCLES,
+    };
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let host_device = HostDevice::find();
+
+    println!(
+        "attach benchmark: move one veth into a pod netns as {POD_IF} + {ADDR4} + {ADDR6} + \
+         route {ROUTE_DST} via {ROUTE_GW}, then back"
+    );
+    println!(
+        "machine: kernel {kernel}, {cpus} CPUs; {cycles} measured cycles per side after \
+         {WARMUP} warm-up, interleaved (one knic cycle, then one host-device cycle)"
+    );
+    match &host_device {
+        Ok(hd) => println!(
+            "host-device: {} ({}), static IPAM, CNI_PATH={}",
+            hd.plugin.display(),
+            hd.about(),
+            hd.dir.display()
+        ),
+        Err(tried) => println!(
+            "host-device not found at {}; install Debian's containernetworking-plugins \
+             (measuring knic only)",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+
+    let _setup = Setup::new()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let k = Rtnl::new(None);
+    let plan = knic_plan();
+    let pod = Ns::Pod(pod_path());
+    let add_conf = HostDevice::config(None);
+    let mut knic = Samples::default();
+    let mut hd = Samples::default();
+
+    runtime.block_on(async {
+        for i in 0..WARMUP {
+            knic_cycle(&k, &plan, &pod, i == 0).await?;
+            if let Ok(h) = &host_device {
+                h.cycle(&add_conf, i == 0)?;
+            }
+        }
+        for i in 0..cycles {
+            let last = i + 1 == cycles;
+            knic.push(knic_cycle(&k, &plan, &pod, last).await?);
+            if let Ok(h) = &host_device {
+                hd.push(h.cycle(&add_conf, last)?);
+            }
+        }
+        anyhow::Ok(())
+    })?;
+
+    println!();
+    println!(
+        "{:<12} {:<7} {:>12} {:>12}",
+        "side", "phase", "median", "p99"
+    );
+    print_side("knic", &knic);
+    if host_device.is_ok() {
+        print_side("host-device", &hd);
+    }
+    println!();
+    let (knic_cycle_median, _) = stats(&knic.cycle);
+    let (_, knic_attach_p99) = stats(&knic.attach);
+    if host_device.is_ok() {
+        let (hd_cycle_median, _) = stats(&hd.cycle);
+        let ratio = hd_cycle_median.as_secs_f64() / knic_cycle_median.as_secs_f64();
+        println!("ratio (host-device median cycle / knic median cycle): {ratio:.1}x");
+        println!(
+            "target knic median cycle >= {RATIO_TARGET}x faster than host-device: {} ({ratio:.1}x)",
+            met(ratio >= RATIO_TARGET)
+        );
+    } else {
+        println!(
+            "target knic median cycle >= {RATIO_TARGET}x faster than host-device: NOT EVALUATED \
+             (host-device not installed)"
+        );
+    }
+    println!(
+        "target knic attach p99 < {}: {} ({})",
+        ms(ATTACH_P99_TARGET),
+        met(knic_attach_p99 < ATTACH_P99_TARGET),
+        ms(knic_attach_p99)
+    );
+    Ok(())
+}
