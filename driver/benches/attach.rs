@@ -9,9 +9,14 @@
 //! includes `capture` (the hook does it too); host-device's times are from spawn to exit of the
 //! plugin (which itself execs `static`). A cycle is attach + detach.
 //!
+//! A third row, the kernel floor, times only the two namespace moves (one RTM_NEWLINK each way
+//! through knic's rtnetlink session, sessions opened beforehand, no addresses): the kernel
+//! waits for an RCU grace period (`rcu_barrier()` in `__dev_change_net_namespace`) on every
+//! move, so neither side can go below it, and it bounds the ratio a machine can show.
+//!
 //! Method: 20 warm-up cycles per side, then the measured cycles INTERLEAVED — each iteration
-//! runs one knic cycle then one host-device cycle — so drift in machine load hits both sides
-//! alike. Each side is verified with `ip` on its first warm-up cycle and its last measured
+//! runs one knic cycle, one host-device cycle and one kernel-floor cycle — so drift in machine
+//! load hits every side alike. Each side is verified with `ip` on its first warm-up cycle and its last measured
 //! cycle (attached: addresses and route in the pod; detached: the device back on the host
 //! under its name, nothing left in the pod); every knic attach is also checked from the link
 //! state it returns, every host-device ADD from its result. Verification is never timed.
@@ -33,7 +38,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use knic_driver::netns::rtnl::Rtnl;
-use knic_driver::netns::{AttachMode, AttachPlan, Ns, attach, capture, detach};
+use knic_driver::netns::{
+    AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
+};
 use knic_proto::netconfig::{Cidr, Route};
 
 const DEFAULT_CYCLES: usize = 1000;
@@ -209,6 +216,27 @@ async fn knic_cycle(
     Ok((attach_time, detach_time))
 }
 
+/// The kernel's own cost of one cycle: the two namespace moves (in as `net1`, back under the
+/// host name) as single RTM_NEWLINKs, sessions opened beforehand, no addresses or routes. Any
+/// attach/detach of a moved device pays at least this; it bounds the achievable ratio.
+async fn floor_cycle(k: &Rtnl, pod: &Ns) -> anyhow::Result<(Duration, Duration)> {
+    let mut host = k.open(&Ns::Host).await?.context("host session")?;
+    let mut in_pod = k.open(pod).await?.context("pod session")?;
+    let rename = |name: &str| LinkChange {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    host.move_link(HOST_IF, pod, &rename(POD_IF)).await?;
+    let move_in = start.elapsed();
+    let start = Instant::now();
+    in_pod
+        .move_link(POD_IF, &Ns::Host, &rename(HOST_IF))
+        .await?;
+    let move_out = start.elapsed();
+    Ok((move_in, move_out))
+}
+
 /// The CNI host-device plugin, exec'd the way libcni does.
 struct HostDevice {
     plugin: PathBuf,
@@ -276,14 +304,40 @@ impl HostDevice {
         Ok(out.stdout)
     }
 
-    /// The plugin's own version line (printed to stderr when run without CNI_COMMAND).
+    /// The plugin's own version line (printed to stderr when run without CNI_COMMAND) and,
+    /// when it comes from a Debian package, that package's version.
     fn about(&self) -> String {
-        Command::new(&self.plugin)
+        let own = Command::new(&self.plugin)
             .output()
             .ok()
-            .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            .and_then(|o| {
+                let text = String::from_utf8_lossy(&o.stderr).into_owned();
+                text.lines().next().map(|l| l.trim().to_string())
+            })
             .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "version unknown".into())
+            .unwrap_or_else(|| "version unknown".into());
+        let package = Command::new("dpkg")
+            .arg("-S")
+            .arg(&self.plugin)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                let name = text.split(':').next()?.trim().to_string();
+                let version = Command::new("dpkg-query")
+                    .args(["-W", "-f=${Version}", &name])
+                    .output()
+                    .ok()?;
+                Some(format!(
+                    "{name} {}",
+                    String::from_utf8_lossy(&version.stdout).trim()
+                ))
+            });
+        match package {
+            Some(p) => format!("{own}; Debian {p}"),
+            None => own,
+        }
     }
 
     /// One host-device cycle: (ADD, DEL).
@@ -356,7 +410,7 @@ fn print_side(name: &str, s: &Samples) {
         ("cycle", &s.cycle),
     ] {
         let (median, p99) = stats(v);
-        println!("{name:<12} {phase:<7} {:>12} {:>12}", ms(median), ms(p99));
+        println!("{name:<13} {phase:<7} {:>12} {:>12}", ms(median), ms(p99));
     }
 }
 
@@ -392,7 +446,8 @@ fn main() -> anyhow::Result<()> {
     );
     println!(
         "machine: kernel {kernel}, {cpus} CPUs; {cycles} measured cycles per side after \
-         {WARMUP} warm-up, interleaved (one knic cycle, then one host-device cycle)"
+         {WARMUP} warm-up, interleaved (each iteration: one knic cycle, one host-device cycle, \
+         one kernel-floor cycle)"
     );
     match &host_device {
         Ok(hd) => println!(
@@ -422,6 +477,7 @@ fn main() -> anyhow::Result<()> {
     let add_conf = HostDevice::config(None);
     let mut knic = Samples::default();
     let mut hd = Samples::default();
+    let mut floor = Samples::default();
 
     runtime.block_on(async {
         for i in 0..WARMUP {
@@ -429,6 +485,7 @@ fn main() -> anyhow::Result<()> {
             if let Ok(h) = &host_device {
                 h.cycle(&add_conf, i == 0)?;
             }
+            floor_cycle(&k, &pod).await?;
         }
         for i in 0..cycles {
             let last = i + 1 == cycles;
@@ -436,26 +493,40 @@ fn main() -> anyhow::Result<()> {
             if let Ok(h) = &host_device {
                 hd.push(h.cycle(&add_conf, last)?);
             }
+            floor.push(floor_cycle(&k, &pod).await?);
         }
+        verify_detached("kernel floor")?;
         anyhow::Ok(())
     })?;
 
     println!();
     println!(
-        "{:<12} {:<7} {:>12} {:>12}",
+        "{:<13} {:<7} {:>12} {:>12}",
         "side", "phase", "median", "p99"
     );
     print_side("knic", &knic);
     if host_device.is_ok() {
         print_side("host-device", &hd);
     }
+    print_side("kernel floor", &floor);
     println!();
     let (knic_cycle_median, _) = stats(&knic.cycle);
+    let (floor_cycle_median, _) = stats(&floor.cycle);
+    println!(
+        "kernel floor = the two namespace moves alone (one RTM_NEWLINK each way, no addresses, \
+         sessions already open); knic's median cycle is {} above it",
+        ms(knic_cycle_median.saturating_sub(floor_cycle_median))
+    );
     let (_, knic_attach_p99) = stats(&knic.attach);
     if host_device.is_ok() {
         let (hd_cycle_median, _) = stats(&hd.cycle);
         let ratio = hd_cycle_median.as_secs_f64() / knic_cycle_median.as_secs_f64();
         println!("ratio (host-device median cycle / knic median cycle): {ratio:.1}x");
+        println!(
+            "best ratio this kernel allows (host-device median cycle / kernel floor median \
+             cycle): {:.1}x",
+            hd_cycle_median.as_secs_f64() / floor_cycle_median.as_secs_f64()
+        );
         println!(
             "target knic median cycle >= {RATIO_TARGET}x faster than host-device: {} ({ratio:.1}x)",
             met(ratio >= RATIO_TARGET)

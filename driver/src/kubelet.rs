@@ -314,6 +314,31 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
     }
 }
 
+/// Dials a plugin socket the way the kubelet does: plain HTTP/2 over a unix socket, no TLS.
+pub async fn dial(path: &Path) -> Result<tonic::transport::Channel> {
+    let path = path.to_path_buf();
+    let target = path.clone();
+    tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| Error::Grpc {
+            socket: target.clone(),
+            source: e,
+        })?
+        .connect_timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(|e| Error::Grpc {
+            socket: target,
+            source: e,
+        })
+}
+
 /// Binds a root-only unix socket, removing a stale file first but never a live socket: a second
 /// driver instance on the same path is an error, not something to silently take over.
 fn bind_socket(path: &Path) -> Result<UnixListener> {

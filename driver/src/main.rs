@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod demo;
+
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::checkpoint::CheckpointStore;
@@ -32,9 +34,9 @@ struct Cli {
         global = true
     )]
     log_format: LogFormat,
-    /// Log filter, e.g. `info` or `knic_driver=debug,info`.
-    #[arg(long, env = "KNIC_LOG_LEVEL", default_value = "info", global = true)]
-    log_level: String,
+    /// Log filter, e.g. `info` or `knic_driver=debug,info` [default: info; warn for demo].
+    #[arg(long, env = "KNIC_LOG_LEVEL", global = true)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +55,16 @@ enum Command {
     Run(RunArgs),
     /// Print what this node would publish (no cluster needed).
     Inventory(InventoryArgs),
+    /// Show knic's whole job on this machine, no cluster needed (root): a throwaway pod
+    /// namespace gets a veth "NIC" through the real gRPC and NRI protocols, then it is undone.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// Root under which sys/ shows this network namespace's interfaces.
+    #[arg(long, env = "KNIC_SYSFS_ROOT", default_value = "/")]
+    sysfs_root: PathBuf,
 }
 
 /// How devices are discovered and which are offered; shared by `run` and `inventory`.
@@ -372,13 +384,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(cli.log_format, &cli.log_level) {
+    // The demo prints its own narrative; routine log lines would drown it.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
+    let level = cli
+        .log_level
+        .clone()
+        .unwrap_or_else(|| default_level.to_string());
+    if let Err(e) = init_logging(cli.log_format, &level) {
         eprintln!("knic-driver: {e:#}");
         return std::process::ExitCode::from(2);
     }
     let result = match cli.command {
         Command::Run(args) => run(args).await,
         Command::Inventory(args) => inventory(args).await,
+        Command::Demo(args) => demo::run(&args.sysfs_root).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

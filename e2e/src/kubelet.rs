@@ -6,11 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use hyper_util::rt::TokioIo;
 use knic_proto::dra::{v1, v1beta1};
 use knic_proto::pluginregistration as reg;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// Which DRA API version a call goes over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,18 +50,9 @@ pub struct Prepared {
     pub error: String,
 }
 
-/// Dials a unix socket the way the kubelet does (plain HTTP/2, no TLS).
+/// Dials a unix socket the way the kubelet does (plain HTTP/2, no TLS): the driver's own dialer.
 pub async fn dial(path: &Path) -> anyhow::Result<Channel> {
-    let path = path.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .context("dialing unix socket")?;
-    Ok(channel)
+    Ok(knic_driver::kubelet::dial(path).await?)
 }
 
 /// Waits for a registration socket to appear in `registry_dir`, ignoring dot files as the

@@ -521,6 +521,43 @@ async fn crash_at_every_step_converges(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The README's first command: `knic-driver demo` does the whole job and leaves nothing.
+async fn demo_leaves_nothing_behind(root: PathBuf) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(knic_e2e::driver::binary()?)
+        .arg("demo")
+        .env("KNIC_SYSFS_ROOT", &root)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "NodePrepareResources over gRPC",
+        "NRI plugin knic (index 10) registered",
+        "inside the pod: net1 mtu 1400",
+        "inet 192.0.2.10/24",
+        "inet6 2001:db8::10/64",
+        "UDP echo 192.0.2.10 → 192.0.2.1 through net1",
+        "nothing left behind",
+    ] {
+        ensure!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    // Other trials create links in this namespace concurrently: look for the demo's own.
+    let left: Vec<String> = ip(&["-o", "link"])?
+        .lines()
+        .filter(|l| l.contains(": knd"))
+        .map(str::to_string)
+        .collect();
+    ensure!(left.is_empty(), "the demo left links behind: {left:?}");
+    Ok(())
+}
+
 type Scenario = for<'a> fn(
     &'a mut Env,
 ) -> std::pin::Pin<
@@ -568,6 +605,12 @@ fn main() {
             }
         }));
     }
+    let demo_root = root.clone();
+    trials.push(trial(
+        "demo/leaves_nothing_behind".into(),
+        ignored,
+        move || demo_leaves_nothing_behind(demo_root),
+    ));
     let conclusion = libtest_mimic::run(&args, trials);
     if let Ok(root) = &isolated {
         unisolate(root);

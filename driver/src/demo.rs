@@ -1,0 +1,497 @@
+//! `knic-driver demo`: knic's whole job on one machine, no cluster. A throwaway "pod" network
+//! namespace and a veth pair playing a NIC (its far end in a "peer" namespace), discovery and
+//! the ResourceSlice it would publish, a prepare through the real kubelet gRPC socket, an attach
+//! through the real NRI protocol against a built-in runtime, the interface shown inside the pod
+//! and a UDP echo through it, then detach and unprepare — with the time of each step. Everything
+//! it creates is removed at the end, also on Ctrl-C.
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::TryStreamExt;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use knic_driver::checkpoint::CheckpointStore;
+use knic_driver::claims::{ClaimSource, Preparer};
+use knic_driver::inventory::Filter;
+use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
+use knic_driver::netns::rtnl::Rtnl;
+use knic_driver::netns::{Kernel, LinkChange, Ns, Session};
+use knic_driver::node::Discovery;
+use knic_driver::nri::runtime::TestRuntime;
+use knic_driver::nri::{self, NriSettings, PodSandbox};
+use knic_driver::pods::{LogStatus, PodNetworks};
+use knic_driver::slices::{self, PoolOwner};
+use knic_proto::dra::v1;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::{CloneFlags, setns, unshare};
+use serde_json::json;
+
+/// `println!` that never panics: a closed pipe (`demo | head`) must not skip the clean-up.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+const NODE: &str = "demo-node";
+const POD_UID: &str = "d3m0d3m0-0000-4000-8000-000000000001";
+const CLAIM_UID: &str = "d3m0d3m0-0000-4000-8000-0000000000c1";
+
+/// Names of everything the demo creates, so clean-up can find it whatever happened.
+struct Scratch {
+    dir: tempfile::TempDir,
+    host_if: String,
+    peer_if: String,
+}
+
+impl Scratch {
+    fn pod_ns(&self) -> PathBuf {
+        self.dir.path().join("netns-pod")
+    }
+    fn peer_ns(&self) -> PathBuf {
+        self.dir.path().join("netns-peer")
+    }
+}
+
+/// Creates a network namespace kept alive by a bind mount at `path` (what `ip netns add` does).
+fn make_netns(path: &Path) -> anyhow::Result<()> {
+    std::fs::File::create(path)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<()> {
+            unshare(CloneFlags::CLONE_NEWNET)?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
+    })
+    .with_context(|| format!("creating network namespace {}", path.display()))
+}
+
+fn delete_netns(path: &Path) {
+    let _ = umount2(path, MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_file(path);
+}
+
+fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let file = std::fs::File::open(path)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<T> {
+            setns(&file, CloneFlags::CLONE_NEWNET)?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
+    })
+}
+
+/// The claim the scheduler would have allocated: the veth device, our NetworkConfig.
+struct DemoClaims(ResourceClaim);
+
+impl ClaimSource for DemoClaims {
+    async fn get(
+        &self,
+        _namespace: &str,
+        _name: &str,
+    ) -> knic_driver::Result<Option<ResourceClaim>> {
+        Ok(Some(self.0.clone()))
+    }
+}
+
+fn claim(device: &str) -> anyhow::Result<ResourceClaim> {
+    let parameters = json!({
+        "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+        "interface": {"name": "net1", "mtu": 1400},
+        "addresses": ["192.0.2.10/24", "2001:db8::10/64"],
+        "routes": [{"destination": "203.0.113.0/24", "gateway": "192.0.2.1"}],
+    });
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "demo-claim", "namespace": "default", "uid": CLAIM_UID},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "nic", "driver": "knic.dev", "pool": NODE, "device": device}],
+                "config": [{"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "knic.dev", "parameters": parameters}}],
+            }},
+            "reservedFor": [{"resource": "pods", "name": "demo-pod", "uid": POD_UID}],
+        },
+    }))?)
+}
+
+struct Steps(Vec<(String, Duration)>);
+
+impl Steps {
+    fn record(&mut self, name: &str, started: Instant) {
+        let took = started.elapsed();
+        say!("  ✓ {name} ({})", fmt(took));
+        self.0.push((name.into(), took));
+    }
+}
+
+fn fmt(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+    } else {
+        format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+    }
+}
+
+async fn setup_links(scratch: &Scratch) -> anyhow::Result<()> {
+    make_netns(&scratch.pod_ns())?;
+    make_netns(&scratch.peer_ns())?;
+    let (connection, handle, _) = rtnetlink::new_connection()?;
+    let task = tokio::spawn(connection);
+    handle
+        .link()
+        .add(rtnetlink::LinkVeth::new(&scratch.host_if, &scratch.peer_if).build())
+        .execute()
+        .await
+        .context("creating the veth pair (is the veth module available?)")?;
+    task.abort();
+    let kernel = Rtnl::new(None);
+    let mut host = kernel.open(&Ns::Host).await?.context("host namespace")?;
+    host.set_link(
+        &scratch.host_if,
+        &LinkChange {
+            up: Some(true),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let peer_ns = Ns::Pod(scratch.peer_ns());
+    host.move_link(&scratch.peer_if, &peer_ns, &LinkChange::default())
+        .await?;
+    let mut peer = kernel.open(&peer_ns).await?.context("peer namespace")?;
+    peer.add_address(&scratch.peer_if, "192.0.2.1/24".parse()?)
+        .await?;
+    peer.add_address(&scratch.peer_if, "2001:db8::1/64".parse()?)
+        .await?;
+    peer.set_link(
+        &scratch.peer_if,
+        &LinkChange {
+            up: Some(true),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn cleanup(scratch: &Scratch) {
+    // Deleting the peer namespace destroys the veth pair wherever its other end is.
+    delete_netns(&scratch.peer_ns());
+    delete_netns(&scratch.pod_ns());
+    if let Ok((connection, handle, _)) = rtnetlink::new_connection() {
+        let task = tokio::spawn(connection);
+        let mut links = handle
+            .link()
+            .get()
+            .match_name(scratch.host_if.clone())
+            .execute();
+        if let Ok(Some(link)) = links.try_next().await {
+            let _ = handle.link().del(link.header.index).execute().await;
+        }
+        task.abort();
+    }
+}
+
+fn udp_echo(scratch: &Scratch) -> anyhow::Result<Duration> {
+    let server = in_netns(&scratch.peer_ns(), || UdpSocket::bind("192.0.2.1:7007"))??;
+    let client = in_netns(&scratch.pod_ns(), || UdpSocket::bind("192.0.2.10:0"))??;
+    client.set_read_timeout(Some(Duration::from_secs(2)))?;
+    server.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let (n, from) = server.recv_from(&mut buf)?;
+        server.send_to(&buf[..n], from)
+    });
+    let started = Instant::now();
+    client.send_to(b"knic demo", "192.0.2.1:7007")?;
+    let mut buf = [0u8; 64];
+    let (n, _) = client
+        .recv_from(&mut buf)
+        .context("no echo from 192.0.2.1 through net1")?;
+    let rtt = started.elapsed();
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    anyhow::ensure!(&buf[..n] == b"knic demo");
+    Ok(rtt)
+}
+
+async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
+    let mut steps = Steps(Vec::new());
+    let t = Instant::now();
+    setup_links(scratch).await?;
+    steps.record(
+        &format!(
+            "pod namespace, and veth {} playing a NIC (peer 192.0.2.1)",
+            scratch.host_if
+        ),
+        t,
+    );
+
+    // Discovery: the veth is virtual, so the admin includes it by name.
+    let t = Instant::now();
+    let discovery = Discovery {
+        root: sysfs_root.to_path_buf(),
+        filter: Filter::parse_lists(&format!("name={}", scratch.host_if), "")?,
+        netlink: true,
+    };
+    let inventory = discovery.scan().await;
+    let devices = slices::devices(&inventory, &[]);
+    let device = devices
+        .first()
+        .context("the veth was not discovered")?
+        .name
+        .clone();
+    steps.record("discovery", t);
+    let owner = PoolOwner {
+        node_name: NODE.into(),
+        node_uid: String::new(),
+    };
+    let plan = slices::plan(
+        knic_proto::DRIVER_NAME,
+        &owner,
+        &[],
+        &slices::split(&devices),
+        &[],
+    );
+    for mut slice in plan.creates {
+        slice.metadata.owner_references = None;
+        let mut v = serde_json::to_value(&slice)?;
+        v["apiVersion"] = "resource.k8s.io/v1".into();
+        v["kind"] = "ResourceSlice".into();
+        say!(
+            "\n{}",
+            serde_yaml_ng::to_string(&v)?
+                .lines()
+                .map(|l| format!("    {l}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    // The kubelet plugin, on real unix sockets, and a kubelet's prepare over gRPC.
+    let t = Instant::now();
+    let paths = PluginPaths::under_kubelet_root(&scratch.dir.path().join("kubelet"));
+    let (devices_tx, devices_rx) = tokio::sync::watch::channel(devices.clone());
+    let preparer = Preparer::with_devices(
+        knic_proto::DRIVER_NAME,
+        DemoClaims(claim(&device)?),
+        CheckpointStore::new(&paths.plugin_dir),
+        devices_rx,
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let service = DraService::new(preparer.clone());
+    let serve_paths = paths.clone();
+    let mut stop_serve = stop_rx.clone();
+    let server = tokio::spawn(async move {
+        let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
+        let stop = async move {
+            let _ = stop_serve.wait_for(|s| *s).await;
+        };
+        kubelet::serve(&serve_paths, service, registration, stop).await
+    });
+    let dra = loop {
+        if let Ok(channel) = kubelet::dial(&paths.dra_socket()).await {
+            break v1::dra_plugin_client::DraPluginClient::new(channel);
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            bail!("the DRA socket never came up");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    steps.record("kubelet plugin sockets up", t);
+    let t = Instant::now();
+    let claim_ref = v1::Claim {
+        namespace: "default".into(),
+        uid: CLAIM_UID.into(),
+        name: "demo-claim".into(),
+    };
+    let answer = dra
+        .clone()
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim_ref.clone()],
+        })
+        .await?
+        .into_inner();
+    let entry = answer
+        .claims
+        .get(CLAIM_UID)
+        .context("no answer for the claim")?;
+    if !entry.error.is_empty() {
+        bail!("prepare failed: {}", entry.error);
+    }
+    steps.record(
+        &format!("NodePrepareResources over gRPC → device {device}"),
+        t,
+    );
+
+    // The runtime: the real NRI protocol against a built-in runtime.
+    let t = Instant::now();
+    let socket = scratch.dir.path().join("nri.sock");
+    let mut runtime = TestRuntime::listen(&socket).await?;
+    let pods = PodNetworks::new(Rtnl::new(None), preparer.clone(), Arc::new(LogStatus));
+    let settings = NriSettings {
+        socket: socket.clone(),
+        ..NriSettings::default()
+    };
+    let hooks = tokio::spawn(nri::run(settings, pods, stop_rx.clone()));
+    let registered =
+        tokio::time::timeout(Duration::from_secs(10), runtime.accept(vec![])).await??;
+    steps.record(
+        &format!(
+            "NRI plugin {} (index {}) registered",
+            registered.name, registered.index
+        ),
+        t,
+    );
+
+    let pod = PodSandbox {
+        id: "demo-sandbox".into(),
+        name: "demo-pod".into(),
+        uid: POD_UID.into(),
+        namespace: "default".into(),
+        netns: Some(scratch.pod_ns()),
+        ips: vec![],
+    };
+    let t = Instant::now();
+    runtime
+        .run_pod_sandbox(&pod)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    steps.record("RunPodSandbox → attach", t);
+
+    let kernel = Rtnl::new(None);
+    let mut inside = kernel
+        .open(&Ns::Pod(scratch.pod_ns()))
+        .await?
+        .context("pod namespace")?;
+    let link = inside
+        .link("net1")
+        .await?
+        .context("net1 is not in the pod")?;
+    let mac: Vec<String> = link
+        .mac
+        .unwrap_or_default()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    say!(
+        "\n    inside the pod: {} mtu {} mac {} {}",
+        link.name,
+        link.mtu,
+        mac.join(":"),
+        if link.up { "UP" } else { "DOWN" }
+    );
+    for address in &link.addresses {
+        say!(
+            "      inet{} {address}",
+            if address.addr.is_ipv6() { "6" } else { "" }
+        );
+    }
+    say!("      route 203.0.113.0/24 via 192.0.2.1 dev net1\n");
+    drop(inside);
+    let t = Instant::now();
+    let rtt = udp_echo(scratch)?;
+    steps.record(
+        &format!(
+            "UDP echo 192.0.2.10 → 192.0.2.1 through net1, round trip {}",
+            fmt(rtt)
+        ),
+        t,
+    );
+
+    let t = Instant::now();
+    runtime
+        .stop_pod_sandbox(&pod)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    runtime
+        .remove_pod_sandbox(&PodSandbox {
+            netns: None,
+            ..pod.clone()
+        })
+        .await
+        .map_err(anyhow::Error::msg)?;
+    steps.record("StopPodSandbox/RemovePodSandbox → detach", t);
+    let mut host = kernel.open(&Ns::Host).await?.context("host")?;
+    let back = host
+        .link(&scratch.host_if)
+        .await?
+        .context("the device did not come back")?;
+    say!("    back on the host: {} mtu {}", back.name, back.mtu);
+
+    let t = Instant::now();
+    let out = dra
+        .clone()
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![claim_ref],
+        })
+        .await?
+        .into_inner();
+    let error = out
+        .claims
+        .get(CLAIM_UID)
+        .map(|e| e.error.clone())
+        .unwrap_or_default();
+    if !error.is_empty() {
+        bail!("unprepare failed: {error}");
+    }
+    steps.record("NodeUnprepareResources over gRPC", t);
+
+    let _ = stop_tx.send(true);
+    drop(devices_tx);
+    let _ = server.await;
+    let _ = hooks.await;
+    runtime.shutdown().await;
+    Ok(steps)
+}
+
+/// Runs the demo; clean-up happens whatever the outcome, including Ctrl-C.
+pub async fn run(sysfs_root: &Path) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("knic-driver demo needs root: it creates network namespaces and a veth pair");
+    }
+    let id = std::process::id() % 100_000;
+    let scratch = Scratch {
+        dir: tempfile::Builder::new().prefix("knic-demo-").tempdir()?,
+        host_if: format!("knd{id}a"),
+        peer_if: format!("knd{id}b"),
+    };
+    say!("knic demo: a pod gets a NIC, no cluster needed\n");
+    let started = Instant::now();
+    let outcome = tokio::select! {
+        r = demo(&scratch, sysfs_root) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    let t = Instant::now();
+    cleanup(&scratch).await;
+    say!(
+        "  ✓ clean-up: namespaces and veth pair removed ({})",
+        fmt(t.elapsed())
+    );
+    let steps = outcome?;
+    let attach = steps
+        .0
+        .iter()
+        .find(|(n, _)| n.starts_with("RunPodSandbox"))
+        .map(|(_, d)| *d);
+    say!(
+        "\ndone in {} (attach {}); nothing left behind",
+        fmt(started.elapsed()),
+        attach.map(fmt).unwrap_or_default()
+    );
+    Ok(())
+}
