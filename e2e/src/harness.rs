@@ -192,3 +192,13 @@ impl Drop for Netns {
         let _ = ip(&["netns", "del", &self.0]);
     }
 }
+
+/// The test binary's arguments; against a real cluster trials run one at a time, because every
+/// driver they start publishes the same node's pool and would fight over its slices.
+pub fn arguments() -> libtest_mimic::Arguments {
+    let mut args = libtest_mimic::Arguments::from_args();
+    if std::env::var_os(ENV_KUBECONFIG).is_some() {
+        args.test_threads = Some(1);
+    }
+    args
+}

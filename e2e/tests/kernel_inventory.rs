@@ -11,7 +11,6 @@ use anyhow::{Context, ensure};
 use knic_e2e::cluster::Cluster;
 use knic_e2e::driver::{DriverConfig, DriverProcess};
 use knic_e2e::harness::{eventually, ip, isolate, trial, unisolate};
-use libtest_mimic::Arguments;
 
 fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
     let file = tempfile::NamedTempFile::new()?;
@@ -156,7 +155,7 @@ async fn burst_is_coalesced(root: PathBuf) -> anyhow::Result<()> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = knic_e2e::harness::arguments();
     // Before anything else starts a thread.
     let isolated = isolate();
     if let Err(reason) = &isolated {

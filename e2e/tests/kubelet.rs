@@ -12,7 +12,7 @@ use anyhow::{Context, bail, ensure};
 use knic_e2e::cluster::{Cluster, ENV_KUBECONFIG, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, vf_device};
 use knic_e2e::kubelet::{self, ClaimId, Device, DraVersion, Plugin};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 
 struct Env {
     cluster: Cluster,
@@ -419,7 +419,7 @@ async fn run(
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = knic_e2e::harness::arguments();
     let real = match RealCluster::from_env() {
         Ok(r) => r,
         Err(e) => {

@@ -11,11 +11,10 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use knic_driver::nri::PodSandbox;
 use knic_driver::nri::runtime::TestRuntime;
-use knic_e2e::cluster::{Cluster, TestClaim};
+use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess};
 use knic_e2e::harness::{Netns, eventually, ip, isolate, trial, udp_echo, unisolate};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin};
-use libtest_mimic::Arguments;
 use serde_json::json;
 
 struct Env {
@@ -77,8 +76,11 @@ fn host_link(name: &str) -> anyhow::Result<String> {
     Ok(format!("{name} mtu {mtu} mac {mac} up {up}"))
 }
 
-async fn setup(root: &Path, tag: &'static str) -> anyhow::Result<Env> {
-    let cluster = Cluster::fake(&format!("pods-{tag}")).await?;
+async fn setup(root: &Path, tag: &'static str, real: Option<&RealCluster>) -> anyhow::Result<Env> {
+    let cluster = match real {
+        Some(r) => Cluster::real(r, &format!("pods-{tag}")).await?,
+        None => Cluster::fake(&format!("pods-{tag}")).await?,
+    };
     cluster.ensure_node().await?;
     let peer = Netns::new(&format!("knt-peer-{tag}"))?;
     let peer_name = peer.0.clone();
@@ -255,11 +257,11 @@ async fn two_pods(env: &mut Env) -> anyhow::Result<()> {
         "{ready}"
     );
     ensure!(ready["lastTransitionTime"].is_string());
-    let fake = env.cluster.fake.as_ref().context("fake")?;
+    let requests = env.cluster.fake.as_ref().map(|f| f.requests());
     ensure!(
-        fake.requests().iter().any(|r| r.method == "PATCH"
+        requests.is_none_or(|log| log.iter().any(|r| r.method == "PATCH"
             && r.path.ends_with("/resourceclaims/claim-a/status")
-            && r.field_manager.as_deref() == Some("knic.dev")),
+            && r.field_manager.as_deref() == Some("knic.dev"))),
         "no server-side apply by knic.dev"
     );
     let status_b = eventually("claim-b status", Duration::from_secs(10), || async {
@@ -558,6 +560,131 @@ async fn demo_leaves_nothing_behind(root: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fully real path: knic-driver registered with the node's real kubelet and connected to
+/// its real runtime's NRI socket; a real pod with a real claim is scheduled, the kubelet
+/// prepares, the runtime calls the hook, and the interface is checked inside the pod's network
+/// namespace; deleting the pod puts the device back.
+async fn real_kubelet_and_runtime(real: RealCluster) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    use kube::Api;
+    use kube::api::{DeleteParams, PostParams};
+
+    let cluster = Cluster::real(&real, "real-pod").await?;
+    let peer = Netns::new("knt-peer-r")?;
+    ip(&[
+        "link", "add", "knt-r0", "type", "veth", "peer", "name", "knt-r1", "netns", &peer.0,
+    ])?;
+    struct Veth;
+    impl Drop for Veth {
+        fn drop(&mut self) {
+            let _ = ip(&["link", "del", "knt-r0"]);
+        }
+    }
+    let _veth = Veth;
+    ip(&[
+        "-n",
+        &peer.0,
+        "addr",
+        "add",
+        "192.0.2.1/24",
+        "dev",
+        "knt-r1",
+    ])?;
+    ip(&["-n", &peer.0, "link", "set", "knt-r1", "up"])?;
+    let before = host_link("knt-r0")?;
+
+    let config = DriverConfig::under(cluster.tmp.path(), &real.node, &real.kubeconfig)
+        .with_env("KNIC_SYSFS_ROOT", "/")
+        .with_env("KNIC_NETLINK", "true")
+        .with_env("KNIC_INCLUDE", "name=knt-r0")
+        .with_env("KNIC_KUBELET_ROOT_DIR", real.kubelet_dir.to_string_lossy())
+        .with_env(
+            "KNIC_REGISTRY_DIR",
+            real.kubelet_dir.join("plugins_registry").to_string_lossy(),
+        )
+        .with_env(
+            "KNIC_PLUGIN_DIR",
+            real.kubelet_dir.join("plugins/knic.dev").to_string_lossy(),
+        )
+        .with_env("KNIC_NRI_SOCKET", real.nri_socket.to_string_lossy());
+    let mut driver = DriverProcess::start(&config)?;
+
+    let classes: Api<DeviceClass> = Api::all(cluster.client.clone());
+    let class_name = format!("{}.knic.dev", cluster.namespace);
+    let class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": class_name},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == \"knic.dev\" && device.attributes[\"knic.dev\"].ifName == \"knt-r0\""}}]},
+    }))?;
+    classes.create(&PostParams::default(), &class).await?;
+    let result = async {
+        let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "nic", "namespace": cluster.namespace},
+            "spec": {"devices": {
+                "requests": [{"name": "nic", "exactly": {"deviceClassName": class_name}}],
+                "config": [{"requests": ["nic"], "opaque": {"driver": "knic.dev", "parameters": network_config(json!({
+                    "addresses": ["192.0.2.10/24"],
+                }))}}],
+            }},
+        }))?;
+        claims.create(&PostParams::default(), &claim).await?;
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "with-nic", "namespace": cluster.namespace},
+            "spec": {
+                "nodeName": null,
+                "resourceClaims": [{"name": "net", "resourceClaimName": "nic"}],
+                "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "net"}]}}],
+                "terminationGracePeriodSeconds": 1,
+            },
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+        eventually("the pod is Running", Duration::from_secs(180), || async {
+            let p = pods.get("with-nic").await?;
+            let phase = p.status.and_then(|s| s.phase).unwrap_or_default();
+            Ok((phase == "Running").then_some(()))
+        })
+        .await?;
+        let status = eventually("claim status", Duration::from_secs(30), || async {
+            let c = claims.get("nic").await?;
+            let s = serde_json::to_value(c.status)?;
+            Ok(s["devices"][0]["networkData"]["interfaceName"].is_string().then_some(s))
+        })
+        .await?;
+        ensure!(status["devices"][0]["networkData"]["ips"] == json!(["192.0.2.10/24"]), "{status}");
+        // Find the pod's namespace: the one whose net1 carries the address.
+        let mut found = None;
+        for entry in std::fs::read_dir("/var/run/netns")? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if ip(&["-n", &name, "addr", "show", "net1"]).is_ok_and(|o| o.contains("192.0.2.10/24")) {
+                found = Some(name);
+            }
+        }
+        let netns = found.context("no pod network namespace has net1 with 192.0.2.10/24")?;
+        udp_echo(&PathBuf::from(format!("/var/run/netns/{netns}")), &peer.path(), "192.0.2.1")?;
+        pods.delete("with-nic", &DeleteParams::default()).await?;
+        eventually("the device is back on the host", Duration::from_secs(120), || async {
+            Ok((host_link("knt-r0").ok().as_deref() == Some(before.as_str())).then_some(()))
+        })
+        .await?;
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    let cleanup = cluster.cleanup().await;
+    let _ = driver.terminate().await;
+    match result {
+        Ok(()) => cleanup,
+        Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", driver.logs()),
+    }
+}
+
 type Scenario = for<'a> fn(
     &'a mut Env,
 ) -> std::pin::Pin<
@@ -565,45 +692,63 @@ type Scenario = for<'a> fn(
 >;
 
 fn main() {
-    let args = Arguments::from_args();
-    let isolated = isolate();
+    let args = knic_e2e::harness::arguments();
+    let real = knic_e2e::harness::real_cluster();
+    // With a real cluster the apiserver must stay reachable, so the tests run in the host's
+    // namespaces (every link and namespace they create is knt- named and deleted by guards);
+    // otherwise they run in private namespaces that vanish with the process.
+    let isolated: Result<PathBuf, String> = match &real {
+        Some(_) if nix::unistd::geteuid().is_root() => Ok(PathBuf::from("/")),
+        Some(_) => Err("pod e2e tests need root".into()),
+        None => isolate(),
+    };
     if let Err(reason) = &isolated {
         eprintln!("skipped: pod e2e tests: {reason}");
     }
     let root = isolated.clone().unwrap_or_default();
     let ignored = isolated.is_err();
-    let scenarios: Vec<(&str, &'static str, Scenario)> = vec![
+    let scenarios: Vec<(&str, Scenario)> = vec![
         (
-            "fake/two_pods_get_their_interfaces_and_the_node_is_restored",
-            "a",
+            "two_pods_get_their_interfaces_and_the_node_is_restored",
             |e| Box::pin(two_pods(e)),
         ),
-        (
-            "fake/failed_attach_fails_the_sandbox_and_restores",
-            "b",
-            |e| Box::pin(failed_attach_fails_the_sandbox(e)),
-        ),
-        ("fake/runtime_restart_reconnects", "c", |e| {
+        ("failed_attach_fails_the_sandbox_and_restores", |e| {
+            Box::pin(failed_attach_fails_the_sandbox(e))
+        }),
+        ("runtime_restart_reconnects", |e| {
             Box::pin(runtime_restart_reconnects(e))
         }),
-        ("fake/crash_at_every_step_converges", "d", |e| {
+        ("crash_at_every_step_converges", |e| {
             Box::pin(crash_at_every_step_converges(e))
         }),
     ];
+    let tags: [&'static str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let mut trials = Vec::new();
-    for (name, tag, scenario) in scenarios {
-        let root = root.clone();
-        trials.push(trial(name.into(), ignored, move || async move {
-            let mut env = setup(&root, tag).await?;
-            let outcome = scenario(&mut env).await;
-            let _ = ip(&["link", "del", &env.dev(0)]);
-            let _ = ip(&["link", "del", &env.dev(2)]);
-            let cleanup = env.cluster.cleanup().await;
-            match outcome {
-                Ok(()) => cleanup,
-                Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
-            }
-        }));
+    for (backend, offset) in [("fake", 0), ("real", 4)] {
+        for (i, (name, scenario)) in scenarios.iter().enumerate() {
+            let (root, scenario, tag) = (root.clone(), *scenario, tags[offset + i]);
+            let cluster = if backend == "real" {
+                real.clone()
+            } else {
+                None
+            };
+            let skip = ignored || (backend == "real" && real.is_none());
+            trials.push(trial(
+                format!("{backend}/{name}"),
+                skip,
+                move || async move {
+                    let mut env = setup(&root, tag, cluster.as_ref()).await?;
+                    let outcome = scenario(&mut env).await;
+                    let _ = ip(&["link", "del", &env.dev(0)]);
+                    let _ = ip(&["link", "del", &env.dev(2)]);
+                    let cleanup = env.cluster.cleanup().await;
+                    match outcome {
+                        Ok(()) => cleanup,
+                        Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
+                    }
+                },
+            ));
+        }
     }
     let demo_root = root.clone();
     trials.push(trial(
@@ -611,8 +756,19 @@ fn main() {
         ignored,
         move || demo_leaves_nothing_behind(demo_root),
     ));
+    let full = real.clone();
+    trials.push(trial(
+        "real/pod_through_the_real_kubelet_and_runtime".into(),
+        ignored || real.is_none(),
+        move || async move {
+            match full {
+                Some(r) => real_kubelet_and_runtime(r).await,
+                None => Ok(()),
+            }
+        },
+    ));
     let conclusion = libtest_mimic::run(&args, trials);
-    if let Ok(root) = &isolated {
+    if let (Ok(root), None) = (&isolated, &real) {
         unisolate(root);
     }
     conclusion.exit();

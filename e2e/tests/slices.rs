@@ -12,7 +12,6 @@ use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess};
 use knic_e2e::harness::{eventually, real_cluster, trial};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
-use libtest_mimic::Arguments;
 
 const PF: &str = "pci-0000-a2-00-0";
 const VF0: &str = "pci-0000-a2-01-0";
@@ -207,7 +206,7 @@ type Scenario = for<'a> fn(
 >;
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = knic_e2e::harness::arguments();
     let real = real_cluster();
     let scenarios: Vec<(&str, Scenario)> = vec![
         ("publish_fixture", |e| Box::pin(publish_fixture(e))),
