@@ -7,82 +7,13 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::net::UdpSocket;
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::{Rtnl, kernel_has_8021q};
 use knic_driver::netns::{AttachMode, AttachPlan, Kernel, Ns, Session, attach, capture, detach};
+use knic_e2e::harness::{Netns, in_netns, ip, isolate, udp_echo};
 use knic_proto::netconfig::{Cidr, Route};
-use libtest_mimic::{Arguments, Failed, Trial};
-use nix::mount::{MsFlags, mount};
-use nix::sched::{CloneFlags, setns, unshare};
-
-fn ip(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn isolate() -> Result<(), String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err("kernel tests need root (network namespaces)".into());
-    }
-    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("unshare: {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("making mounts private: {e}"))?;
-    // A private /run/netns so `ip netns add` never touches the host's.
-    std::fs::create_dir_all("/run/netns").map_err(|e| e.to_string())?;
-    mount(
-        Some("tmpfs"),
-        "/run/netns",
-        Some("tmpfs"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|e| format!("mounting a private /run/netns: {e}"))?;
-    ip(&["link", "set", "lo", "up"]).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// A named namespace deleted on drop.
-struct Netns(String);
-impl Netns {
-    fn new(name: &str) -> anyhow::Result<Netns> {
-        ip(&["netns", "add", name])?;
-        ip(&["-n", name, "link", "set", "lo", "up"])?;
-        Ok(Netns(name.into()))
-    }
-    fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.0))
-    }
-    fn ns(&self) -> Ns {
-        Ns::Pod(self.path())
-    }
-}
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.0]);
-    }
-}
+use libtest_mimic::{Failed, Trial};
 
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
@@ -122,39 +53,6 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
     }
 }
 
-/// Runs `f` on a thread inside the namespace at `path`.
-fn in_ns<T: Send>(path: &PathBuf, f: impl FnOnce() -> T + Send) -> T {
-    let file = std::fs::File::open(path).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            setns(&file, CloneFlags::CLONE_NEWNET).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
-/// A UDP echo round trip from the pod to the peer: proves the interface carries traffic.
-fn udp_echo(pod: &PathBuf, peer: &PathBuf, peer_addr: &str) -> anyhow::Result<()> {
-    let server = in_ns(peer, || UdpSocket::bind(format!("{peer_addr}:7007")))?;
-    let client = in_ns(pod, || UdpSocket::bind("0.0.0.0:0"))?;
-    client.set_read_timeout(Some(Duration::from_secs(3)))?;
-    server.set_read_timeout(Some(Duration::from_secs(3)))?;
-    let echo = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        let (n, from) = server.recv_from(&mut buf)?;
-        server.send_to(&buf[..n], from)
-    });
-    client.send_to(b"knic", format!("{peer_addr}:7007"))?;
-    let mut buf = [0u8; 64];
-    let (n, _) = client.recv_from(&mut buf)?;
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
-    ensure!(&buf[..n] == b"knic");
-    Ok(())
-}
-
 async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
     let pod = Netns::new("knt-pod-a")?;
     let peer = Netns::new("knt-peer-a")?;
@@ -191,7 +89,7 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
         "{:?}",
         restore.host
     );
-    let link = attach(k, &p, &pod.ns(), &restore, false).await?;
+    let link = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
     ensure!(
         link.name == "net1" && link.mtu == 1400 && link.mac == p.mac && link.up,
         "{link:?}"
@@ -206,9 +104,9 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
         routes.contains("via 192.0.2.1 dev net1") && routes.contains("metric 50"),
         "routes: {routes}"
     );
-    let arp = in_ns(&pod.path(), || {
+    let arp = in_netns(&pod.path(), || {
         std::fs::read_to_string("/proc/sys/net/ipv4/conf/net1/arp_ignore")
-    })?;
+    })??;
     ensure!(arp.trim() == "1", "arp_ignore {arp}");
     ensure!(
         k.open(&Ns::Host)
@@ -222,10 +120,10 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
     udp_echo(&pod.path(), &peer.path(), "192.0.2.1")?;
 
     // A repeated hook changes nothing.
-    let again = attach(k, &p, &pod.ns(), &restore, false).await?;
+    let again = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
     ensure!(again.index == link.index);
 
-    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
     let back = k
         .open(&Ns::Host)
         .await?
@@ -239,14 +137,14 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
         restore.host
     );
     ensure!(
-        k.open(&pod.ns())
+        k.open(&Ns::Pod(pod.path()))
             .await?
             .context("pod")?
             .link("net1")
             .await?
             .is_none()
     );
-    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
     Ok(())
 }
 
@@ -270,7 +168,7 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
     ])?;
     let p = plan("knt-b0", AttachMode::Move);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &pod.ns(), &restore, false)
+    let err = attach(k, &p, &Ns::Pod(pod.path()), &restore, false)
         .await
         .err()
         .context("clash must fail")?
@@ -302,7 +200,7 @@ async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
     // The kernel refuses a gateway no address can reach: a failure after the move.
     p.routes[0].gateway = Some("10.255.255.1".parse()?);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &pod.ns(), &restore, false)
+    let err = attach(k, &p, &Ns::Pod(pod.path()), &restore, false)
         .await
         .err()
         .context("must fail")?
@@ -320,7 +218,7 @@ async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
         .context("lost")?;
     ensure!(host == restore.host, "{host:?} != {:?}", restore.host);
     ensure!(
-        k.open(&pod.ns())
+        k.open(&Ns::Pod(pod.path()))
             .await?
             .context("pod")?
             .links()
@@ -344,7 +242,7 @@ async fn namespace_deleted_before_detach(k: &Rtnl) -> anyhow::Result<()> {
     ensure!(restore.host.kind.as_deref() == Some("macvlan"));
     {
         let pod = Netns::new("knt-pod-d")?;
-        attach(k, &p, &pod.ns(), &restore, false).await?;
+        attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
     } // the namespace is deleted here, taking the macvlan with it
     detach(
         k,
@@ -374,11 +272,11 @@ async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
     ])?;
     let p = plan("knt-v0", AttachMode::Vlan { id: 100 });
     let restore = capture(k, &p).await?;
-    let link = attach(k, &p, &pod.ns(), &restore, false).await?;
+    let link = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
     ensure!(link.kind.as_deref() == Some("vlan"));
-    detach(k, &p, Some(&pod.ns()), &restore).await?;
+    detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
     ensure!(
-        k.open(&pod.ns())
+        k.open(&Ns::Pod(pod.path()))
             .await?
             .context("pod")?
             .link("net1")
@@ -389,7 +287,7 @@ async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let args = knic_e2e::harness::arguments();
     let isolated = isolate();
     if let Err(reason) = &isolated {
         eprintln!("skipped: kernel executor tests: {reason}");
@@ -445,5 +343,9 @@ fn main() {
             .with_ignored_flag(ignore)
         })
         .collect();
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Ok(root) = &isolated {
+        knic_e2e::harness::unisolate(root);
+    }
+    conclusion.exit();
 }
