@@ -1,8 +1,20 @@
 //! knic's cluster controller.
 //!
-//! The `Network` reconciler, generated ResourceClaimTemplates and IPAM arrive with the
-//! networks-as-a-service work; this crate exists now so the workspace layout is the final one
-//! and the controller shares the driver's contracts from `knic-proto` from day one.
+//! This crate holds the Kubernetes-free core of networks as a service, so the rules can be
+//! tested exhaustively without an apiserver and called from both the reconciler and the driver:
+//!
+//! * [`network`]: the `Network` resource's spec, its validation (one network alone, and against
+//!   every other network), and the compilation of its device choice into DRA selectors;
+//! * [`ipam`]: address arithmetic over IPv4 and IPv6 subnets without enumerating them,
+//!   candidate choice for allocators racing on one subnet, stable addresses, and the names of
+//!   allocation objects whose create-if-absent makes an address unique.
+//!
+//! The reconciler (kube-runtime) arrives on top of these modules; nothing here does I/O.
+
+use knic_proto::netconfig::Cidr;
+
+pub mod ipam;
+pub mod network;
 
 /// Everything that can go wrong in the controller.
 #[derive(Debug, thiserror::Error)]
@@ -10,6 +22,20 @@ pub enum Error {
     /// A Network or generated object that breaks a rule; the message names field and rule.
     #[error("{0}")]
     Invalid(String),
+    /// Every usable address of a subnet is allocated. A variant of its own, because callers
+    /// react differently (report it in the Network's status and keep new pods from scheduling)
+    /// than to an invalid Network, and the operator needs the numbers to size the subnet.
+    #[error("network {network}: subnet {subnet} has no free address ({in_use} in use of {size})")]
+    Exhausted {
+        /// The Network's name.
+        network: String,
+        /// The subnet that ran out.
+        subnet: Cidr,
+        /// Addresses found taken while looking for a free one.
+        in_use: u128,
+        /// Usable addresses of the subnet (gateway and exclusions already removed).
+        size: u128,
+    },
 }
 
 /// Result alias so every fallible function names the crate's one error type.
