@@ -294,6 +294,7 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = DraService::new(preparer.clone());
+    let health = knic_driver::health::HealthService::new(NODE, devices_tx.subscribe());
     let serve_paths = paths.clone();
     let mut stop_serve = stop_rx.clone();
     let server = tokio::spawn(async move {
@@ -301,7 +302,7 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
         let stop = async move {
             let _ = stop_serve.wait_for(|s| *s).await;
         };
-        kubelet::serve(&serve_paths, service, registration, stop).await
+        kubelet::serve(&serve_paths, service, health, registration, stop).await
     });
     let dra = loop {
         if let Ok(channel) = kubelet::dial(&paths.dra_socket()).await {

@@ -23,8 +23,14 @@ use crate::claims::{ClaimRef, ClaimSource, PreparedAnswer, Preparer};
 use crate::error::{Error, Result};
 
 /// The gRPC services advertised in `GetInfo`, most preferred first: kubelets ≥ 1.34 take the
-/// first entry they support, so v1 must lead.
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// first DRAPlugin entry they support, so v1 must lead; the health services follow (1.37+
+/// kubelets start the health stream only when it is advertised).
+pub const SUPPORTED_VERSIONS: [&str; 4] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+];
 /// Plugin type the kubelet's plugin watcher routes to its DRA handler.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
@@ -390,6 +396,7 @@ fn remove_socket(path: &Path) {
 pub async fn serve<S: ClaimSource>(
     paths: &PluginPaths,
     service: DraService<S>,
+    health: crate::health::HealthService,
     registration: watch::Sender<Registration>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
@@ -407,6 +414,16 @@ pub async fn serve<S: ClaimSource>(
     let dra_server = tonic::transport::Server::builder()
         .add_service(v1::dra_plugin_server::DraPluginServer::new(service.clone()))
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(service))
+        .add_service(
+            knic_proto::health::v1::dra_resource_health_server::DraResourceHealthServer::new(
+                health.clone(),
+            ),
+        )
+        .add_service(
+            knic_proto::health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                health,
+            ),
+        )
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(dra_listener),
             stopped(stop_rx.clone()),

@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod claims;
 pub mod error;
 pub mod failpoint;
+pub mod health;
 pub mod inventory;
 pub mod kubelet;
 pub mod netlink;

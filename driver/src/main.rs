@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::checkpoint::CheckpointStore;
 use knic_driver::claims::{KubeClaims, Preparer};
+use knic_driver::health::HealthService;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
@@ -347,7 +348,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name);
-    let publishing = tokio::spawn(publisher.run(devices_rx, PublisherSettings::default()));
+    let publishing = tokio::spawn(publisher.run(devices_rx.clone(), PublisherSettings::default()));
     let rescan = RescanSettings {
         period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
         ..Default::default()
@@ -371,7 +372,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
     let service = DraService::new(preparer);
-    let served = kubelet::serve(&paths, service, registration, shutdown_signal()).await;
+    let health = HealthService::new(args.node_name.clone(), devices_rx.clone());
+    let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;

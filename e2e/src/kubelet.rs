@@ -87,6 +87,7 @@ pub struct Plugin {
     v1: v1::dra_plugin_client::DraPluginClient<Channel>,
     v1beta1: v1beta1::dra_plugin_client::DraPluginClient<Channel>,
     reg: reg::registration_client::RegistrationClient<Channel>,
+    channel: Channel,
 }
 
 /// Runs the kubelet's registration sequence: GetInfo (1 s timeout), validate, dial the endpoint,
@@ -118,6 +119,7 @@ async fn register_once(registry_dir: &Path) -> anyhow::Result<Plugin> {
         bail!("endpoint {:?} is not absolute", info.endpoint);
     }
     if info.supported_versions.first().map(String::as_str) != Some("v1.DRAPlugin") {
+        // kubelets ≥ 1.34 take the first DRAPlugin entry they support.
         bail!(
             "supported_versions {:?} must lead with v1.DRAPlugin",
             info.supported_versions
@@ -134,8 +136,9 @@ async fn register_once(registry_dir: &Path) -> anyhow::Result<Plugin> {
         info,
         registration_socket: socket,
         v1: v1::dra_plugin_client::DraPluginClient::new(channel.clone()),
-        v1beta1: v1beta1::dra_plugin_client::DraPluginClient::new(channel),
+        v1beta1: v1beta1::dra_plugin_client::DraPluginClient::new(channel.clone()),
         reg,
+        channel,
     })
 }
 
@@ -149,6 +152,59 @@ impl Plugin {
             })
             .await
             .map(|_| ())
+    }
+
+    /// The first snapshot of the health stream, as `(device, health, message)`: `v1` selects
+    /// the 1.37 service, otherwise v1alpha1 (kubelets 1.34–1.36).
+    pub async fn health(&self, v1: bool) -> anyhow::Result<Vec<(String, i32, String)>> {
+        use knic_proto::health;
+        let request = || {
+            let mut r = tonic::Request::new(health::v1::NodeWatchResourcesRequest {});
+            r.set_timeout(Duration::from_secs(10));
+            r
+        };
+        let out = if v1 {
+            let mut client = health::v1::dra_resource_health_client::DraResourceHealthClient::new(
+                self.channel.clone(),
+            );
+            let mut stream = client.node_watch_resources(request()).await?.into_inner();
+            let first = stream.message().await?.context("health stream ended")?;
+            first
+                .devices
+                .into_iter()
+                .map(|d| {
+                    (
+                        d.device.map(|i| i.device_name).unwrap_or_default(),
+                        d.health,
+                        d.message,
+                    )
+                })
+                .collect()
+        } else {
+            let mut client =
+                health::v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+                    self.channel.clone(),
+                );
+            let mut stream = client
+                .node_watch_resources(tonic::Request::new(
+                    health::v1alpha1::NodeWatchResourcesRequest {},
+                ))
+                .await?
+                .into_inner();
+            let first = stream.message().await?.context("health stream ended")?;
+            first
+                .devices
+                .into_iter()
+                .map(|d| {
+                    (
+                        d.device.map(|i| i.device_name).unwrap_or_default(),
+                        d.health,
+                        d.message,
+                    )
+                })
+                .collect()
+        };
+        Ok(out)
     }
 
     /// NodePrepareResources over the chosen version; fails only on a gRPC error.

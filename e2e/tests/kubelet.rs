@@ -65,7 +65,13 @@ async fn registration(env: &mut Env) -> anyhow::Result<()> {
         "GetInfo: {info:?}"
     );
     ensure!(
-        info.supported_versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+        info.supported_versions
+            == [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ],
         "{info:?}"
     );
     let dra = env.config.plugin_dir.join("dra.sock");
@@ -104,6 +110,29 @@ async fn registration(env: &mut Env) -> anyhow::Result<()> {
             && l.contains("version skew")),
         "rejection not logged as an error:\n{logs}"
     );
+    Ok(())
+}
+
+async fn health_stream(env: &mut Env) -> anyhow::Result<()> {
+    // The synthetic tree's links are up: every published device is healthy, on both versions.
+    for v1 in [true, false] {
+        let snapshot = env.plugin.health(v1).await?;
+        ensure!(
+            snapshot.len() == knic_e2e::driver::VFS + 1,
+            "v1={v1}: {} devices",
+            snapshot.len()
+        );
+        ensure!(
+            snapshot.iter().any(|(d, _, _)| *d == vf_device(0)),
+            "v1={v1}: {snapshot:?}"
+        );
+        ensure!(
+            snapshot
+                .iter()
+                .all(|(_, h, m)| *h == 1 && m == "link is up"),
+            "v1={v1}: {snapshot:?}"
+        );
+    }
     Ok(())
 }
 
@@ -432,6 +461,7 @@ fn main() {
     }
     let all = scenarios![
         registration: false,
+        health_stream: false,
         prepare_allocated: true,
         prepare_unallocated: true,
         prepare_uid_changed: true,
