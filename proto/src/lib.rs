@@ -61,3 +61,4 @@ pub mod ttrpc {
 pub const DRIVER_NAME: &str = "knic.dev";
 
 pub mod netconfig;
+pub mod network;

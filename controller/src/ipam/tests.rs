@@ -873,3 +873,29 @@ fn ipam_concurrent_allocators_with_gateway_get_253_unique() {
 fn ipam_concurrent_allocators_without_gateway_get_254_unique() {
     check_race(&pool("192.0.2.0/24", None, &[]), 254);
 }
+
+/// The `NetworkAddress` object's name is the contract that makes an address unique; an object
+/// built the documented way must name exactly its network and address.
+#[test]
+fn network_address_object_is_named_by_allocation_name() {
+    use knic_proto::network::{ClaimRef, NetworkAddress, NetworkAddressSpec};
+    for (network, address) in [("blue", "192.0.2.10/24"), ("blue-v6", "2001:db8::a/64")] {
+        let ip = ip(address.split('/').next().expect("interface form"));
+        let object = NetworkAddress::new(
+            &allocation_name(network, ip),
+            NetworkAddressSpec {
+                network: network.to_owned(),
+                address: address.to_owned(),
+                claim: ClaimRef {
+                    namespace: "team-a".to_owned(),
+                    name: "db-0-net".to_owned(),
+                    uid: "uid-1".to_owned(),
+                },
+                identity: None,
+                node: None,
+            },
+        );
+        let name = object.metadata.name.as_deref().expect("named");
+        assert_eq!(parse_allocation_name(name), Some((network, ip)));
+    }
+}

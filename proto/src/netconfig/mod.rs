@@ -158,7 +158,9 @@ pub struct IpamConfig {
 
 /// One route as written by the operator; strings stay strings here so [`validate`] can report
 /// every malformed value with its path instead of failing on the first.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+// `JsonSchema` because routes are part of the `Network` CRD (`spec.ipam.subnets[].routes`),
+// which is generated from the Rust types.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RouteConfig {
     /// Destination in network CIDR form (host bits zero); `0.0.0.0/0` / `::/0` for a default.

@@ -1,0 +1,652 @@
+//! The `Network` custom resource (`knic.dev/v1alpha1`) and the `NetworkAddress` allocation
+//! object: the JSON contracts between admins, the controller and the driver for networks as a
+//! service.
+//!
+//! They live here rather than in the controller because three parties read them: the controller
+//! reconciles Networks, the driver creates and deletes `NetworkAddress` objects when it serves a
+//! claim's `ipam: {network: NAME}`, and the CRD YAML that the chart installs is generated from
+//! these very types (`charts/knic/crds/`, checked by `proto/tests/crds.rs`), so the schema the
+//! apiserver enforces cannot drift from what the Rust code parses.
+//!
+//! The spec types deny unknown fields: a misspelt field must fail, never do nothing. Addresses,
+//! gateways and exclusions stay strings, like in the driver's [`NetworkConfig`], so the
+//! controller's validation can report every malformed value with its path instead of failing on
+//! the first. For the same reason the CRD schema carries types only, no ranges or patterns: the
+//! controller's validation is the one place rules live, and it reports them in the Network's
+//! `Invalid` condition with the field path and the rule, which an OpenAPI rejection at
+//! `kubectl apply` time would say less precisely and in a second, possibly diverging, copy.
+//!
+//! [`NetworkConfig`]: crate::netconfig::NetworkConfig
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::netconfig::RouteConfig;
+
+/// The API group of both resources: the driver name, so one string names everything knic owns.
+pub const GROUP: &str = crate::DRIVER_NAME;
+
+/// The API version of both resources; `v1alpha1` because the shape may still change, which
+/// Kubernetes users read from the version alone.
+pub const VERSION: &str = "v1alpha1";
+
+/// `Ready` condition type: `True` once the Network validated and its templates were applied, so
+/// `kubectl get networks` answers "can I use it" in one column.
+pub const CONDITION_READY: &str = "Ready";
+
+/// `Invalid` condition type: `True` with the reason and every problem in the message when the
+/// Network breaks a rule alone or against other Networks; nothing is generated for it then.
+pub const CONDITION_INVALID: &str = "Invalid";
+
+/// The label every `NetworkAddress` carries with its network's name, so counting or collecting
+/// one network's allocations is a server-side filtered list instead of a scan of all of them.
+pub const NETWORK_LABEL: &str = "knic.dev/network";
+
+/// The desired state of a Network.
+// Every `printcolumn(...)` repeats `type_ = "string"`, which clippy reads as a duplicated
+// attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(
+    CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "knic.dev",
+    version = "v1alpha1",
+    kind = "Network",
+    plural = "networks",
+    status = "NetworkStatus",
+    derive = "PartialEq",
+    doc = "A network as a service, defined once by an admin with the devices, VLAN and subnets \
+           it uses and asked for by name from the namespaces it selects. Cluster-scoped: a \
+           Network describes shared infrastructure (NICs, VLANs, subnets) that belongs to the \
+           platform, not to a tenant, and the rules that keep networks apart (no two networks on \
+           the same devices with the same VLAN, no overlapping subnets on one segment) are \
+           cluster-wide facts. A namespaced Network would let anyone with create rights in a \
+           namespace claim a VLAN or a subnet and would scatter the objects that must be checked \
+           against each other; cluster scope keeps creation an admin privilege while \
+           spec.namespaces decides which namespaces may use it.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#,
+        description = "Whether the Network is valid and its claim templates are applied"
+    ),
+    printcolumn(
+        name = "Devices",
+        type_ = "string",
+        json_path = ".status.devicesSummary",
+        description = "Which devices carry the network"
+    ),
+    printcolumn(
+        name = "Addresses",
+        type_ = "string",
+        json_path = ".status.addressSummary",
+        description = "Free and total allocatable addresses"
+    ),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.availableNodes",
+        description = "Nodes currently offering a free matching device",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Which devices carry this network.
+    pub devices: Devices,
+    /// 802.1Q VLAN id (1–4094) the driver puts on top of each device; unset is untagged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// Link MTU inside the pod; unset keeps the device's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Interface name inside the pod; unset lets the driver assign `net1`, `net2`, ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    /// How many interfaces (devices) of this network each pod gets; unset means 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces_per_pod: Option<u32>,
+    /// How pods get addresses.
+    pub ipam: Ipam,
+    /// Whether a pod keeps its address across restarts and rescheduling, and by what identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_addresses: Option<StableAddresses>,
+    /// Which namespaces get a ResourceClaimTemplate for this network.
+    pub namespaces: Namespaces,
+}
+
+impl NetworkSpec {
+    /// Interfaces per pod with the default applied, so every reader agrees on what unset means.
+    pub fn interfaces_per_pod(&self) -> u32 {
+        self.interfaces_per_pod.unwrap_or(1)
+    }
+}
+
+/// Which devices carry the network: either a DeviceClass plus CEL selectors, for admins who
+/// already have classes or need the full power of CEL, or the friendly fields, which cover the
+/// common choices, compile to CEL and can be checked for overlap with other networks precisely
+/// (CEL cannot be).
+///
+/// The two forms are exclusive; an empty `devices` is refused rather than meaning "every knic
+/// device" (write `deviceClassName: knic.dev` for that).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Devices {
+    /// A DeviceClass name (e.g. `vf.knic.dev`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_class_name: Option<String>,
+    /// CEL expressions that must all be true, as in a DRA request's `selectors[].cel`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selectors: Vec<String>,
+    /// Friendly form: whole ports (`nic`, which also matches SR-IOV PFs, like the
+    /// `nic.knic.dev` class) or SR-IOV virtual functions (`vf`); unset matches either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = optional_enum_keeps_field_description)]
+    pub kind: Option<DeviceKind>,
+    /// Friendly form: the PCI vendor, as its id (`8086` or `0x8086`, matched against the
+    /// `pciVendor` attribute) or its name exactly as `pci.ids` spells it (`Intel Corporation`,
+    /// matched against `vendorName`). Four hex digits always mean an id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Friendly form: only VFs of the PF with this interface name on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pf_name: Option<String>,
+    /// Friendly form: minimum link speed in Mb/s (the `speed` attribute); devices whose speed
+    /// is unknown (no link) do not match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_speed: Option<u32>,
+    /// Friendly form: only devices attached to this NUMA node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// Friendly form: `true` for devices with an RDMA function, `false` for devices without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<bool>,
+}
+
+impl Devices {
+    /// A one-line description for the `DEVICES` column of `kubectl get networks` (the
+    /// controller copies it into `status.devicesSummary`, because JSONPath cannot describe
+    /// either form): the class with the number of selectors, or the friendly fields that are
+    /// set, e.g. `vf.knic.dev +2 selectors` or `vf vendor=8086 pf=ens1f0 speed>=25000`.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(class) = &self.device_class_name {
+            parts.push(class.clone());
+        }
+        match self.selectors.len() {
+            0 => {}
+            1 => parts.push("+1 selector".to_owned()),
+            n => parts.push(format!("+{n} selectors")),
+        }
+        match self.kind {
+            Some(DeviceKind::Nic) => parts.push("nic".to_owned()),
+            Some(DeviceKind::Vf) => parts.push("vf".to_owned()),
+            None => {}
+        }
+        if let Some(vendor) = &self.vendor {
+            parts.push(format!("vendor={vendor}"));
+        }
+        if let Some(pf) = &self.pf_name {
+            parts.push(format!("pf={pf}"));
+        }
+        if let Some(speed) = self.min_speed {
+            parts.push(format!("speed>={speed}"));
+        }
+        if let Some(numa) = self.numa_node {
+            parts.push(format!("numa={numa}"));
+        }
+        match self.rdma {
+            Some(true) => parts.push("rdma".to_owned()),
+            Some(false) => parts.push("no-rdma".to_owned()),
+            None => {}
+        }
+        parts.join(" ")
+    }
+}
+
+/// Turns the `anyOf: [enum, null]` schemars writes for an `Option` of an enum into one nullable
+/// enum, keeping the field's description. kube's CRD rewriter does the same later but lets the
+/// enum type's description replace the field's, and the field's is what `kubectl explain`
+/// readers need.
+fn optional_enum_keeps_field_description(schema: &mut schemars::Schema) {
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let Some(serde_json::Value::Array(variants)) = object.get("anyOf") else {
+        return;
+    };
+    let [
+        serde_json::Value::Object(inner),
+        serde_json::Value::Object(null),
+    ] = variants.as_slice()
+    else {
+        return;
+    };
+    let is_null = null.get("type") == Some(&serde_json::json!("null"))
+        || null.get("enum") == Some(&serde_json::json!([null]));
+    if !is_null || !(inner.contains_key("enum") || inner.contains_key("oneOf")) {
+        return;
+    }
+    let inner = inner.clone();
+    object.remove("anyOf");
+    for (key, value) in inner {
+        if key != "description" {
+            object.insert(key, value);
+        }
+    }
+    object.insert("nullable".to_owned(), serde_json::Value::Bool(true));
+}
+
+/// The friendly device kinds; PFs count as `nic` because a PF used as a whole port is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// A whole port: a physical NIC or an SR-IOV PF.
+    Nic,
+    /// An SR-IOV virtual function.
+    Vf,
+}
+
+/// What the generated ResourceClaimTemplate's request asks for (`exactly`: class, selectors,
+/// count), computed once by the controller so the reconciler and the overlap check agree. Not
+/// part of the resource; it sits beside the spec because it is the spec's meaning in DRA terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// The DeviceClass of the request.
+    pub device_class_name: String,
+    /// CEL selectors, in order.
+    pub selectors: Vec<String>,
+    /// Devices per claim, i.e. interfaces per pod.
+    pub count: u32,
+}
+
+/// How pods of this network get addresses: allocated by knic from `subnets`, or `static`
+/// (each claim carries its own addresses in its config). Exactly one is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ipam {
+    /// Subnets to allocate from; a pod gets one address per family, from the first subnet of
+    /// that family with a free address (later subnets of a family extend the first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<Subnet>,
+    /// No allocation: addresses come from each claim.
+    #[serde(default, rename = "static", skip_serializing_if = "Option::is_none")]
+    pub static_addresses: Option<StaticIpam>,
+}
+
+/// `static: {}`; an object rather than a boolean so options can be added without a new field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(transform = allow_empty_object)]
+pub struct StaticIpam {}
+
+/// Drops the `additionalProperties: false` that `deny_unknown_fields` puts on a struct without
+/// fields: Kubernetes refuses it in a CRD schema, and the apiserver prunes (and `kubectl`'s
+/// strict field validation reports) unknown fields of an object without properties anyway.
+fn allow_empty_object(schema: &mut schemars::Schema) {
+    schema.remove("additionalProperties");
+}
+
+/// One subnet to allocate from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Subnet {
+    /// The subnet in network form (`192.0.2.0/24`, `2001:db8::/64`).
+    pub cidr: String,
+    /// The router on the subnet; never allocated, and the next hop pods use for `routes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Addresses never allocated: single addresses, ranges `FIRST-LAST`, or CIDRs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Routes installed with an address of this subnet, in the driver's route syntax (without
+    /// `source`, since each pod's address differs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Stable addresses: a pod whose allocation was released (pod deleted and recreated, or
+/// rescheduled) gets the same address again when it is still free, because its allocation
+/// starts from an offset derived from its identity rather than from a random one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StableAddresses {
+    /// What identifies a pod across restarts.
+    pub by: StableBy,
+    /// The label key whose value is the identity; required with `by: label`, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// The identity a stable address follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum StableBy {
+    /// The pod's name: right for StatefulSets, whose pods keep their names.
+    PodName,
+    /// The value of a chosen label, for controllers that do not keep names.
+    Label,
+}
+
+impl StableAddresses {
+    /// The identity string for a pod's `interface`-th interface, or `None` when the pod has no
+    /// identity (the label is missing) and gets an ordinary allocation.
+    ///
+    /// The namespace is part of the identity because a Network is cluster-scoped: `db-0` in two
+    /// namespaces are different pods and must not compete for one address. Interfaces after the
+    /// first get `#N` appended, so each interface of a pod has its own stable address.
+    pub fn identity(
+        &self,
+        namespace: &str,
+        pod_name: &str,
+        pod_labels: &BTreeMap<String, String>,
+        interface: u32,
+    ) -> Option<String> {
+        let key = match self.by {
+            StableBy::PodName => pod_name,
+            StableBy::Label => pod_labels.get(self.label.as_deref()?)?.as_str(),
+        };
+        Some(if interface == 0 {
+            format!("{namespace}/{key}")
+        } else {
+            format!("{namespace}/{key}#{interface}")
+        })
+    }
+}
+
+/// Which namespaces get the network's ResourceClaimTemplate: a fixed list, or a label selector
+/// so new namespaces of a team get it without editing the Network. Exactly one is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Namespaces {
+    /// Namespace names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// Namespaces whose labels match; `matchLabels: {}` selects every namespace, as in
+    /// Kubernetes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<NamespaceSelector>,
+}
+
+/// A label selector with `matchLabels` only: equality is what namespace selection needs, and a
+/// smaller language is easier to validate exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceSelector {
+    /// Every pair must be present on the namespace.
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl Namespaces {
+    /// Whether namespace `name` with `labels` gets a template, so the reconciler decides
+    /// creation and removal with the same rule.
+    pub fn selects(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        if let Some(selector) = &self.selector {
+            return selector
+                .match_labels
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v));
+        }
+        self.names.iter().any(|n| n == name)
+    }
+}
+
+/// What the controller observed and did for a Network: the answers to "can I use it", "where"
+/// and "how full is it" without reading the controller's logs.
+///
+/// Unknown fields are tolerated (unlike in the spec): status is written by the controller, and
+/// an older controller reading a newer one's status must not fail on it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkStatus {
+    /// The `metadata.generation` this status describes, so a reader can tell a stale status
+    /// from a current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` and `Invalid`, as standard Kubernetes conditions so `kubectl describe` and
+    /// `kubectl wait --for=condition=Ready` work. A map list keyed by `type`, so server-side
+    /// apply merges one condition without replacing the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The ResourceClaimTemplates generated for this Network, so deselecting a namespace or
+    /// deleting the Network removes exactly those, and users can see what to reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["namespace", "name"]
+    ))]
+    pub templates: Vec<TemplateRef>,
+    /// Free and total allocatable addresses over all subnets; unset for `static` IPAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<AddressCount>,
+    /// `addresses` as `FREE/TOTAL` (e.g. `250/253`) for the `ADDRESSES` column, because
+    /// JSONPath in printer columns cannot format two numbers into one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_summary: Option<String>,
+    /// `spec.devices` in one line (e.g. `vf vendor=8086`), for the `DEVICES` column; a status
+    /// field because the two device forms cannot be described by one JSONPath.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices_summary: Option<String>,
+    /// How many nodes currently offer a free matching device: where (and whether) a new pod of
+    /// this network can be scheduled right now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_nodes: Option<u32>,
+}
+
+/// A generated ResourceClaimTemplate.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRef {
+    /// The template's namespace.
+    pub namespace: String,
+    /// The template's name.
+    pub name: String,
+}
+
+/// Address usage of a Network.
+///
+/// Counts are decimal strings on the wire and `u128` in Rust: one IPv6 /64 holds about 1.8e19
+/// addresses, more than Kubernetes' `integer` (int64) can carry and far beyond what JSON
+/// readers keep exact (2^53), while every IPv4 and IPv6 subnet size fits a `u128` exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressCount {
+    /// Addresses that can still be allocated.
+    #[serde(with = "decimal")]
+    #[schemars(schema_with = "decimal::schema")]
+    pub free: u128,
+    /// Allocatable addresses of all subnets (gateways and exclusions already removed).
+    #[serde(with = "decimal")]
+    #[schemars(schema_with = "decimal::schema")]
+    pub total: u128,
+}
+
+impl AddressCount {
+    /// `FREE/TOTAL`, the form `status.addressSummary` carries, defined once so the column reads
+    /// the same whoever writes the status.
+    pub fn summary(&self) -> String {
+        format!("{}/{}", self.free, self.total)
+    }
+}
+
+/// A `u128` as a decimal string (see [`AddressCount`] for why).
+mod decimal {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub(super) fn serialize<S: Serializer>(value: &u128, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<u128, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.len() > 1 && text.starts_with('0') {
+            return Err(D::Error::custom(format!(
+                "{text:?} is not a decimal count (no leading zeros)"
+            )));
+        }
+        text.parse()
+            .map_err(|e| D::Error::custom(format!("{text:?} is not a decimal count: {e}")))
+    }
+
+    pub(super) fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^(0|[1-9][0-9]*)$",
+        })
+    }
+}
+
+/// The record that one address of a Network belongs to one claim.
+///
+/// **Create-by-unique-name.** The object's name is `allocation_name(network, ip)` from
+/// `knic_controller::ipam` (`blue-192-0-2-10`, `blue-2001-0db8-…-000a`): one name per
+/// address, so the apiserver's guarantee that exactly one create of a name succeeds is what
+/// makes an address unique, even with every node allocating at once. An allocator proposes an
+/// address, creates its object, and on `AlreadyExists` treats the address as taken and
+/// proposes another; it never reads, modifies and writes a shared object. Releasing is
+/// deleting the object. The spec is immutable (a CEL rule in the CRD), because changing the
+/// owner of an existing allocation would be exactly the read-modify-write this contract rules
+/// out.
+///
+/// Cluster-scoped, like the Network, because addresses are unique per Network across all
+/// namespaces. For the same reason the object has no ownerReference to its claim (a
+/// cluster-scoped object cannot be owned by a namespaced one): the controller deletes
+/// allocations whose claim, compared by `uid`, no longer exists. Creators label the object
+/// `knic.dev/network: NETWORK` (`NETWORK_LABEL`).
+// Every `printcolumn(...)` repeats `type_ = "string"`, which clippy reads as a duplicated
+// attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "knic.dev",
+    version = "v1alpha1",
+    kind = "NetworkAddress",
+    plural = "networkaddresses",
+    derive = "PartialEq",
+    doc = "One address of a Network allocated to one ResourceClaim. The name is the network and \
+           the address (e.g. blue-192-0-2-10), so creating it is the atomic step that makes the \
+           address unique: exactly one create of a name succeeds, and a loser picks another \
+           address. Deleting it releases the address.",
+    printcolumn(name = "Network", type_ = "string", json_path = ".spec.network"),
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+    printcolumn(
+        name = "Claim-Namespace",
+        type_ = "string",
+        json_path = ".spec.claim.namespace"
+    ),
+    printcolumn(name = "Claim", type_ = "string", json_path = ".spec.claim.name"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.node"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self == oldSelf",
+    "message": "an allocation is immutable: delete it to release the address and create another"
+}]))]
+pub struct NetworkAddressSpec {
+    /// The Network's name.
+    pub network: String,
+    /// The address in interface form, with the subnet's prefix length (`192.0.2.10/24`,
+    /// `2001:db8::a/64`): what the driver configures, readable without the Network.
+    pub address: String,
+    /// The claim the address is allocated to.
+    pub claim: ClaimRef,
+    /// The stable identity (`namespace/pod`, `namespace/label-value`, `#N` for later
+    /// interfaces) when the Network has `stableAddresses`, so a returning pod can be recognised
+    /// as the owner of its former address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The node the claim was prepared on, to find a node's allocations when it goes away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// The ResourceClaim an address belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimRef {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's uid: a claim deleted and recreated under the same name is another claim, and
+    /// the old one's allocation must be collected, not inherited.
+    pub uid: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_summary_names_the_form() {
+        let raw = Devices {
+            device_class_name: Some("vf.knic.dev".into()),
+            selectors: vec!["a".into(), "b".into()],
+            ..Devices::default()
+        };
+        assert_eq!(raw.summary(), "vf.knic.dev +2 selectors");
+        let friendly = Devices {
+            kind: Some(DeviceKind::Vf),
+            vendor: Some("8086".into()),
+            pf_name: Some("ens1f0".into()),
+            min_speed: Some(25_000),
+            numa_node: Some(0),
+            rdma: Some(false),
+            ..Devices::default()
+        };
+        assert_eq!(
+            friendly.summary(),
+            "vf vendor=8086 pf=ens1f0 speed>=25000 numa=0 no-rdma"
+        );
+    }
+
+    #[test]
+    fn address_count_is_exact_decimal_strings() {
+        let count = AddressCount {
+            free: (1u128 << 64) - 3,
+            total: (1u128 << 64) - 2,
+        };
+        let json = serde_json::to_value(count).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"free": "18446744073709551613", "total": "18446744073709551614"})
+        );
+        assert_eq!(serde_json::from_value::<AddressCount>(json).unwrap(), count);
+        assert_eq!(
+            AddressCount {
+                free: 250,
+                total: 253
+            }
+            .summary(),
+            "250/253"
+        );
+        for bad in [
+            serde_json::json!({"free": 1, "total": "2"}),
+            serde_json::json!({"free": "01", "total": "2"}),
+            serde_json::json!({"free": "-1", "total": "2"}),
+        ] {
+            assert!(serde_json::from_value::<AddressCount>(bad).is_err());
+        }
+    }
+}
