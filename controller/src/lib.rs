@@ -9,12 +9,16 @@
 //!   candidate choice for allocators racing on one subnet, stable addresses, and the names of
 //!   allocation objects whose create-if-absent makes an address unique.
 //!
-//! The reconciler (kube-runtime) arrives on top of these modules; nothing here does I/O.
+//! On top of them, [`reconcile`] does the I/O: the kube-runtime reconciler that turns Networks
+//! into ResourceClaimTemplates and status, and the collector of allocations whose claim is
+//! gone; [`leader`] keeps two replicas from reconciling at once.
 
 use knic_proto::netconfig::Cidr;
 
 pub mod ipam;
+pub mod leader;
 pub mod network;
+pub mod reconcile;
 
 /// Everything that can go wrong in the controller.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +40,17 @@ pub enum Error {
         /// Usable addresses of the subnet (gateway and exclusions already removed).
         size: u128,
     },
+    /// A call to the Kubernetes API failed; the reconciler retries after a delay.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object could not be turned into JSON (a bug, but not one worth a panic in a
+    /// long-running controller).
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The leader lease was taken over or could not be renewed in time; the replica must stop
+    /// reconciling because another one may have started.
+    #[error("leadership lost: {0}")]
+    LeadershipLost(String),
 }
 
 /// Result alias so every fallible function names the crate's one error type.

@@ -57,6 +57,11 @@ pub struct PreparedClaim {
     /// One attach plan per device, with what detach must restore once attach has begun.
     #[serde(default)]
     pub attachments: Vec<Attachment>,
+    /// Addresses allocated from IPAM networks for this claim (`NetworkAddress` objects), so
+    /// unprepare releases them from the checkpoint alone, even after the claim and the Network
+    /// are gone. Defaulted so checkpoints written before IPAM still load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocations: Vec<crate::ipam::Allocation>,
 }
 
 /// A device's attach plan and its progress.
@@ -301,6 +306,7 @@ mod tests {
                 }],
                 prepared_at: 1_700_000_000,
                 attachments: vec![],
+                allocations: vec![],
             },
         );
         cp

@@ -5,8 +5,15 @@
 //! place that decides "already prepared", "device busy" and "forget". Kubernetes is reached only
 //! through [`ClaimSource`], so the same code runs against the real API, the e2e fake API and
 //! in-memory test doubles.
+//!
+//! Claims whose config says `ipam: {network}` get their addresses here, at prepare time, from
+//! [`crate::ipam`] (see there for why the driver allocates): the API calls happen before the
+//! checkpoint lock is taken, the pure [`crate::plan::plans`] receives the addresses, and the
+//! allocations are checkpointed with the claim so unprepare releases them before forgetting it.
+//! Prepare and unprepare of one claim are serialised by a per-claim lock, so a repeated prepare
+//! racing itself never allocates twice or releases what the other recorded.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,6 +25,8 @@ use crate::checkpoint::{
     Attachment, Checkpoint, CheckpointStore, OpaqueConfig, PreparedClaim, PreparedDevice,
 };
 use crate::error::{Error, Result};
+use crate::ipam::{AddressBook, Allocation, Requester};
+use crate::plan::IpamAddresses;
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
 pub trait ClaimSource: Send + Sync + 'static {
@@ -162,6 +171,7 @@ pub fn resolve(
         configs: configs.into_iter().map(|(_, c)| c).collect(),
         prepared_at: now,
         attachments: Vec::new(),
+        allocations: Vec::new(),
     })
 }
 
@@ -200,6 +210,11 @@ pub struct Preparer<S> {
     /// Bumped after every checkpoint write, so the publisher can re-merge retained devices.
     changes: watch::Sender<u64>,
     releaser: std::sync::OnceLock<Arc<dyn Releaser>>,
+    /// Where IPAM allocations are made and this node's name; unset (demo, tests) means claims
+    /// with `ipam` cannot be prepared.
+    ipam: std::sync::OnceLock<(Arc<dyn AddressBook>, String)>,
+    /// One lock per claim UID with a prepare or unprepare in flight.
+    inflight: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 struct State {
@@ -236,6 +251,8 @@ impl<S: ClaimSource> Preparer<S> {
             inventory,
             changes: watch::channel(0).0,
             releaser: std::sync::OnceLock::new(),
+            ipam: std::sync::OnceLock::new(),
+            inflight: std::sync::Mutex::default(),
         })
     }
 
@@ -253,6 +270,12 @@ impl<S: ClaimSource> Preparer<S> {
     /// Installs the releaser unprepare calls before forgetting a claim (once).
     pub fn set_releaser(&self, releaser: Arc<dyn Releaser>) {
         let _ = self.releaser.set(releaser);
+    }
+
+    /// Installs the address book IPAM allocates through and this node's name, recorded on
+    /// every allocation (once).
+    pub fn set_address_book(&self, book: Arc<dyn AddressBook>, node: impl Into<String>) {
+        let _ = self.ipam.set((book, node.into()));
     }
 
     /// The prepared claims of one pod (NRI events arrive keyed by pod UID).
@@ -325,7 +348,37 @@ impl<S: ClaimSource> Preparer<S> {
         Ok(self.checkpoint(&mut state)?.clone())
     }
 
+    /// Takes the per-claim lock: API calls happen outside the checkpoint lock, so without it
+    /// two prepares of one claim could both allocate addresses before either is recorded.
+    async fn claim_lock(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(uid.to_owned())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    /// Drops the per-claim locks nobody holds or waits for, so the map does not grow with
+    /// every claim the node ever saw.
+    fn forget_idle_locks(&self) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+
     async fn prepare_one(&self, wanted: &ClaimRef) -> Result<Vec<PreparedAnswer>> {
+        let guard = self.claim_lock(&wanted.uid).await;
+        let outcome = self.prepare_serialised(wanted).await;
+        drop(guard);
+        self.forget_idle_locks();
+        outcome
+    }
+
+    async fn prepare_serialised(&self, wanted: &ClaimRef) -> Result<Vec<PreparedAnswer>> {
         let claim_error = |reason: String| Error::Claim {
             namespace: wanted.namespace.clone(),
             name: wanted.name.clone(),
@@ -361,11 +414,104 @@ impl<S: ClaimSource> Preparer<S> {
                 "no allocation result is for this driver; preparing with no devices");
         }
 
+        // Addresses are allocated through the API outside the checkpoint lock, like the claim
+        // read; the per-claim lock keeps a repeated prepare from allocating twice.
+        let ipam = self.allocate(&prepared).await.map_err(claim_error)?;
+        prepared.allocations = ipam
+            .values()
+            .flat_map(|a| a.allocations.iter().cloned())
+            .collect();
+        let allocations = prepared.allocations.clone();
+        let outcome = self.commit(wanted, prepared, &ipam).await;
+        let keep: Vec<Allocation> = match &outcome {
+            Ok((_, recorded)) => recorded.clone(),
+            Err(_) => Vec::new(),
+        };
+        let orphans: Vec<Allocation> = allocations
+            .into_iter()
+            .filter(|a| !keep.contains(a))
+            .collect();
+        if !orphans.is_empty()
+            && let Some((book, _)) = self.ipam.get()
+            && let Err(e) = crate::ipam::release(book.as_ref(), &orphans).await
+        {
+            tracing::warn!(claim = %wanted.name, error = %e,
+                "could not release the addresses of a failed prepare; the controller collects them once the claim is gone");
+        }
+        outcome.map(|(answer, _)| answer)
+    }
+
+    /// Allocates the addresses of every device whose config asks for IPAM, interface by
+    /// interface per network (the stable identity's `#N`). On error the ones already made are
+    /// released, and the message says which request failed.
+    async fn allocate(
+        &self,
+        prepared: &PreparedClaim,
+    ) -> std::result::Result<IpamAddresses, String> {
+        let requests = crate::plan::ipam_requests(prepared);
+        let mut out = IpamAddresses::new();
+        if requests.is_empty() {
+            return Ok(out);
+        }
+        let Some((book, node)) = self.ipam.get() else {
+            return Err(format!(
+                "request {}: ipam.network: this driver runs without API access, so it cannot \
+                 allocate from network {:?}",
+                prepared.devices[requests[0].0].request, requests[0].1
+            ));
+        };
+        let who = Requester {
+            namespace: prepared.namespace.clone(),
+            claim: prepared.name.clone(),
+            uid: prepared.uid.clone(),
+            pod: prepared.pod_name.clone(),
+            node: node.clone(),
+        };
+        let mut interfaces: HashMap<&str, u32> = HashMap::new();
+        let mut skip = BTreeSet::new();
+        for (index, network) in &requests {
+            let interface = interfaces.entry(network).or_insert(0);
+            match crate::ipam::allocate(book.as_ref(), network, &who, *interface, &skip).await {
+                Ok(addressing) => {
+                    skip.extend(addressing.allocations.iter().map(|a| a.name.clone()));
+                    out.insert(*index, addressing);
+                    *interface += 1;
+                }
+                Err(e) => {
+                    let made: Vec<Allocation> = out
+                        .values()
+                        .flat_map(|a| a.allocations.iter().cloned())
+                        .collect();
+                    if let Err(release) = crate::ipam::release(book.as_ref(), &made).await {
+                        tracing::warn!(claim = %prepared.name, error = %release,
+                            "could not release the addresses of a failed prepare");
+                    }
+                    let request = &prepared.devices[*index].request;
+                    return Err(format!("request {request}: ipam.network: {e}"));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The checkpoint half of prepare: device and name checks, plans, the durable write.
+    /// Returns the answer and the allocations the checkpoint now records for the claim.
+    async fn commit(
+        &self,
+        wanted: &ClaimRef,
+        mut prepared: PreparedClaim,
+        ipam: &IpamAddresses,
+    ) -> Result<(Vec<PreparedAnswer>, Vec<Allocation>)> {
+        let claim_error = |reason: String| Error::Claim {
+            namespace: wanted.namespace.clone(),
+            name: wanted.name.clone(),
+            reason,
+        };
         let mut state = self.state.lock().await;
         let checkpoint = self.checkpoint(&mut state)?;
         // A concurrent call for the same claim may have won the race while we read the API.
         if let Some(done) = checkpoint.claims.get(&wanted.uid) {
-            return Ok(answer(done));
+            return Ok((answer(done), done.allocations.clone()));
         }
         for device in &prepared.devices {
             let holder = checkpoint.claims.values().find(|other| {
@@ -388,7 +534,7 @@ impl<S: ClaimSource> Preparer<S> {
             .flat_map(|c| c.attachments.iter().map(|a| a.plan.pod_ifname.clone()))
             .collect();
         let plans =
-            crate::plan::plans(&prepared, &taken).map_err(|e| claim_error(e.to_string()))?;
+            crate::plan::plans(&prepared, &taken, ipam).map_err(|e| claim_error(e.to_string()))?;
         prepared.attachments = plans
             .into_iter()
             .map(|plan| Attachment {
@@ -404,23 +550,62 @@ impl<S: ClaimSource> Preparer<S> {
         state.checkpoint = Ok(next);
         self.changes.send_modify(|n| *n += 1);
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
-            devices = prepared.devices.len(), "claim prepared");
-        Ok(answer(&prepared))
+            devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
+        Ok((answer(&prepared), prepared.allocations))
     }
 
     async fn unprepare_one(&self, wanted: &ClaimRef) -> Result<()> {
+        let guard = self.claim_lock(&wanted.uid).await;
+        let outcome = self.unprepare_serialised(wanted).await;
+        drop(guard);
+        self.forget_idle_locks();
+        outcome
+    }
+
+    async fn unprepare_serialised(&self, wanted: &ClaimRef) -> Result<()> {
+        let allocations = {
+            let mut state = self.state.lock().await;
+            let checkpoint = self.checkpoint(&mut state)?;
+            let Some(claim) = checkpoint.claims.get(&wanted.uid) else {
+                tracing::debug!(claim = %wanted.name, "unprepare of a claim that is not prepared");
+                return Ok(());
+            };
+            if claim.attachments.iter().any(|a| a.restore.is_some())
+                && let Some(releaser) = self.releaser.get()
+            {
+                // The sandbox stop should have detached already; if it did not run (or failed),
+                // the node is put back here, before the claim's memory is dropped.
+                releaser.release(claim).await?;
+            }
+            claim.allocations.clone()
+        };
+        // Addresses are released from the checkpoint's record alone (the claim and even the
+        // Network may be gone), outside the checkpoint lock, and before the claim is forgotten:
+        // a failed release leaves the claim prepared, so the kubelet's retry releases again.
+        if !allocations.is_empty() {
+            let Some((book, _)) = self.ipam.get() else {
+                return Err(Error::Claim {
+                    namespace: wanted.namespace.clone(),
+                    name: wanted.name.clone(),
+                    reason: format!(
+                        "holds {} IPAM address(es) but this driver runs without API access to \
+                         release them",
+                        allocations.len()
+                    ),
+                });
+            };
+            crate::ipam::release(book.as_ref(), &allocations)
+                .await
+                .map_err(|e| Error::Claim {
+                    namespace: wanted.namespace.clone(),
+                    name: wanted.name.clone(),
+                    reason: format!("releasing its IPAM addresses: {e}"),
+                })?;
+        }
         let mut state = self.state.lock().await;
         let checkpoint = self.checkpoint(&mut state)?;
-        let Some(claim) = checkpoint.claims.get(&wanted.uid) else {
-            tracing::debug!(claim = %wanted.name, "unprepare of a claim that is not prepared");
+        if !checkpoint.claims.contains_key(&wanted.uid) {
             return Ok(());
-        };
-        if claim.attachments.iter().any(|a| a.restore.is_some())
-            && let Some(releaser) = self.releaser.get()
-        {
-            // The sandbox stop should have detached already; if it did not run (or failed),
-            // the node is put back here, before the claim's memory is dropped.
-            releaser.release(claim).await?;
         }
         let mut next = checkpoint.clone();
         next.claims.remove(&wanted.uid);
@@ -694,6 +879,126 @@ mod tests {
             err,
             "ResourceClaim ns/other: device node-a/dev-a is still prepared for claim ns/claim (uid \
              u1); it is released when that claim is unprepared"
+        );
+    }
+
+    fn ipam_claim(name: &str, uid: &str, device: &str) -> ResourceClaim {
+        let mut b = ClaimBuilder::new(name, uid)
+            .allocated(&[("nic", DRIVER, device)])
+            .config(
+                "FromClaim",
+                DRIVER,
+                json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig", "ipam": {"network": "blue"}}),
+            )
+            .reserved_for(&[(&format!("{name}-pod"), &format!("{uid}-pod"))]);
+        b.0["metadata"]["name"] = json!(name);
+        b.build()
+    }
+
+    fn claim_ref(name: &str, uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn ipam_addresses_are_planned_checkpointed_and_released_by_unprepare() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Arc::new(MemClaims::default());
+        add(&source, ipam_claim("a", "ua", "dev-a"));
+        add(&source, ipam_claim("b", "ub", "dev-b"));
+        add(&source, ipam_claim("c", "uc", "dev-a"));
+        let book = Arc::new(crate::ipam::memory::MemBook::default());
+        // A /30 has two usable addresses.
+        book.add_network(
+            "blue",
+            json!({"devices": {"deviceClassName": "knic.dev"}, "namespaces": {"names": ["ns"]},
+                   "ipam": {"subnets": [{"cidr": "192.0.2.0/30"}]}}),
+        );
+        let preparer =
+            Preparer::with_devices(DRIVER, source, CheckpointStore::new(dir.path()), devices());
+        preparer.set_address_book(book.clone(), "node-a");
+        let out = preparer
+            .prepare(&[claim_ref("a", "ua"), claim_ref("a", "ua")])
+            .await;
+        out["ua"].as_ref().unwrap();
+        let prepared = preparer.claim("ua").await.unwrap().unwrap();
+        assert_eq!(
+            prepared.allocations.len(),
+            1,
+            "a repeated prepare allocates once"
+        );
+        let address = prepared.allocations[0].address;
+        assert_eq!(prepared.attachments[0].plan.addresses, [address]);
+        assert_eq!(book.addresses(), [address.to_string()]);
+
+        preparer.prepare(&[claim_ref("b", "ub")]).await["ub"]
+            .as_ref()
+            .unwrap();
+        // The subnet is full now, and "c" also wants a device "a" holds: the exhaustion text
+        // is the claim's error, and nothing stays allocated for it.
+        let err = preparer.prepare(&[claim_ref("c", "uc")]).await["uc"]
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "ResourceClaim ns/c: request nic: ipam.network: network blue: subnet 192.0.2.0/30 \
+             has no free address (2 in use of 2)"
+        );
+        preparer
+            .unprepare(&[claim_ref("b", "ub")])
+            .await
+            .remove("ub")
+            .unwrap()
+            .unwrap();
+        assert_eq!(book.addresses(), [address.to_string()]);
+        // Now an address is free but the device is busy: the allocation made for the failed
+        // prepare is released again.
+        let err = preparer.prepare(&[claim_ref("c", "uc")]).await["uc"]
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("device node-a/dev-a is still prepared"),
+            "{err}"
+        );
+        assert_eq!(book.addresses(), [address.to_string()]);
+
+        // A fresh process releases from the checkpoint alone.
+        let reloaded = Preparer::new(
+            DRIVER,
+            Arc::new(MemClaims::default()),
+            CheckpointStore::new(dir.path()),
+        );
+        reloaded.set_address_book(book.clone(), "node-a");
+        reloaded
+            .unprepare(&[claim_ref("a", "ua")])
+            .await
+            .remove("ua")
+            .unwrap()
+            .unwrap();
+        assert!(book.addresses().is_empty());
+        assert!(reloaded.prepared().await.unwrap().claims.is_empty());
+    }
+
+    #[tokio::test]
+    async fn ipam_without_an_address_book_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Arc::new(MemClaims::default());
+        add(&source, ipam_claim("a", "ua", "dev-a"));
+        let preparer =
+            Preparer::with_devices(DRIVER, source, CheckpointStore::new(dir.path()), devices());
+        let err = preparer.prepare(&[claim_ref("a", "ua")]).await["ua"]
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "ResourceClaim ns/a: request nic: ipam.network: this driver runs without API access, \
+             so it cannot allocate from network \"blue\""
         );
     }
 

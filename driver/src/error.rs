@@ -48,6 +48,11 @@ pub enum Error {
         /// Why it cannot be prepared.
         reason: String,
     },
+    /// A claim's `ipam: {network}` cannot be served: the Network is missing, static or
+    /// invalid, or every subnet of a family is exhausted (with the controller's exact text and
+    /// numbers, so the operator sizes the subnet from the claim's error alone).
+    #[error("{0}")]
+    Ipam(String),
     /// A gRPC server failed.
     #[error("gRPC server on {socket}: {source}")]
     Grpc {

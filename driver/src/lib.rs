@@ -11,6 +11,7 @@ pub mod error;
 pub mod failpoint;
 pub mod health;
 pub mod inventory;
+pub mod ipam;
 pub mod kubelet;
 pub mod netlink;
 pub mod netns;

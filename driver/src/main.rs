@@ -12,6 +12,7 @@ use knic_driver::claims::{KubeClaims, Preparer};
 use knic_driver::health::HealthService;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
+use knic_driver::ipam::KubeAddressBook;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::node::{self, Discovery, RescanSettings};
@@ -333,6 +334,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         KubeClaims::new(client.clone()),
         CheckpointStore::new(&paths.plugin_dir),
         devices_rx.clone(),
+    );
+    // `ipam: {network}` claims get their addresses from this node, through the API.
+    preparer.set_address_book(
+        Arc::new(KubeAddressBook::new(client.clone())),
+        args.node_name.clone(),
     );
 
     // Discover before anything is published or served, so the first slice is the real one.

@@ -2,12 +2,20 @@
 //! tested without a kernel or an API, and the NRI hook only executes decisions made (and
 //! checkpointed) at prepare time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use knic_proto::netconfig::{self, ConfigErrors, FieldError, NetworkConfig};
 
-use crate::checkpoint::PreparedClaim;
+use crate::checkpoint::{PreparedClaim, PreparedDevice};
+use crate::ipam::Addressing;
 use crate::netns::{AttachMode, AttachPlan};
+
+/// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
+/// family would silently never work.
+const MIN_IPV6_MTU: u32 = 1280;
+
+/// What IPAM allocated, by index of the device in [`PreparedClaim::devices`].
+pub type IpamAddresses = BTreeMap<usize, Addressing>;
 
 fn base_request(request: &str) -> &str {
     request.split('/').next().unwrap_or(request)
@@ -26,27 +34,23 @@ fn applies(requests: &[String], request: &str) -> bool {
 /// planned for the same pod by other claims (the defaults `net1`, `net2`… skip them, and an
 /// explicit name that collides is an error). Returns every problem found, each with its field
 /// path.
+///
+/// `ipam` holds the addresses prepare allocated for the devices whose config says
+/// `ipam: {network}` (see [`ipam_requests`]); they become the device's addresses, with the
+/// subnets' routes ahead of the config's own, and the whole is validated again as if it had
+/// been written statically, so an IPAM address meets every rule a static one does.
 pub fn plans(
     claim: &PreparedClaim,
     taken: &BTreeSet<String>,
+    ipam: &IpamAddresses,
 ) -> Result<Vec<AttachPlan>, ConfigErrors> {
     let mut errors = Vec::new();
     let mut used = taken.clone();
     let mut out = Vec::new();
     let mut wanted = Vec::new();
-    for device in &claim.devices {
-        let mut layers: Vec<NetworkConfig> = Vec::new();
-        for (i, config) in claim.configs.iter().enumerate() {
-            if !applies(&config.requests, &device.request) {
-                continue;
-            }
-            match netconfig::parse(&config.parameters, &format!("config[{i}].parameters")) {
-                Ok(c) => layers.push(c),
-                Err(e) => errors.extend(e.0),
-            }
-        }
-        let merged = netconfig::merge(&layers);
-        let valid = match netconfig::validate(&merged) {
+    for (index, device) in claim.devices.iter().enumerate() {
+        let merged = merged_config(claim, device, &mut errors);
+        let mut valid = match netconfig::validate(&merged) {
             Ok(v) => v,
             Err(e) => {
                 errors.extend(e.0.into_iter().map(|f| FieldError {
@@ -56,14 +60,14 @@ pub fn plans(
                 continue;
             }
         };
-        if let Some(network) = &valid.ipam_network {
-            errors.push(FieldError {
-                path: format!("request {}: ipam.network", device.request),
-                message: format!(
-                    "address management for network {network:?} is not available yet: give static addresses"
-                ),
-            });
-            continue;
+        if let Some(network) = valid.ipam_network.clone() {
+            match with_ipam(&merged, &valid, &device.request, &network, ipam.get(&index)) {
+                Ok(v) => valid = v,
+                Err(e) => {
+                    errors.extend(e);
+                    continue;
+                }
+            }
         }
         let host_ifname = device
             .published
@@ -128,6 +132,98 @@ pub fn plans(
     }
 }
 
+/// The devices of `claim` whose merged config asks for IPAM, with the network name: what
+/// prepare must allocate before [`plans`]. Configs with errors are skipped, as `plans` reports
+/// them anyway and nothing should be allocated for a claim that cannot be prepared.
+pub fn ipam_requests(claim: &PreparedClaim) -> Vec<(usize, String)> {
+    let mut ignored = Vec::new();
+    claim
+        .devices
+        .iter()
+        .enumerate()
+        .filter_map(|(index, device)| {
+            let merged = merged_config(claim, device, &mut ignored);
+            let network = netconfig::validate(&merged).ok()?.ipam_network?;
+            Some((index, network))
+        })
+        .collect()
+}
+
+/// Class entries, then claim entries, that apply to `device`, merged; parse errors are
+/// collected with their paths.
+fn merged_config(
+    claim: &PreparedClaim,
+    device: &PreparedDevice,
+    errors: &mut Vec<FieldError>,
+) -> NetworkConfig {
+    let mut layers: Vec<NetworkConfig> = Vec::new();
+    for (i, config) in claim.configs.iter().enumerate() {
+        if !applies(&config.requests, &device.request) {
+            continue;
+        }
+        match netconfig::parse(&config.parameters, &format!("config[{i}].parameters")) {
+            Ok(c) => layers.push(c),
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    netconfig::merge(&layers)
+}
+
+/// The device's config with IPAM's addresses in place of `ipam`, validated as a static one
+/// would be (routes' gateways on-link, no duplicate routes), plus the IPv6 MTU floor that
+/// validation could not check before the family was known.
+fn with_ipam(
+    merged: &NetworkConfig,
+    valid: &netconfig::ValidConfig,
+    request: &str,
+    network: &str,
+    given: Option<&Addressing>,
+) -> Result<netconfig::ValidConfig, Vec<FieldError>> {
+    let Some(given) = given.filter(|g| !g.allocations.is_empty()) else {
+        return Err(vec![FieldError::new(
+            format!("request {request}: ipam.network"),
+            format!("no address was allocated from network {network:?}"),
+        )]);
+    };
+    let addresses = given.addresses();
+    let listed: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    if let Some(mtu) = valid.mtu
+        && mtu < MIN_IPV6_MTU
+        && let Some(v6) = addresses.iter().find(|a| a.is_ipv6())
+    {
+        return Err(vec![FieldError::new(
+            format!("request {request}: interface.mtu"),
+            format!(
+                "{mtu} is below {MIN_IPV6_MTU}, the minimum MTU for IPv6 (network {network:?} \
+                 gave {v6})"
+            ),
+        )]);
+    }
+    let mut config = merged.clone();
+    config.ipam = None;
+    config.addresses = Some(listed.clone());
+    config.routes = Some(
+        given
+            .routes
+            .iter()
+            .cloned()
+            .chain(merged.routes.clone().unwrap_or_default())
+            .collect(),
+    );
+    netconfig::validate(&config).map_err(|e| {
+        e.0.into_iter()
+            .map(|f| FieldError {
+                path: format!(
+                    "request {request}: network {network:?} gave {}: {}",
+                    listed.join(", "),
+                    f.path
+                ),
+                message: f.message,
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -175,6 +271,7 @@ mod tests {
             configs,
             prepared_at: 0,
             attachments: vec![],
+            allocations: vec![],
         }
     }
 
@@ -188,7 +285,7 @@ mod tests {
             vec![],
         );
         let taken: BTreeSet<String> = ["net1".to_string()].into();
-        let p = plans(&c, &taken).unwrap();
+        let p = plans(&c, &taken, &IpamAddresses::new()).unwrap();
         let names: Vec<_> = p.iter().map(|p| p.pod_ifname.as_str()).collect();
         assert_eq!(names, ["net2", "net3"]);
         assert_eq!(p[0].host_ifname, "eth1");
@@ -215,7 +312,7 @@ mod tests {
                 ),
             ],
         );
-        let p = plans(&c, &BTreeSet::new()).unwrap();
+        let p = plans(&c, &BTreeSet::new(), &IpamAddresses::new()).unwrap();
         assert_eq!((p[0].pod_ifname.as_str(), p[0].mtu), ("net1", Some(9000)));
         assert_eq!(p[0].addresses[0].to_string(), "192.0.2.1/24");
         assert_eq!(
@@ -240,7 +337,9 @@ mod tests {
                 config("FromClaim", &["c"], json!({"ipam": {"network": "blue"}})),
             ],
         );
-        let err = plans(&c, &BTreeSet::new()).unwrap_err().to_string();
+        let err = plans(&c, &BTreeSet::new(), &IpamAddresses::new())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("config[0].parameters.interface.mtuu: unknown field"),
             "{err}"
@@ -249,7 +348,112 @@ mod tests {
             err.contains("device node-a/d1: has no network interface on the host"),
             "{err}"
         );
-        assert!(err.contains("request c: ipam.network: address management for network \"blue\" is not available yet"), "{err}");
+        assert!(
+            err.contains("request c: ipam.network: no address was allocated from network \"blue\""),
+            "{err}"
+        );
+    }
+
+    fn addressing(addresses: &[&str], routes: serde_json::Value) -> Addressing {
+        Addressing {
+            allocations: addresses
+                .iter()
+                .map(|a| crate::ipam::Allocation {
+                    network: "blue".into(),
+                    name: format!("blue-{a}"),
+                    uid: "uid".into(),
+                    address: a.parse().unwrap(),
+                })
+                .collect(),
+            routes: serde_json::from_value(routes).unwrap(),
+        }
+    }
+
+    #[test]
+    fn ipam_addresses_and_subnet_routes_go_into_the_plan() {
+        let c = claim(
+            vec![
+                device("a", "d0", Some("eth1")),
+                device("b", "d1", Some("eth2")),
+            ],
+            vec![
+                config(
+                    "FromClass",
+                    &[],
+                    json!({"ipam": {"network": "blue"}, "interface": {"mtu": 9000}}),
+                ),
+                config(
+                    "FromClaim",
+                    &["a"],
+                    json!({"routes": [{"destination": "10.9.0.0/16", "gateway": "192.0.2.254"}]}),
+                ),
+            ],
+        );
+        assert_eq!(
+            ipam_requests(&c),
+            [(0, "blue".to_string()), (1, "blue".to_string())]
+        );
+        let ipam = IpamAddresses::from([
+            (
+                0,
+                addressing(
+                    &["192.0.2.10/24", "2001:db8::a/64"],
+                    json!([{"destination": "198.51.100.0/24", "gateway": "192.0.2.1"}]),
+                ),
+            ),
+            (1, addressing(&["192.0.2.11/24"], json!([]))),
+        ]);
+        let p = plans(&c, &BTreeSet::new(), &ipam).unwrap();
+        let addresses: Vec<String> = p[0].addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(addresses, ["192.0.2.10/24", "2001:db8::a/64"]);
+        let routes: Vec<String> = p[0]
+            .routes
+            .iter()
+            .map(|r| format!("{} via {:?}", r.destination, r.gateway))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                "198.51.100.0/24 via Some(192.0.2.1)",
+                "10.9.0.0/16 via Some(192.0.2.254)"
+            ]
+        );
+        assert_eq!(p[0].mtu, Some(9000));
+        assert_eq!(p[1].addresses[0].to_string(), "192.0.2.11/24");
+    }
+
+    #[test]
+    fn ipam_rules_are_checked_once_the_addresses_are_known() {
+        let c = claim(
+            vec![device("a", "d0", Some("eth1"))],
+            vec![config(
+                "FromClaim",
+                &[],
+                json!({"ipam": {"network": "blue"}, "interface": {"mtu": 1200}}),
+            )],
+        );
+        let ipam = IpamAddresses::from([(0, addressing(&["2001:db8::a/64"], json!([])))]);
+        let err = plans(&c, &BTreeSet::new(), &ipam).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "request a: interface.mtu: 1200 is below 1280, the minimum MTU for IPv6 (network \
+             \"blue\" gave 2001:db8::a/64)"
+        );
+        let c = claim(
+            vec![device("a", "d0", Some("eth1"))],
+            vec![config(
+                "FromClaim",
+                &[],
+                json!({"ipam": {"network": "blue"}, "routes": [{"destination": "10.9.0.0/16", "gateway": "10.0.0.1"}]}),
+            )],
+        );
+        let ipam = IpamAddresses::from([(0, addressing(&["192.0.2.10/24"], json!([])))]);
+        let err = plans(&c, &BTreeSet::new(), &ipam).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "request a: network \"blue\" gave 192.0.2.10/24: routes[0].gateway: 10.0.0.1 is not \
+             inside any address's subnet"
+        );
     }
 
     #[test]
@@ -263,7 +467,9 @@ mod tests {
             )],
         );
         let taken: BTreeSet<String> = ["net1".to_string()].into();
-        let err = plans(&c, &taken).unwrap_err().to_string();
+        let err = plans(&c, &taken, &IpamAddresses::new())
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "request a: interface.name: net1 is already used by another device of this pod"
@@ -280,7 +486,9 @@ mod tests {
                 json!({"addresses": ["192.0.2.10/24"], "routes": [{"destination": "203.0.113.0/24", "gateway": "198.51.100.1"}]}),
             )],
         );
-        let err = plans(&c, &BTreeSet::new()).unwrap_err().to_string();
+        let err = plans(&c, &BTreeSet::new(), &IpamAddresses::new())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with(
                 "request a: routes[0].gateway: 198.51.100.1 is not inside any address's subnet"

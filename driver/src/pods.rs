@@ -512,6 +512,7 @@ mod tests {
             configs: vec![],
             prepared_at: 0,
             attachments: vec![],
+            allocations: vec![],
         };
         let ok = DeviceStatus {
             pool: "node-a".into(),

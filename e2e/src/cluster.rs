@@ -269,6 +269,42 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Creates another namespace for this test, with `labels`, for scenarios about which
+    /// namespaces something reaches; the test deletes it (see [`Cluster::delete_namespace`]).
+    pub async fn create_extra_namespace(
+        &self,
+        suffix: &str,
+        labels: &[(&str, &str)],
+    ) -> anyhow::Result<String> {
+        let name = format!("{}-{suffix}", self.namespace);
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        }))?;
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(name)
+    }
+
+    /// Deletes a namespace created with [`Cluster::create_extra_namespace`].
+    pub async fn delete_namespace(&self, name: &str) -> anyhow::Result<()> {
+        match Api::<Namespace>::all(self.client.clone())
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 fn namespace_for(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -6,6 +6,13 @@
 //! conflicts, delete preconditions, the `status` subresource, label and field selectors, merge
 //! patches and server-side apply (approximated as a merge patch that creates when missing; the
 //! field manager is recorded so tests can assert who wrote). Every request is recorded.
+//!
+//! Like the real apiserver it also keeps objects with finalizers after a DELETE (setting
+//! `metadata.deletionTimestamp`) until an update removes the last finalizer, honours a
+//! `metadata.resourceVersion` sent in a patch as a precondition, bumps `metadata.generation`
+//! only when something outside metadata and status changes, and turns a write that changes
+//! nothing into a no-op (no new resourceVersion, no watch event), which controllers rely on to
+//! settle instead of waking themselves up forever.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -455,6 +462,97 @@ impl Store {
     }
 }
 
+type Objects = BTreeMap<(String, String, String), Value>;
+
+/// Copies the metadata fields a client may write (labels, annotations, finalizers, owner
+/// references) from `from` into `obj`, whose other metadata stays the server's.
+fn take_writable_metadata(obj: &mut Value, from: &Value) {
+    for key in ["labels", "annotations", "finalizers", "ownerReferences"] {
+        match from.get(key) {
+            Some(v) if !v.is_null() => obj["metadata"][key] = v.clone(),
+            _ => {
+                if let Some(m) = obj["metadata"].as_object_mut() {
+                    m.remove(key);
+                }
+            }
+        }
+    }
+}
+
+fn has_finalizers(obj: &Value) -> bool {
+    field(obj, "metadata.finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// Finishes an update of the object at `key` whose state before was `before`: a no-op stays one
+/// (same resourceVersion, no event); otherwise the generation moves when anything outside
+/// metadata and status changed, a deleting object whose last finalizer went is removed
+/// (DELETED), and anything else is MODIFIED.
+fn commit(
+    store: &Store,
+    objects: &mut Objects,
+    key: &(String, String, String),
+    target: &Target,
+    before: &Value,
+) -> Response<Body> {
+    let Some(obj) = objects.get_mut(key) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "vanished".into());
+    };
+    if obj == before {
+        return respond(StatusCode::OK, obj);
+    }
+    let body = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("metadata");
+            m.remove("status");
+        }
+        v
+    };
+    if body(obj) != body(before) {
+        let generation = field(obj, "metadata.generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        obj["metadata"]["generation"] = json!(generation + 1);
+    }
+    obj["metadata"]["resourceVersion"] = json!(store.next_rv());
+    if field(obj, "metadata.deletionTimestamp").is_some() && !has_finalizers(obj) {
+        let removed = objects.remove(key).unwrap_or(Value::Null);
+        store.emit(target, "DELETED", &removed);
+        return respond(StatusCode::OK, &removed);
+    }
+    store.emit(target, "MODIFIED", obj);
+    respond(StatusCode::OK, obj)
+}
+
+/// Deletes the object at `key`, or, when it has finalizers, marks it deleting (once) and keeps
+/// it until they are removed. Returns the object as the response shows it.
+fn delete_or_mark(
+    store: &Store,
+    objects: &mut Objects,
+    key: &(String, String, String),
+    target: &Target,
+) -> Option<Value> {
+    let obj = objects.get_mut(key)?;
+    if has_finalizers(obj) {
+        if field(obj, "metadata.deletionTimestamp").is_none() {
+            obj["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            let generation = field(obj, "metadata.generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            obj["metadata"]["generation"] = json!(generation + 1);
+            obj["metadata"]["resourceVersion"] = json!(store.next_rv());
+            store.emit(target, "MODIFIED", obj);
+        }
+        return Some(obj.clone());
+    }
+    let mut removed = objects.remove(key)?;
+    removed["metadata"]["resourceVersion"] = json!(store.next_rv());
+    store.emit(target, "DELETED", &removed);
+    Some(removed)
+}
+
 async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -540,10 +638,8 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                 .collect();
             let mut items = Vec::new();
             for k in doomed {
-                if let Some(mut removed) = objects.remove(&k) {
-                    removed["metadata"]["resourceVersion"] = json!(store.next_rv());
-                    store.emit(&target, "DELETED", &removed);
-                    items.push(removed);
+                if let Some(obj) = delete_or_mark(store, &mut objects, &k, &target) {
+                    items.push(obj);
                 }
             }
             respond(
@@ -630,24 +726,21 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     ),
                 );
             }
+            let before = existing.clone();
             let meta = existing["metadata"].clone();
             if target.subresource.as_deref() == Some("status") {
                 existing["status"] = new.get("status").cloned().unwrap_or(Value::Null);
             } else {
                 let status_before = existing.get("status").cloned();
+                let new_meta = new.get("metadata").cloned().unwrap_or(Value::Null);
                 *existing = new;
                 existing["metadata"] = meta;
+                take_writable_metadata(existing, &new_meta);
                 if let Some(s) = status_before {
                     existing["status"] = s;
                 }
-                let generation = field(existing, "metadata.generation")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(1);
-                existing["metadata"]["generation"] = json!(generation + 1);
             }
-            existing["metadata"]["resourceVersion"] = json!(store.next_rv());
-            store.emit(&target, "MODIFIED", existing);
-            respond(StatusCode::OK, existing)
+            commit(store, &mut objects, &key(&name), &target, &before)
         }
         (Method::PATCH, Some(name)) => {
             let Some(patch) = parsed else {
@@ -688,6 +781,20 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     return respond(StatusCode::CREATED, &obj);
                 }
             };
+            if let Some(want) = field(&patch, "metadata.resourceVersion").and_then(Value::as_str)
+                && field(existing, "metadata.resourceVersion").and_then(Value::as_str) != Some(want)
+            {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                     please apply your changes to the latest version and try again",
+                        target.resource
+                    ),
+                );
+            }
+            let before = existing.clone();
             let meta = existing["metadata"].clone();
             let mut patch = patch;
             if target.subresource.as_deref() == Some("status") {
@@ -696,17 +803,10 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                 p.remove("status");
             }
             merge_patch(existing, &patch);
-            let mut merged_meta = meta;
-            if let Some(labels) = field(existing, "metadata.labels").cloned() {
-                merged_meta["labels"] = labels;
-            }
-            if let Some(annotations) = field(existing, "metadata.annotations").cloned() {
-                merged_meta["annotations"] = annotations;
-            }
-            existing["metadata"] = merged_meta;
-            existing["metadata"]["resourceVersion"] = json!(store.next_rv());
-            store.emit(&target, "MODIFIED", existing);
-            respond(StatusCode::OK, existing)
+            let merged = existing["metadata"].clone();
+            existing["metadata"] = meta;
+            take_writable_metadata(existing, &merged);
+            commit(store, &mut objects, &key(&name), &target, &before)
         }
         (Method::DELETE, Some(name)) => {
             let Some(existing) = objects.get(&key(&name)) else {
@@ -733,10 +833,10 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     }
                 }
             }
-            let mut removed = objects.remove(&key(&name)).unwrap_or(Value::Null);
-            removed["metadata"]["resourceVersion"] = json!(store.next_rv());
-            store.emit(&target, "DELETED", &removed);
-            respond(StatusCode::OK, &removed)
+            match delete_or_mark(store, &mut objects, &key(&name), &target) {
+                Some(obj) => respond(StatusCode::OK, &obj),
+                None => not_found(&name),
+            }
         }
         (m, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -1,0 +1,778 @@
+//! The Network reconciler: each Network becomes a ResourceClaimTemplate in every namespace it
+//! selects, or an `Invalid` condition and nothing at all.
+//!
+//! Built on kube-runtime's `Controller` rather than a hand-written watch loop, because it already
+//! deduplicates triggers, never runs two reconciles of one Network at once, retries with a delay,
+//! and resumes watches; the reconcile itself is level-based (it recomputes everything from the
+//! API each time), so a missed or repeated trigger costs work, never correctness. Triggers:
+//! * the Network itself (spec, deletion);
+//! * its generated templates (through their `knic.dev/network` label), so a template deleted or
+//!   edited by hand is put back;
+//! * Namespaces, mapped to every Network, since a label change can select or deselect a
+//!   namespace for any of them;
+//! * NetworkAddress objects, mapped to their network, so free/total addresses stay current;
+//! * other Networks: whenever one appears, changes its spec (generation) or starts deleting,
+//!   every Network is reconciled, because validity is decided against all of them;
+//! * a periodic resync ([`Config::resync`]) as the safety net for anything else.
+//!
+//! Conflicts between Networks are decided by age: a Network is validated only against Networks
+//! created before it (ties broken by name) that are not being deleted, so creating a new Network
+//! can never break one that pods already use; the newcomer is the one marked `Invalid`. Once
+//! the older one is deleted, the newer one becomes valid on its own.
+//!
+//! Every write is a server-side apply with the single field manager [`FIELD_MANAGER`]
+//! (templates) or a merge patch guarded by `metadata.resourceVersion` (finalizer), or a merge
+//! patch of the status subresource, which this controller alone writes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, DeviceClaim, DeviceClaimConfiguration, DeviceRequest as DraRequest,
+    DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaimSpec,
+    ResourceClaimTemplate, ResourceClaimTemplateSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::network::{
+    AddressCount, CONDITION_INVALID, CONDITION_READY, DeviceRequestOf, NETWORK_LABEL, Network,
+    NetworkAddress, NetworkSpec, NetworkStatus, SubnetPool, TemplateRef, template_config,
+    validate_against, validate_network,
+};
+use crate::{Error, FIELD_MANAGER, Result};
+
+/// The finalizer that keeps a deleted Network until its templates are gone: templates live in
+/// other namespaces, and without it a Network deleted while the controller is down would leave
+/// templates that still hand out its devices.
+pub const FINALIZER: &str = "knic.dev/network-cleanup";
+
+/// The name of the one request in every generated template, which the opaque config names in
+/// `requests` so it applies to exactly the network's devices.
+pub const REQUEST_NAME: &str = "network";
+
+/// Reasons on the conditions and Events, stable strings for alerting and `kubectl wait`.
+pub mod reason {
+    /// Ready: every selected namespace has its template.
+    pub const GENERATED: &str = "Generated";
+    /// Invalid (and Ready=False): the Network breaks a rule alone or against older Networks.
+    pub const INVALID: &str = "Invalid";
+    /// Invalid=False: validation passed.
+    pub const VALID: &str = "Valid";
+    /// Ready=False: a ResourceClaimTemplate of the same name that knic did not generate exists
+    /// in a selected namespace; it is left alone rather than overwritten.
+    pub const TEMPLATE_CONFLICT: &str = "TemplateConflict";
+    /// Event: the Network was deleted and its templates removed.
+    pub const CLEANED_UP: &str = "CleanedUp";
+}
+
+/// Tunables of the reconciler.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often every Network is reconciled even without a trigger.
+    pub resync: Duration,
+    /// How often NetworkAddress objects whose claim is gone are collected.
+    pub gc_interval: Duration,
+    /// Retry delay after a failed reconcile.
+    pub retry: Duration,
+    /// This replica's name in Events (e.g. the pod name).
+    pub instance: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            resync: Duration::from_secs(300),
+            gc_interval: Duration::from_secs(60),
+            retry: Duration::from_secs(5),
+            instance: None,
+        }
+    }
+}
+
+/// What a Network should produce, decided without I/O so every rule is unit-testable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Nothing is generated; the message lists every problem with its path.
+    Invalid(String),
+    /// The template spec to apply in each selected namespace.
+    Generate(Box<ResourceClaimTemplateSpec>),
+}
+
+/// Decides what `network` produces given every Network in the cluster (itself included, and
+/// Networks being deleted, which are skipped): its own validation plus
+/// [`validate_against`] the Networks created before it.
+pub fn plan(network: &Network, all: &[Network]) -> Plan {
+    let name = network.name_any();
+    let spec = &network.spec;
+    let mut errors = match validate_network(&name, spec) {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0,
+    };
+    let mine = age(network);
+    let older: Vec<(String, NetworkSpec)> = all
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none() && age(n) < mine)
+        .map(|n| (n.name_any(), n.spec.clone()))
+        .collect();
+    errors.extend(validate_against(&name, spec, &older));
+    if !errors.is_empty() {
+        return Plan::Invalid(knic_proto::netconfig::ConfigErrors(errors).to_string());
+    }
+    match template_spec(&name, spec) {
+        Ok(t) => Plan::Generate(Box::new(t)),
+        Err(e) => Plan::Invalid(e.to_string()),
+    }
+}
+
+/// Creation order: timestamp (second resolution), then name for a stable tie-break.
+fn age(n: &Network) -> (Option<Timestamp>, String) {
+    (
+        n.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        n.name_any(),
+    )
+}
+
+/// The spec of the generated ResourceClaimTemplate: one request of `interfacesPerPod` devices
+/// with the network's class and selectors, and the network's `NetworkConfig` as opaque
+/// `knic.dev` parameters for that request.
+pub fn template_spec(name: &str, spec: &NetworkSpec) -> Result<ResourceClaimTemplateSpec> {
+    let request = spec
+        .device_request()
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let selectors = (!request.selectors.is_empty()).then(|| {
+        request
+            .selectors
+            .iter()
+            .map(|expression| DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: expression.clone(),
+                }),
+            })
+            .collect()
+    });
+    let parameters = serde_json::to_value(template_config(name, spec))?;
+    Ok(ResourceClaimTemplateSpec {
+        metadata: None,
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DraRequest {
+                    name: REQUEST_NAME.to_owned(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: request.device_class_name,
+                        selectors,
+                        allocation_mode: Some("ExactCount".to_owned()),
+                        count: Some(i64::from(request.count)),
+                        ..ExactDeviceRequest::default()
+                    }),
+                    first_available: None,
+                }]),
+                config: Some(vec![DeviceClaimConfiguration {
+                    requests: Some(vec![REQUEST_NAME.to_owned()]),
+                    opaque: Some(OpaqueDeviceConfiguration {
+                        driver: knic_proto::DRIVER_NAME.to_owned(),
+                        parameters: RawExtension(parameters),
+                    }),
+                }]),
+                constraints: None,
+            }),
+        },
+    })
+}
+
+/// The full template object for `namespace`: labelled with the network (deselection and
+/// deletion find templates by label) and owned by it (the garbage collector of a real cluster
+/// is the second line of defence should the finalizer ever be removed by hand).
+pub fn template(
+    network: &Network,
+    namespace: &str,
+    spec: ResourceClaimTemplateSpec,
+) -> ResourceClaimTemplate {
+    let name = network.name_any();
+    ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(NETWORK_LABEL.to_owned(), name)])),
+            owner_references: network.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec,
+    }
+}
+
+/// Free and total allocatable addresses: pool sizes minus the live allocations that fall into
+/// one of the pools (a stray object for an address outside every subnet frees nothing).
+/// `None` for `static` IPAM, where knic allocates nothing.
+pub fn address_count(spec: &NetworkSpec, allocated: &[&str]) -> Option<AddressCount> {
+    if spec.ipam.subnets.is_empty() {
+        return None;
+    }
+    let pools: Vec<_> = spec
+        .ipam
+        .subnets
+        .iter()
+        .filter_map(|s| s.pool().ok())
+        .collect();
+    let total = pools
+        .iter()
+        .fold(0u128, |sum, p| sum.saturating_add(p.size()));
+    let in_use = allocated
+        .iter()
+        .filter_map(|a| a.split('/').next()?.parse::<IpAddr>().ok())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|ip| pools.iter().any(|p| p.contains_usable(*ip)))
+        .count();
+    Some(AddressCount {
+        free: total.saturating_sub(in_use as u128),
+        total,
+    })
+}
+
+/// A condition that keeps its previous `lastTransitionTime` when its status did not change, so
+/// the time says when the Network became (in)valid, not when it was last reconciled.
+pub fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Shared state of all reconciles.
+struct Context {
+    client: Client,
+    recorder: Recorder,
+    config: Config,
+}
+
+/// Runs the reconciler and the NetworkAddress collector until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let networks: Api<Network> = Api::all(client.clone());
+    let templates: Api<ResourceClaimTemplate> = Api::all(client.clone());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let addresses: Api<NetworkAddress> = Api::all(client.clone());
+    let controller = Controller::new(networks.clone(), watcher::Config::default());
+    let store = controller.store();
+    let everyone = {
+        let store = store.clone();
+        move || {
+            store
+                .state()
+                .iter()
+                .map(|n| ObjectRef::from_obj(n.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let on_namespace = everyone.clone();
+    // The last (generation, deleting) seen per Network: only a change of either (or a new
+    // Network) can change another Network's validity, and status writes change neither, so they
+    // do not fan out.
+    let seen: Mutex<HashMap<String, (Option<i64>, bool)>> = Mutex::default();
+    let on_network = move |n: Network| {
+        let key = (
+            n.metadata.generation,
+            n.metadata.deletion_timestamp.is_some(),
+        );
+        let name = n.name_any();
+        let Ok(mut seen) = seen.lock() else {
+            return everyone();
+        };
+        let gone = key.1 && n.finalizers().is_empty();
+        let changed = if gone {
+            seen.remove(&name).is_none_or(|old| old != key)
+        } else {
+            seen.insert(name, key) != Some(key)
+        };
+        if changed { everyone() } else { Vec::new() }
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: config.instance.clone(),
+        },
+    );
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder,
+        config: config.clone(),
+    });
+    let (stop_gc, mut gc_stopped) = tokio::sync::oneshot::channel::<()>();
+    let gc = {
+        let client = client.clone();
+        let interval = config.gc_interval;
+        tokio::spawn(async move {
+            loop {
+                match collect_addresses(&client).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(collected = n, "released addresses of deleted claims"),
+                    Err(e) => tracing::warn!(error = %e, "collecting NetworkAddress objects"),
+                }
+                tokio::select! {
+                    _ = &mut gc_stopped => return,
+                    () = tokio::time::sleep(interval) => {}
+                }
+            }
+        })
+    };
+    controller
+        // Mapped by label, not `owns`: kube-runtime gives an owner found through a namespaced
+        // child the child's namespace, which for a cluster-scoped Network is another key than
+        // the Network's own, and would let two reconciles of one Network run at once.
+        .watches(
+            templates,
+            watcher::Config::default().labels(NETWORK_LABEL),
+            |t: ResourceClaimTemplate| {
+                t.labels()
+                    .get(NETWORK_LABEL)
+                    .map(|network| ObjectRef::new(network))
+            },
+        )
+        .watches(namespaces, watcher::Config::default(), move |_| {
+            on_namespace()
+        })
+        .watches(networks, watcher::Config::default(), on_network)
+        .watches(
+            addresses,
+            watcher::Config::default(),
+            |a: NetworkAddress| Some(ObjectRef::new(&a.spec.network)),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((network, _)) => tracing::debug!(network = %network.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+    let _ = stop_gc.send(());
+    let _ = gc.await;
+}
+
+fn error_policy(network: Arc<Network>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(network = %network.name_any(), error = %error, "reconcile failed; retrying");
+    Action::requeue(ctx.config.retry)
+}
+
+async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
+    let name = network.name_any();
+    let networks: Api<Network> = Api::all(ctx.client.clone());
+    let has_finalizer = network.finalizers().iter().any(|f| f == FINALIZER);
+    if network.metadata.deletion_timestamp.is_some() {
+        // Re-read: triggers queued while the last round removed the finalizer still carry the
+        // cached object, and a cleanup of an object already gone must not be reported again.
+        let fresh = networks.get_opt(&name).await?;
+        if let Some(fresh) = fresh.filter(|n| n.finalizers().iter().any(|f| f == FINALIZER)) {
+            // No count in the note: an earlier attempt that failed at the finalizer may already
+            // have removed some, and the Event reports the outcome, not this attempt.
+            delete_templates(&ctx.client, &name, &BTreeSet::new()).await?;
+            if set_finalizer(&networks, &fresh, false).await? {
+                let note = "removed every ResourceClaimTemplate generated for it".to_owned();
+                publish(&ctx, &network, EventType::Normal, reason::CLEANED_UP, note).await;
+            }
+        }
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        set_finalizer(&networks, &network, true).await?;
+    }
+
+    let all = networks.list(&ListParams::default()).await?.items;
+    let previous = network.status.clone().unwrap_or_default();
+    let generation = network.metadata.generation;
+    let mut status = NetworkStatus {
+        observed_generation: generation,
+        devices_summary: Some(network.spec.devices.summary()),
+        available_nodes: previous.available_nodes,
+        ..NetworkStatus::default()
+    };
+    let mut invalid = match plan(&network, &all) {
+        Plan::Invalid(message) => Some(message),
+        Plan::Generate(spec) => match generate(&ctx.client, &network, *spec).await? {
+            Generated::Applied { templates, foreign } => {
+                status.templates = templates;
+                let ready = foreign.is_empty();
+                let (why, message) = if ready {
+                    (reason::GENERATED, generated_message(&status.templates))
+                } else {
+                    (reason::TEMPLATE_CONFLICT, foreign.join("; "))
+                };
+                status.conditions = vec![
+                    condition(
+                        CONDITION_READY,
+                        ready,
+                        why,
+                        &message,
+                        generation,
+                        &previous.conditions,
+                    ),
+                    condition(
+                        CONDITION_INVALID,
+                        false,
+                        reason::VALID,
+                        "",
+                        generation,
+                        &previous.conditions,
+                    ),
+                ];
+                None
+            }
+            Generated::Refused(message) => Some(message),
+        },
+    };
+    if let Some(message) = invalid.take() {
+        delete_templates(&ctx.client, &name, &BTreeSet::new()).await?;
+        status.conditions = vec![
+            condition(
+                CONDITION_READY,
+                false,
+                reason::INVALID,
+                &message,
+                generation,
+                &previous.conditions,
+            ),
+            condition(
+                CONDITION_INVALID,
+                true,
+                reason::INVALID,
+                &message,
+                generation,
+                &previous.conditions,
+            ),
+        ];
+        let was = previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_INVALID);
+        if !was.is_some_and(|c| c.status == "True" && c.message == message) {
+            publish(&ctx, &network, EventType::Warning, reason::INVALID, message).await;
+        }
+    } else {
+        let addresses: Api<NetworkAddress> = Api::all(ctx.client.clone());
+        let live = addresses
+            .list(&ListParams::default().labels(&format!("{NETWORK_LABEL}={name}")))
+            .await?
+            .items;
+        let live: Vec<&str> = live
+            .iter()
+            .filter(|a| a.spec.network == name)
+            .map(|a| a.spec.address.as_str())
+            .collect();
+        status.addresses = address_count(&network.spec, &live);
+        status.address_summary = status.addresses.map(|a| a.summary());
+        if previous.templates != status.templates || !is_ready(&previous) {
+            let message = generated_message(&status.templates);
+            publish(
+                &ctx,
+                &network,
+                EventType::Normal,
+                reason::GENERATED,
+                message,
+            )
+            .await;
+        }
+    }
+    if !same_status(&previous, &status) {
+        write_status(&networks, &name, &status).await?;
+    }
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+fn is_ready(status: &NetworkStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+}
+
+fn generated_message(templates: &[TemplateRef]) -> String {
+    if templates.is_empty() {
+        return "no namespace is selected; no ResourceClaimTemplate generated".to_owned();
+    }
+    let namespaces: Vec<&str> = templates.iter().map(|t| t.namespace.as_str()).collect();
+    format!(
+        "ResourceClaimTemplate {:?} applied in {}",
+        templates
+            .first()
+            .map(|t| t.name.as_str())
+            .unwrap_or_default(),
+        namespaces.join(", ")
+    )
+}
+
+/// Equal up to condition timestamps, which [`condition`] already carries over, so a status
+/// that did not change is not written (and does not wake watchers).
+fn same_status(a: &NetworkStatus, b: &NetworkStatus) -> bool {
+    a == b
+}
+
+/// What applying the templates came to.
+enum Generated {
+    /// Templates now present (sorted), and why some namespaces were skipped.
+    Applied {
+        templates: Vec<TemplateRef>,
+        foreign: Vec<String>,
+    },
+    /// The apiserver refused the template (e.g. a selector that does not compile as CEL).
+    Refused(String),
+}
+
+/// Applies the template in every selected namespace that lacks it or has a drifted copy, and
+/// deletes it from namespaces no longer selected.
+async fn generate(
+    client: &Client,
+    network: &Network,
+    spec: ResourceClaimTemplateSpec,
+) -> Result<Generated> {
+    let name = network.name_any();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let selected: BTreeSet<String> = namespaces
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|ns| ns.metadata.deletion_timestamp.is_none())
+        .filter(|ns| {
+            network.spec.namespaces.selects(
+                &ns.name_any(),
+                ns.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            )
+        })
+        .map(|ns| ns.name_any())
+        .collect();
+    let all: Api<ResourceClaimTemplate> = Api::all(client.clone());
+    // Every template with the network's name, generated or not, in one list.
+    let same_name: HashMap<String, ResourceClaimTemplate> = all
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await?
+        .items
+        .into_iter()
+        .map(|t| (t.namespace().unwrap_or_default(), t))
+        .collect();
+    let mut templates = Vec::new();
+    let mut foreign = Vec::new();
+    for namespace in &selected {
+        let desired = template(network, namespace, spec.clone());
+        match same_name.get(namespace) {
+            Some(existing) if !is_ours(existing, &name) => {
+                foreign.push(format!(
+                    "namespace {namespace}: a ResourceClaimTemplate named {name:?} that knic did not generate already exists; it is left alone"
+                ));
+                continue;
+            }
+            Some(existing)
+                if existing.spec == desired.spec
+                    && existing.metadata.owner_references == desired.metadata.owner_references => {}
+            _ => {
+                let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                match api.patch(&name, &params, &Patch::Apply(&desired)).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 422 => {
+                        return Ok(Generated::Refused(format!(
+                            "spec.devices: the apiserver refused the generated ResourceClaimTemplate in namespace {namespace}: {}",
+                            s.message
+                        )));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        templates.push(TemplateRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        });
+    }
+    delete_templates(client, &name, &selected).await?;
+    Ok(Generated::Applied { templates, foreign })
+}
+
+fn is_ours(template: &ResourceClaimTemplate, network: &str) -> bool {
+    template.labels().get(NETWORK_LABEL).map(String::as_str) == Some(network)
+}
+
+/// Deletes the network's templates outside `keep` (namespaces); returns how many.
+async fn delete_templates(
+    client: &Client,
+    network: &str,
+    keep: &BTreeSet<String>,
+) -> Result<usize> {
+    let all: Api<ResourceClaimTemplate> = Api::all(client.clone());
+    let ours = all
+        .list(&ListParams::default().labels(&format!("{NETWORK_LABEL}={network}")))
+        .await?
+        .items;
+    let mut removed = 0;
+    for t in ours {
+        let namespace = t.namespace().unwrap_or_default();
+        if keep.contains(&namespace) {
+            continue;
+        }
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &namespace);
+        let params = DeleteParams {
+            preconditions: t.uid().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&t.name_any(), &params).await {
+            Ok(_) => removed += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(removed)
+}
+
+/// Adds or removes [`FINALIZER`], guarded by the resourceVersion the decision was made on, so
+/// another writer's finalizer is never dropped by a stale list. `false` when the Network was
+/// already gone (removing the finalizer then has nothing left to do).
+async fn set_finalizer(api: &Api<Network>, network: &Network, present: bool) -> Result<bool> {
+    let mut finalizers: Vec<String> = network
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(FINALIZER.to_owned());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": network.resource_version(),
+    }});
+    match api
+        .patch(
+            &network.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Already gone: the finalizer was the last thing keeping it.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes the whole status as a merge patch, with explicit nulls for the fields this
+/// controller owns and left unset, so a field that no longer applies (addresses of a Network
+/// turned invalid) is removed rather than kept by the merge.
+async fn write_status(api: &Api<Network>, name: &str, status: &NetworkStatus) -> Result<()> {
+    let mut value = serde_json::to_value(status)?;
+    if let Some(map) = value.as_object_mut() {
+        for key in [
+            "observedGeneration",
+            "conditions",
+            "templates",
+            "addresses",
+            "addressSummary",
+            "devicesSummary",
+        ] {
+            map.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": value})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Publishes an Event on the Network; best effort, since a lost Event must not fail or repeat
+/// a reconcile whose outcome the status already records.
+async fn publish(ctx: &Context, network: &Network, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1024).collect()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &network.object_ref(&())).await {
+        tracing::debug!(error = %e, "publishing an Event");
+    }
+}
+
+/// Deletes every NetworkAddress whose claim (namespace, name and uid) no longer exists and
+/// returns how many. Each claim is read directly rather than from a cache, so a claim created
+/// a moment ago is never taken for gone; the delete is guarded by the allocation's uid, so an
+/// allocation recreated in between is left alone.
+pub async fn collect_addresses(client: &Client) -> Result<usize> {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let addresses: Api<NetworkAddress> = Api::all(client.clone());
+    let mut claims: HashMap<(String, String), Option<String>> = HashMap::new();
+    let mut collected = 0;
+    for address in addresses.list(&ListParams::default()).await?.items {
+        let claim = &address.spec.claim;
+        let key = (claim.namespace.clone(), claim.name.clone());
+        let uid = match claims.get(&key) {
+            Some(uid) => uid.clone(),
+            None => {
+                let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+                let uid = api.get_opt(&claim.name).await?.and_then(|c| c.metadata.uid);
+                claims.insert(key, uid.clone());
+                uid
+            }
+        };
+        if uid.as_deref() == Some(claim.uid.as_str()) {
+            continue;
+        }
+        let params = DeleteParams {
+            preconditions: address.uid().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match addresses.delete(&address.name_any(), &params).await {
+            Ok(_) => collected += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(collected)
+}
+
+#[cfg(test)]
+mod tests;

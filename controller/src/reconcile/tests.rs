@@ -1,0 +1,185 @@
+use super::*;
+use crate::network::{Devices, Ipam, Namespaces, Subnet};
+
+fn network(name: &str, created: i64, vlan: u16, cidr: &str) -> Network {
+    let mut n = Network::new(
+        name,
+        NetworkSpec {
+            devices: Devices {
+                device_class_name: Some("vf.knic.dev".into()),
+                ..Devices::default()
+            },
+            vlan: Some(vlan),
+            mtu: Some(9000),
+            ipam: Ipam {
+                subnets: vec![Subnet {
+                    cidr: cidr.into(),
+                    gateway: None,
+                    ..Subnet::default()
+                }],
+                ..Ipam::default()
+            },
+            namespaces: Namespaces {
+                names: vec!["a".into()],
+                ..Namespaces::default()
+            },
+            ..NetworkSpec::default()
+        },
+    );
+    n.metadata.creation_timestamp = Some(Time(
+        Timestamp::from_second(1_700_000_000 + created).expect("timestamp"),
+    ));
+    n
+}
+
+#[test]
+fn template_carries_request_and_config() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/24");
+    n.spec.interfaces_per_pod = Some(2);
+    let Plan::Generate(spec) = plan(&n, std::slice::from_ref(&n)) else {
+        panic!("valid network must generate");
+    };
+    let json = serde_json::to_value(&*spec).expect("json");
+    assert_eq!(
+        json,
+        serde_json::json!({"spec": {"devices": {
+            "requests": [{"name": "network", "exactly": {
+                "deviceClassName": "vf.knic.dev", "allocationMode": "ExactCount", "count": 2}}],
+            "config": [{"requests": ["network"], "opaque": {"driver": "knic.dev", "parameters": {
+                "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+                "interface": {"mtu": 9000}, "vlan": {"id": 100}, "ipam": {"network": "blue"}}}}],
+        }}})
+    );
+}
+
+#[test]
+fn older_network_wins_a_conflict() {
+    let a = network("net-a", 0, 100, "192.0.2.0/24");
+    let b = network("net-b", 5, 100, "192.0.2.128/25");
+    let all = [a.clone(), b.clone()];
+    assert!(matches!(plan(&a, &all), Plan::Generate(_)));
+    assert_eq!(
+        plan(&b, &all),
+        Plan::Invalid(
+            "spec.vlan: VLAN 100 is already used by network \"net-a\" on overlapping devices; \
+             spec.ipam.subnets[0].cidr: 192.0.2.128/25 overlaps 192.0.2.0/24 of network \"net-a\" \
+             on overlapping devices and the same VLAN (VLAN 100)"
+                .into()
+        )
+    );
+    // Same second: the name decides, so both replicas and every reconcile agree.
+    let b_same_second = network("net-b", 0, 100, "192.0.2.128/25");
+    assert!(matches!(
+        plan(&b_same_second, &[a.clone(), b_same_second.clone()]),
+        Plan::Invalid(_)
+    ));
+    // A deleting Network no longer blocks anyone.
+    let mut deleting = a;
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    assert!(matches!(
+        plan(&b, &[deleting, b.clone()]),
+        Plan::Generate(_)
+    ));
+}
+
+#[test]
+fn own_validation_errors_are_the_message() {
+    let n = network("blue", 0, 5000, "192.0.2.1/24");
+    let Plan::Invalid(message) = plan(&n, std::slice::from_ref(&n)) else {
+        panic!("must be invalid");
+    };
+    let direct = validate_network("blue", &n.spec)
+        .expect_err("invalid")
+        .to_string();
+    assert_eq!(message, direct);
+    assert!(message.contains("spec.vlan"), "{message}");
+    assert!(message.contains("spec.ipam.subnets[0].cidr"), "{message}");
+}
+
+#[test]
+fn generated_template_is_labelled_and_owned() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/24");
+    n.metadata.uid = Some("u-1".into());
+    let Plan::Generate(spec) = plan(&n, std::slice::from_ref(&n)) else {
+        panic!("valid");
+    };
+    let t = template(&n, "a", *spec);
+    assert_eq!(
+        t.labels().get(NETWORK_LABEL).map(String::as_str),
+        Some("blue")
+    );
+    let owner = t.owner_references().first().cloned().expect("owner");
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("Network", "blue", "u-1")
+    );
+    assert_eq!(owner.controller, Some(true));
+}
+
+#[test]
+fn addresses_count_live_allocations_inside_pools() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/24");
+    n.spec.ipam.subnets[0].gateway = Some("192.0.2.1".into());
+    n.spec.ipam.subnets.push(Subnet {
+        cidr: "2001:db8::/126".into(),
+        ..Subnet::default()
+    });
+    // 253 + 3 (a /126 keeps all but the subnet-router anycast address).
+    let total = address_count(&n.spec, &[]).expect("subnets").total;
+    let count = address_count(
+        &n.spec,
+        &[
+            "192.0.2.10/24",
+            "192.0.2.10/24",
+            "198.51.100.1/24",
+            "2001:db8::1/126",
+            "junk",
+        ],
+    )
+    .expect("subnets");
+    assert_eq!((count.free, count.total), (total - 2, total));
+    assert_eq!(count.summary(), format!("{}/{}", total - 2, total));
+    n.spec.ipam.subnets.clear();
+    assert_eq!(address_count(&n.spec, &["192.0.2.10/24"]), None);
+}
+
+#[test]
+fn conditions_keep_transition_time_while_status_holds() {
+    let old = Time(Timestamp::from_second(1_600_000_000).expect("ts"));
+    let previous = vec![Condition {
+        type_: CONDITION_READY.into(),
+        status: "True".into(),
+        reason: reason::GENERATED.into(),
+        message: "m".into(),
+        observed_generation: Some(1),
+        last_transition_time: old.clone(),
+    }];
+    let same = condition(
+        CONDITION_READY,
+        true,
+        reason::GENERATED,
+        "m2",
+        Some(2),
+        &previous,
+    );
+    assert_eq!(same.last_transition_time, old);
+    assert_eq!(
+        (same.message.as_str(), same.observed_generation),
+        ("m2", Some(2))
+    );
+    let flipped = condition(
+        CONDITION_READY,
+        false,
+        reason::INVALID,
+        "x",
+        Some(2),
+        &previous,
+    );
+    assert_ne!(flipped.last_transition_time, old);
+    assert_eq!(flipped.status, "False");
+}
+
+#[test]
+fn finalizer_is_knic_owned() {
+    assert!(FINALIZER.starts_with(knic_proto::DRIVER_NAME));
+}

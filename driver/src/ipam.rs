@@ -1,0 +1,827 @@
+//! Address allocation for claims whose config says `ipam: {network: NAME}`.
+//!
+//! **Decision: the driver allocates, at prepare time.** The node is the party that knows the
+//! claim, its pod and its devices when an address is needed, so allocating here costs no extra
+//! round trip through the controller, keeps prepare working while the controller is down or
+//! being upgraded, and puts the address into the attach plan (and the checkpoint) before the
+//! pod's sandbox exists. The controller's part is bookkeeping that may lag: it garbage-collects
+//! allocations whose claim is gone and reports free/total in the Network's status.
+//!
+//! **Uniqueness comes from the apiserver, never from this process.** Every allocation is a
+//! cluster-scoped `NetworkAddress` object named `allocation_name(network, ip)`, one name per
+//! address. Creating that object is the atomic step: exactly one create of a name succeeds, on
+//! whatever node it runs, so an address can never be handed out twice. A create answered with
+//! `409 AlreadyExists` means someone else holds the address; the allocator marks it taken and
+//! proposes the next candidate. Nothing shared is ever read, modified and written back.
+//!
+//! Candidates come from `knic_controller::ipam`, the same arithmetic the controller counts
+//! with: one LIST of the network's allocations (label `knic.dev/network=NAME`) seeds a local
+//! "taken" set, and probing starts at a per-claim hint (a hash of the claim UID, so concurrent
+//! allocators rarely collide) or, with `stableAddresses`, at the offset of the pod's identity,
+//! so a returning pod gets its former address when it is still free.
+//!
+//! **Idempotent.** If the LIST shows an allocation that already belongs to this claim (by UID),
+//! it is reused instead of creating a second one: that is what a re-prepare after a crash
+//! between the create and the checkpoint write finds. Allocations are recorded in the
+//! checkpoint (name and object UID), so unprepare releases them from the checkpoint alone;
+//! release deletes by name with a UID precondition, so it can never delete an allocation that
+//! was collected and re-created for another claim meanwhile.
+//!
+//! The API is reached only through [`AddressBook`], so the rules run in unit tests against an
+//! in-memory book (which can also simulate a racing node) and in production against the
+//! apiserver ([`KubeAddressBook`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+
+use k8s_openapi::api::core::v1::Pod;
+use knic_controller::ipam::{Pool, allocation_name, parse_allocation_name, stable_offset};
+use knic_controller::network::SubnetPool;
+use knic_proto::netconfig::{Cidr, RouteConfig};
+use knic_proto::network::{
+    ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec, StableBy, Subnet,
+};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A boxed future, so [`AddressBook`] can be a trait object the preparer holds without being
+/// generic over it.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a create of an allocation object came back with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// The object is ours; the UID the apiserver gave it (the release's precondition).
+    Created(String),
+    /// `409 AlreadyExists`: the address belongs to someone else.
+    AlreadyExists,
+}
+
+/// The API calls IPAM needs; a trait so allocation rules are tested without an apiserver.
+pub trait AddressBook: Send + Sync + 'static {
+    /// The Network, or `None` when it does not exist.
+    fn network<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Network>>>;
+    /// A pod's labels (only needed for `stableAddresses.by: label`), `None` when it is gone.
+    fn pod_labels<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>>;
+    /// Every allocation object of `network` (label `knic.dev/network=NETWORK`).
+    fn list<'a>(&'a self, network: &'a str) -> BoxFuture<'a, Result<Vec<NetworkAddress>>>;
+    /// Creates an allocation object; `AlreadyExists` is an answer, not an error.
+    fn create<'a>(&'a self, address: &'a NetworkAddress) -> BoxFuture<'a, Result<Created>>;
+    /// Deletes the allocation object `name` if its UID is still `uid`. An object that is gone,
+    /// or that now has another UID (collected and re-created for someone else), is success:
+    /// either way our allocation no longer exists.
+    fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>>;
+}
+
+/// [`AddressBook`] over the Kubernetes API.
+#[derive(Clone)]
+pub struct KubeAddressBook {
+    client: kube::Client,
+}
+
+impl KubeAddressBook {
+    /// Wraps a client; no request is made until an allocation is needed.
+    pub fn new(client: kube::Client) -> Self {
+        KubeAddressBook { client }
+    }
+}
+
+impl AddressBook for KubeAddressBook {
+    fn network<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Network>>> {
+        Box::pin(async move {
+            let api: kube::Api<Network> = kube::Api::all(self.client.clone());
+            Ok(api.get_opt(name).await?)
+        })
+    }
+
+    fn pod_labels<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
+        Box::pin(async move {
+            let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+            Ok(api
+                .get_opt(name)
+                .await?
+                .map(|p| p.metadata.labels.unwrap_or_default()))
+        })
+    }
+
+    fn list<'a>(&'a self, network: &'a str) -> BoxFuture<'a, Result<Vec<NetworkAddress>>> {
+        Box::pin(async move {
+            let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
+            let params = ListParams::default().labels(&format!("{NETWORK_LABEL}={network}"));
+            Ok(api.list(&params).await?.items)
+        })
+    }
+
+    fn create<'a>(&'a self, address: &'a NetworkAddress) -> BoxFuture<'a, Result<Created>> {
+        Box::pin(async move {
+            let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
+            match api.create(&PostParams::default(), address).await {
+                Ok(stored) => Ok(Created::Created(stored.metadata.uid.unwrap_or_default())),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Created::AlreadyExists),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.to_owned()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(name, &params).await {
+                Ok(_) => Ok(()),
+                // 404: already released (or collected). 409: the precondition failed, so the
+                // name now belongs to another allocation, which must be left alone.
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+}
+
+/// One address this driver holds for a claim, as the checkpoint records it: enough to release
+/// it without the Network or the claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Allocation {
+    /// The Network's name.
+    pub network: String,
+    /// The `NetworkAddress` object's name.
+    pub name: String,
+    /// The object's UID, the precondition of the release.
+    pub uid: String,
+    /// The address in interface form (with the subnet's prefix length).
+    pub address: Cidr,
+}
+
+/// Who asks for an address: the claim (the allocation's owner), its pod (the stable identity)
+/// and the node (recorded on the object so a node's allocations can be found).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requester {
+    /// Claim namespace, also the pod's.
+    pub namespace: String,
+    /// Claim name.
+    pub claim: String,
+    /// Claim UID: the owner key of an allocation.
+    pub uid: String,
+    /// The pod the claim is reserved for.
+    pub pod: String,
+    /// This node.
+    pub node: String,
+}
+
+/// What one interface got from a Network: one address per family the Network has subnets for,
+/// and the routes of the subnets they came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addressing {
+    /// The allocations, IPv4 first.
+    pub allocations: Vec<Allocation>,
+    /// The subnets' routes, a route without a gateway using its subnet's gateway as next hop
+    /// (the Network's contract: the gateway is "the next hop pods use for routes").
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Addressing {
+    /// The addresses in interface form, for the attach plan.
+    pub fn addresses(&self) -> Vec<Cidr> {
+        self.allocations.iter().map(|a| a.address).collect()
+    }
+}
+
+/// Allocates (or finds again) the addresses of interface number `interface` of `who`'s claim
+/// from Network `network_name`. `skip` names allocation objects already given to other
+/// interfaces of the same claim in this prepare, so reuse never hands one address to two
+/// interfaces. See the module documentation for the algorithm and why it is safe.
+///
+/// On error nothing this call created is left behind (best effort: a failed delete is logged
+/// and left to the controller's collection once the claim is gone).
+pub async fn allocate(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    interface: u32,
+    skip: &BTreeSet<String>,
+) -> Result<Addressing> {
+    let mut created = Vec::new();
+    let outcome = allocate_inner(book, network_name, who, interface, skip, &mut created).await;
+    if outcome.is_err()
+        && !created.is_empty()
+        && let Err(e) = release(book, &created).await
+    {
+        tracing::warn!(network = %network_name, error = %e,
+            "could not release addresses of a failed allocation; the controller collects them");
+    }
+    outcome
+}
+
+async fn allocate_inner(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    interface: u32,
+    skip: &BTreeSet<String>,
+    created: &mut Vec<Allocation>,
+) -> Result<Addressing> {
+    let network = book
+        .network(network_name)
+        .await?
+        .ok_or_else(|| Error::Ipam(format!("Network {network_name:?} does not exist")))?;
+    let spec = &network.spec;
+    if spec.ipam.subnets.is_empty() {
+        return Err(Error::Ipam(format!(
+            "Network {network_name:?} has static addressing (spec.ipam.static): give the \
+             addresses in the claim's config instead of ipam"
+        )));
+    }
+    let mut pools: Vec<(&Subnet, Pool)> = Vec::with_capacity(spec.ipam.subnets.len());
+    for (i, subnet) in spec.ipam.subnets.iter().enumerate() {
+        let pool = subnet.pool().map_err(|e| {
+            Error::Ipam(format!(
+                "Network {network_name:?} spec.ipam.subnets[{i}]: {e} (see the Network's \
+                 Invalid condition)"
+            ))
+        })?;
+        pools.push((subnet, pool));
+    }
+
+    let identity = match &spec.stable_addresses {
+        None => None,
+        Some(stable) => {
+            let labels = match stable.by {
+                StableBy::Label => book
+                    .pod_labels(&who.namespace, &who.pod)
+                    .await?
+                    .unwrap_or_default(),
+                StableBy::PodName => BTreeMap::new(),
+            };
+            stable.identity(&who.namespace, &who.pod, &labels, interface)
+        }
+    };
+    // Without an identity the claim UID spreads racing allocators over the subnet; later
+    // interfaces of one claim hash differently so they do not all start at one address.
+    let hint_key = match &identity {
+        Some(id) => id.clone(),
+        None if interface == 0 => who.uid.clone(),
+        None => format!("{}#{interface}", who.uid),
+    };
+
+    let existing = book.list(network_name).await?;
+    let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut mine: Vec<Allocation> = Vec::new();
+    for object in &existing {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let ip = match parse_allocation_name(&name) {
+            Some((net, ip)) if net == network_name => ip,
+            // Not an allocation of this network by name: the spec's address still counts.
+            _ => match object.spec.address.parse::<Cidr>() {
+                Ok(cidr) => cidr.addr,
+                Err(_) => continue,
+            },
+        };
+        taken.insert(ip);
+        if object.spec.claim.uid == who.uid && !skip.contains(&name) {
+            let Ok(address) = object.spec.address.parse::<Cidr>() else {
+                continue;
+            };
+            mine.push(Allocation {
+                network: network_name.to_owned(),
+                name,
+                uid: object.metadata.uid.clone().unwrap_or_default(),
+                address,
+            });
+        }
+    }
+
+    let mut out = Addressing::default();
+    for v4 in [true, false] {
+        let family: Vec<&(&Subnet, Pool)> = pools
+            .iter()
+            .filter(|(_, p)| p.subnet().is_ipv4() == v4)
+            .collect();
+        if family.is_empty() {
+            continue;
+        }
+        // A crash between create and checkpoint left this claim an address: take it again.
+        let reused = mine.iter().find_map(|a| {
+            family
+                .iter()
+                .find(|(_, p)| p.subnet().contains(a.address.addr))
+                .map(|(s, _)| (a.clone(), *s))
+        });
+        let (allocation, subnet) = match reused {
+            Some(found) => {
+                tracing::info!(network = %network_name, address = %found.0.address,
+                    claim = %who.claim, "reusing this claim's existing allocation");
+                found
+            }
+            None => {
+                claim_one(
+                    book,
+                    network_name,
+                    who,
+                    identity.as_deref(),
+                    &hint_key,
+                    &family,
+                    &mut taken,
+                )
+                .await?
+            }
+        };
+        if !mine.iter().any(|m| m.name == allocation.name) {
+            created.push(allocation.clone());
+        }
+        out.routes.extend(subnet.routes.iter().map(|r| RouteConfig {
+            gateway: r.gateway.clone().or_else(|| subnet.gateway.clone()),
+            ..r.clone()
+        }));
+        out.allocations.push(allocation);
+    }
+    Ok(out)
+}
+
+/// Proposes and creates addresses of one family until a create succeeds, moving to the next
+/// subnet of the family when one is exhausted; fails with the exhaustion text when all are.
+async fn claim_one<'s>(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    identity: Option<&str>,
+    hint_key: &str,
+    family: &[&'s (&'s Subnet, Pool)],
+    taken: &mut BTreeSet<IpAddr>,
+) -> Result<(Allocation, &'s Subnet)> {
+    let mut exhausted = Vec::new();
+    for (subnet, pool) in family.iter().map(|e| (e.0, &e.1)) {
+        let hint = stable_offset(network_name, hint_key, pool);
+        loop {
+            let ip = match knic_controller::ipam::allocate(
+                network_name,
+                pool,
+                |ip| taken.contains(&ip),
+                hint,
+            ) {
+                Ok(ip) => ip,
+                Err(e) => {
+                    exhausted.push(e.to_string());
+                    break;
+                }
+            };
+            let prefixed = Cidr::new(ip, pool.subnet().prefix_len)
+                .map_err(|e| Error::Ipam(format!("{ip}: {e}")))?;
+            let name = allocation_name(network_name, ip);
+            let mut object = NetworkAddress::new(
+                &name,
+                NetworkAddressSpec {
+                    network: network_name.to_owned(),
+                    address: prefixed.to_string(),
+                    claim: ClaimRef {
+                        namespace: who.namespace.clone(),
+                        name: who.claim.clone(),
+                        uid: who.uid.clone(),
+                    },
+                    identity: identity.map(str::to_owned),
+                    node: Some(who.node.clone()),
+                },
+            );
+            object.metadata.labels = Some(BTreeMap::from([(
+                NETWORK_LABEL.to_owned(),
+                network_name.to_owned(),
+            )]));
+            match book.create(&object).await? {
+                Created::Created(uid) => {
+                    tracing::info!(network = %network_name, address = %prefixed,
+                        claim = %who.claim, "address allocated");
+                    return Ok((
+                        Allocation {
+                            network: network_name.to_owned(),
+                            name,
+                            uid,
+                            address: prefixed,
+                        },
+                        subnet,
+                    ));
+                }
+                Created::AlreadyExists => {
+                    tracing::debug!(network = %network_name, address = %ip,
+                        "address taken by another allocator meanwhile; trying the next");
+                    taken.insert(ip);
+                }
+            }
+        }
+    }
+    Err(Error::Ipam(exhausted.join("; ")))
+}
+
+/// Releases allocations by deleting their objects (UID precondition; gone is success). Tries
+/// every one and returns the first error, so one failing delete does not leak the others.
+pub async fn release(book: &dyn AddressBook, allocations: &[Allocation]) -> Result<()> {
+    let mut first_error = None;
+    for a in allocations {
+        match book.delete(&a.name, &a.uid).await {
+            Ok(()) => {
+                tracing::info!(network = %a.network, address = %a.address, "address released")
+            }
+            Err(e) => {
+                tracing::warn!(network = %a.network, address = %a.address, error = %e,
+                    "address release failed");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// An in-memory [`AddressBook`] with the apiserver's create-by-name semantics, for tests.
+#[cfg(test)]
+pub(crate) mod memory {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(Default)]
+    pub(crate) struct MemBook {
+        pub networks: Mutex<BTreeMap<String, Network>>,
+        pub pods: Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>,
+        pub objects: Mutex<BTreeMap<String, NetworkAddress>>,
+        /// Names another node creates between our LIST and our CREATE: invisible to `list`
+        /// until a create of that name is attempted, which then answers `AlreadyExists`.
+        pub racing: Mutex<BTreeMap<String, NetworkAddress>>,
+        pub creates: AtomicU64,
+        uids: AtomicU64,
+    }
+
+    impl MemBook {
+        pub(crate) fn add_network(&self, name: &str, spec: serde_json::Value) {
+            let network = Network::new(name, serde_json::from_value(spec).unwrap());
+            self.networks
+                .lock()
+                .unwrap()
+                .insert(name.to_owned(), network);
+        }
+
+        pub(crate) fn addresses(&self) -> Vec<String> {
+            self.objects
+                .lock()
+                .unwrap()
+                .values()
+                .map(|o| o.spec.address.clone())
+                .collect()
+        }
+    }
+
+    impl AddressBook for MemBook {
+        fn network<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Network>>> {
+            Box::pin(async move { Ok(self.networks.lock().unwrap().get(name).cloned()) })
+        }
+
+        fn pod_labels<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
+            Box::pin(async move {
+                Ok(self
+                    .pods
+                    .lock()
+                    .unwrap()
+                    .get(&(namespace.to_owned(), name.to_owned()))
+                    .cloned())
+            })
+        }
+
+        fn list<'a>(&'a self, network: &'a str) -> BoxFuture<'a, Result<Vec<NetworkAddress>>> {
+            Box::pin(async move {
+                Ok(self
+                    .objects
+                    .lock()
+                    .unwrap()
+                    .values()
+                    .filter(|o| {
+                        o.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(NETWORK_LABEL))
+                            .is_some_and(|n| n == network)
+                    })
+                    .cloned()
+                    .collect())
+            })
+        }
+
+        fn create<'a>(&'a self, address: &'a NetworkAddress) -> BoxFuture<'a, Result<Created>> {
+            Box::pin(async move {
+                self.creates.fetch_add(1, Ordering::SeqCst);
+                let name = address.metadata.name.clone().unwrap_or_default();
+                let mut objects = self.objects.lock().unwrap();
+                if let Some(raced) = self.racing.lock().unwrap().remove(&name) {
+                    objects.insert(name.clone(), raced);
+                }
+                if objects.contains_key(&name) {
+                    return Ok(Created::AlreadyExists);
+                }
+                let uid = format!("uid-{}", self.uids.fetch_add(1, Ordering::SeqCst) + 1);
+                let mut stored = address.clone();
+                stored.metadata.uid = Some(uid.clone());
+                objects.insert(name, stored);
+                Ok(Created::Created(uid))
+            })
+        }
+
+        fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move {
+                let mut objects = self.objects.lock().unwrap();
+                if objects
+                    .get(name)
+                    .is_some_and(|o| o.metadata.uid.as_deref() == Some(uid))
+                {
+                    objects.remove(name);
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory::MemBook;
+    use super::*;
+    use serde_json::json;
+
+    fn who(claim: &str, uid: &str, pod: &str) -> Requester {
+        Requester {
+            namespace: "ns".into(),
+            claim: claim.into(),
+            uid: uid.into(),
+            pod: pod.into(),
+            node: "node-a".into(),
+        }
+    }
+
+    fn spec(subnets: serde_json::Value) -> serde_json::Value {
+        json!({
+            "devices": {"deviceClassName": "knic.dev"},
+            "ipam": {"subnets": subnets},
+            "namespaces": {"names": ["ns"]},
+        })
+    }
+
+    fn book_with(subnets: serde_json::Value) -> MemBook {
+        let book = MemBook::default();
+        book.add_network("blue", spec(subnets));
+        book
+    }
+
+    async fn alloc(book: &MemBook, who: &Requester) -> Result<Addressing> {
+        allocate(book, "blue", who, 0, &BTreeSet::new()).await
+    }
+
+    #[tokio::test]
+    async fn allocates_from_the_subnet_records_the_owner_and_routes_via_the_gateway() {
+        let book = book_with(json!([{
+            "cidr": "192.0.2.0/24", "gateway": "192.0.2.1",
+            "routes": [{"destination": "198.51.100.0/24"}, {"destination": "203.0.113.0/24", "gateway": "192.0.2.254"}],
+        }]));
+        let got = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        assert_eq!(got.allocations.len(), 1);
+        let a = &got.allocations[0];
+        assert_eq!(a.address.prefix_len, 24);
+        assert!(a.address.addr.to_string().starts_with("192.0.2."));
+        assert_ne!(a.address.addr.to_string(), "192.0.2.1", "never the gateway");
+        assert_eq!(a.name, allocation_name("blue", a.address.addr));
+        let objects = book.objects.lock().unwrap();
+        let object = &objects[&a.name];
+        assert_eq!(object.metadata.uid.as_deref(), Some(a.uid.as_str()));
+        assert_eq!(object.spec.claim.uid, "u1");
+        assert_eq!(object.spec.node.as_deref(), Some("node-a"));
+        assert_eq!(object.spec.address, a.address.to_string());
+        assert_eq!(
+            object.metadata.labels.as_ref().unwrap()[NETWORK_LABEL],
+            "blue"
+        );
+        let gateways: Vec<_> = got.routes.iter().map(|r| r.gateway.as_deref()).collect();
+        assert_eq!(gateways, [Some("192.0.2.1"), Some("192.0.2.254")]);
+    }
+
+    #[tokio::test]
+    async fn missing_and_static_networks_are_clear_errors() {
+        let book = MemBook::default();
+        let err = alloc(&book, &who("c", "u1", "p")).await.unwrap_err();
+        assert_eq!(err.to_string(), "Network \"blue\" does not exist");
+        book.add_network(
+            "blue",
+            json!({"devices": {"deviceClassName": "knic.dev"}, "ipam": {"static": {}}, "namespaces": {"names": ["ns"]}}),
+        );
+        let err = alloc(&book, &who("c", "u1", "p")).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("Network \"blue\" has static addressing"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn exhaustion_gives_the_controllers_message_and_leaves_nothing_behind() {
+        // A /29 has 6 usable addresses; the gateway leaves 5.
+        let book = book_with(json!([{"cidr": "192.0.2.0/29", "gateway": "192.0.2.1"}]));
+        let mut seen = BTreeSet::new();
+        for i in 0..5 {
+            let got = alloc(&book, &who(&format!("c{i}"), &format!("u{i}"), "p"))
+                .await
+                .unwrap();
+            assert!(seen.insert(got.allocations[0].address), "duplicate");
+        }
+        let err = alloc(&book, &who("c5", "u5", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "network blue: subnet 192.0.2.0/29 has no free address (5 in use of 5)"
+        );
+        assert_eq!(book.objects.lock().unwrap().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_reprepare_reuses_the_claims_existing_allocation() {
+        let book = book_with(json!([{"cidr": "192.0.2.0/24"}]));
+        let first = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        let creates = book.creates.load(std::sync::atomic::Ordering::SeqCst);
+        // The checkpoint write was lost (crash): the same claim asks again.
+        let again = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        assert_eq!(first, again);
+        assert_eq!(
+            book.creates.load(std::sync::atomic::Ordering::SeqCst),
+            creates,
+            "no second create"
+        );
+        assert_eq!(book.objects.lock().unwrap().len(), 1);
+        // A second interface of the same claim must not get the first one's address.
+        let skip = BTreeSet::from([first.allocations[0].name.clone()]);
+        let second = allocate(&book, "blue", &who("c", "u1", "p"), 1, &skip)
+            .await
+            .unwrap();
+        assert_ne!(second.allocations[0].address, first.allocations[0].address);
+    }
+
+    #[tokio::test]
+    async fn release_deletes_with_the_uid_precondition() {
+        let book = book_with(json!([{"cidr": "192.0.2.0/24"}]));
+        let got = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        // A stale record (other UID) must not delete the object someone else now owns.
+        let mut stale = got.allocations.clone();
+        stale[0].uid = "someone-else".into();
+        release(&book, &stale).await.unwrap();
+        assert_eq!(book.objects.lock().unwrap().len(), 1);
+        release(&book, &got.allocations).await.unwrap();
+        assert!(book.objects.lock().unwrap().is_empty());
+        // Releasing again (already gone) is success.
+        release(&book, &got.allocations).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_create_lost_to_another_node_moves_on_to_the_next_address() {
+        let book = book_with(json!([{"cidr": "192.0.2.0/24"}]));
+        // Learn where this claim would start, then let another node take exactly that address
+        // after our LIST (the 409 path).
+        let probe = book_with(json!([{"cidr": "192.0.2.0/24"}]));
+        let wanted = alloc(&probe, &who("c", "u1", "p"))
+            .await
+            .unwrap()
+            .allocations[0]
+            .clone();
+        let mut theirs = probe.objects.lock().unwrap()[&wanted.name].clone();
+        theirs.spec.claim.uid = "other".into();
+        book.racing
+            .lock()
+            .unwrap()
+            .insert(wanted.name.clone(), theirs);
+        let got = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        assert_ne!(got.allocations[0].address, wanted.address);
+        assert_eq!(
+            book.creates.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "one lost create, one won"
+        );
+        let objects = book.objects.lock().unwrap();
+        assert_eq!(objects[&wanted.name].spec.claim.uid, "other");
+        assert_eq!(objects[&got.allocations[0].name].spec.claim.uid, "u1");
+    }
+
+    #[tokio::test]
+    async fn dual_stack_gets_one_address_per_family() {
+        let book = book_with(json!([
+            {"cidr": "2001:db8::/64", "gateway": "2001:db8::1", "routes": [{"destination": "2001:db8:1::/48"}]},
+            {"cidr": "192.0.2.0/24"},
+        ]));
+        let got = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+        let addresses: Vec<String> = got.addresses().iter().map(Cidr::to_string).collect();
+        assert_eq!(addresses.len(), 2);
+        assert!(addresses[0].starts_with("192.0.2.") && addresses[0].ends_with("/24"));
+        assert!(addresses[1].starts_with("2001:db8::") && addresses[1].ends_with("/64"));
+        assert_eq!(got.routes.len(), 1);
+        assert_eq!(got.routes[0].gateway.as_deref(), Some("2001:db8::1"));
+        assert_eq!(book.objects.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn later_subnets_of_a_family_extend_the_first() {
+        let book = book_with(json!([{"cidr": "192.0.2.0/30"}, {"cidr": "198.51.100.0/30"}]));
+        let mut got = Vec::new();
+        for i in 0..4 {
+            got.push(
+                alloc(&book, &who(&format!("c{i}"), &format!("u{i}"), "p"))
+                    .await
+                    .unwrap()
+                    .allocations[0]
+                    .address
+                    .to_string(),
+            );
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "192.0.2.1/30",
+                "192.0.2.2/30",
+                "198.51.100.1/30",
+                "198.51.100.2/30"
+            ]
+        );
+        let err = alloc(&book, &who("c9", "u9", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "network blue: subnet 192.0.2.0/30 has no free address (2 in use of 2); \
+             network blue: subnet 198.51.100.0/30 has no free address (2 in use of 2)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stable_identity_gets_its_address_back_after_release() {
+        let book = MemBook::default();
+        let mut s = spec(json!([{"cidr": "10.0.0.0/16"}]));
+        s["stableAddresses"] = json!({"by": "podName"});
+        book.add_network("blue", s);
+        let first = alloc(&book, &who("c", "u1", "db-0")).await.unwrap();
+        let object = book.objects.lock().unwrap()[&first.allocations[0].name].clone();
+        assert_eq!(object.spec.identity.as_deref(), Some("ns/db-0"));
+        release(&book, &first.allocations).await.unwrap();
+        // The pod comes back with a new claim (new UID): same address.
+        let again = alloc(&book, &who("c2", "u2", "db-0")).await.unwrap();
+        assert_eq!(first.addresses(), again.addresses());
+        let other = alloc(&book, &who("c3", "u3", "db-1")).await.unwrap();
+        assert_ne!(other.addresses(), again.addresses());
+    }
+
+    #[tokio::test]
+    async fn a_label_identity_reads_the_pods_labels() {
+        let book = MemBook::default();
+        let mut s = spec(json!([{"cidr": "10.0.0.0/16"}]));
+        s["stableAddresses"] = json!({"by": "label", "label": "app.kubernetes.io/instance"});
+        book.add_network("blue", s);
+        for pod in ["a-x1", "a-y2"] {
+            book.pods.lock().unwrap().insert(
+                ("ns".into(), pod.into()),
+                BTreeMap::from([("app.kubernetes.io/instance".into(), "one".into())]),
+            );
+        }
+        let first = alloc(&book, &who("c", "u1", "a-x1")).await.unwrap();
+        release(&book, &first.allocations).await.unwrap();
+        let again = alloc(&book, &who("c2", "u2", "a-y2")).await.unwrap();
+        assert_eq!(first.addresses(), again.addresses());
+        let object = book.objects.lock().unwrap()[&again.allocations[0].name].clone();
+        assert_eq!(object.spec.identity.as_deref(), Some("ns/one"));
+    }
+
+    #[tokio::test]
+    async fn many_claims_never_share_an_address() {
+        let book = book_with(json!([{"cidr": "192.0.2.0/24", "gateway": "192.0.2.1"}]));
+        let mut seen = BTreeSet::new();
+        for i in 0..253 {
+            let got = alloc(&book, &who(&format!("c{i}"), &format!("uid-{i}"), "p"))
+                .await
+                .unwrap();
+            assert!(seen.insert(got.allocations[0].address));
+        }
+        let err = alloc(&book, &who("x", "x", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "network blue: subnet 192.0.2.0/24 has no free address (253 in use of 253)"
+        );
+        assert_eq!(book.addresses().len(), 253);
+    }
+}

@@ -1,0 +1,413 @@
+//! IPAM end to end: claims whose config says `ipam: {network: NAME}` get their addresses from
+//! the real `knic-driver` binary at prepare time, recorded as `NetworkAddress` objects in the
+//! API (the fake in CI, a real cluster with `KNIC_E2E_KUBECONFIG`, where the CRDs must be
+//! installed). Checked: the object names the claim and is deleted by unprepare, also after a
+//! `kill -9` and restart; many claims racing on one Network from two driver processes never
+//! share an address; exhaustion is a clean per-claim prepare error with the controller's text.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use anyhow::{Context, ensure};
+use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
+use knic_e2e::driver::{DriverConfig, DriverProcess, VFS, vf_device};
+use knic_e2e::harness::{real_cluster, trial};
+use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin, Prepared};
+use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+/// One driver process playing one node.
+struct Node {
+    config: DriverConfig,
+    driver: DriverProcess,
+    plugin: Arc<Plugin>,
+}
+
+struct Env {
+    cluster: Cluster,
+    /// The test's own Network (cluster-scoped, so named per test run).
+    network: String,
+    nodes: Vec<Node>,
+}
+
+impl Env {
+    fn id(&self, claim: &TestClaim) -> ClaimId {
+        ClaimId {
+            namespace: self.cluster.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        }
+    }
+
+    /// Starts one more driver process, as node `name`, with its own directories.
+    async fn add_node(&mut self, name: &str) -> anyhow::Result<()> {
+        let dir = self.cluster.tmp.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let config = DriverConfig::under(&dir, name, &self.cluster.kubeconfig);
+        let driver = DriverProcess::start(&config)?;
+        let plugin = match kubelet::register(&config.registry_dir).await {
+            Ok(p) => Arc::new(p),
+            Err(e) => anyhow::bail!("{e:#}\ndriver log:\n{}", driver.logs()),
+        };
+        self.nodes.push(Node {
+            config,
+            driver,
+            plugin,
+        });
+        Ok(())
+    }
+
+    fn checkpoint(&self, node: usize) -> String {
+        std::fs::read_to_string(self.nodes[node].config.plugin_dir.join("checkpoint.json"))
+            .unwrap_or_default()
+    }
+
+    async fn create_network(&self, subnets: serde_json::Value) -> anyhow::Result<()> {
+        let spec = serde_json::from_value(json!({
+            "devices": {"deviceClassName": "knic.dev"},
+            "ipam": {"subnets": subnets},
+            "namespaces": {"names": [self.cluster.namespace]},
+        }))?;
+        Api::<Network>::all(self.cluster.client.clone())
+            .create(&PostParams::default(), &Network::new(&self.network, spec))
+            .await?;
+        Ok(())
+    }
+
+    /// A claim on VF `vf` whose config asks for an address from the test's Network.
+    async fn claim(&self, name: &str, vf: usize) -> anyhow::Result<TestClaim> {
+        let config = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+                            "ipam": {"network": self.network}});
+        self.cluster
+            .create_claim_with_config(
+                name,
+                Some(&[("knic.dev", vf_device(vf).as_str())]),
+                Some(config),
+            )
+            .await
+    }
+
+    /// The Network's allocation objects, as the controller would list them.
+    async fn addresses(&self) -> anyhow::Result<Vec<NetworkAddress>> {
+        let api: Api<NetworkAddress> = Api::all(self.cluster.client.clone());
+        let selector = format!("{NETWORK_LABEL}={}", self.network);
+        Ok(api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    async fn prepare(&self, node: usize, claim: &TestClaim) -> anyhow::Result<Prepared> {
+        let mut out = self.nodes[node]
+            .plugin
+            .prepare(DraVersion::V1, &[self.id(claim)])
+            .await?;
+        out.remove(&claim.uid).context("no entry for the claim")
+    }
+
+    async fn unprepare(&self, node: usize, claim: &TestClaim) -> anyhow::Result<String> {
+        let mut out = self.nodes[node]
+            .plugin
+            .unprepare(DraVersion::V1, &[self.id(claim)])
+            .await?;
+        out.remove(&claim.uid).context("no entry for the claim")
+    }
+
+    /// Prepares every `(node, claim)` at once, each in its own kubelet call, as pods starting
+    /// together on several nodes do.
+    async fn prepare_all(&self, claims: &[(usize, TestClaim)]) -> anyhow::Result<Vec<Prepared>> {
+        let mut tasks = Vec::new();
+        for (node, claim) in claims {
+            let plugin = self.nodes[*node].plugin.clone();
+            let id = self.id(claim);
+            tasks.push(tokio::spawn(async move {
+                let uid = id.uid.clone();
+                let mut out = plugin.prepare(DraVersion::V1, &[id]).await?;
+                out.remove(&uid).context("no entry for the claim")
+            }));
+        }
+        let mut out = Vec::new();
+        for task in tasks {
+            out.push(task.await??);
+        }
+        Ok(out)
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- {} ---\n{}", n.config.node_name, n.driver.logs()))
+            .collect()
+    }
+
+    /// Removes what a real cluster would keep: the Network and its allocation objects are
+    /// cluster-scoped, so deleting the test namespace does not take them along.
+    async fn cleanup(&self) -> anyhow::Result<()> {
+        let addresses: Api<NetworkAddress> = Api::all(self.cluster.client.clone());
+        let selector = format!("{NETWORK_LABEL}={}", self.network);
+        addresses
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&selector),
+            )
+            .await?;
+        let networks: Api<Network> = Api::all(self.cluster.client.clone());
+        if networks.get_opt(&self.network).await?.is_some() {
+            networks
+                .delete(&self.network, &DeleteParams::default())
+                .await?;
+        }
+        self.cluster.cleanup().await
+    }
+}
+
+/// The claim's address is an object naming the claim, found again on a repeated prepare, kept
+/// across a `kill -9`, and released by unprepare from the checkpoint alone.
+async fn address_end_to_end(env: &mut Env) -> anyhow::Result<()> {
+    env.create_network(json!([{
+        "cidr": "192.0.2.0/24", "gateway": "192.0.2.1",
+        "routes": [{"destination": "198.51.100.0/24"}],
+    }]))
+    .await?;
+    let claim = env.claim("addr", 0).await?;
+    let got = env.prepare(0, &claim).await?;
+    ensure!(got.error.is_empty(), "prepare: {}", got.error);
+    let objects = env.addresses().await?;
+    ensure!(objects.len() == 1, "one allocation, got {objects:?}");
+    let object = &objects[0];
+    let address = object.spec.address.clone();
+    ensure!(
+        object.spec.claim.uid == claim.uid
+            && object.spec.claim.name == "addr"
+            && object.spec.claim.namespace == env.cluster.namespace,
+        "owner: {:?}",
+        object.spec.claim
+    );
+    ensure!(
+        address.starts_with("192.0.2.") && address.ends_with("/24") && address != "192.0.2.1/24",
+        "address {address}"
+    );
+    ensure!(object.spec.node.as_deref() == Some(env.cluster.node.as_str()));
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .context("object without name")?;
+    let ip = address.trim_end_matches("/24").replace('.', "-");
+    ensure!(name == format!("{}-{ip}", env.network), "name {name}");
+    let cp = env.checkpoint(0);
+    ensure!(
+        cp.contains(&name) && cp.contains(&address),
+        "checkpoint lacks the allocation: {cp}"
+    );
+
+    // A repeated prepare answers from the checkpoint: no second allocation.
+    let again = env.prepare(0, &claim).await?;
+    ensure!(again == got, "{again:?} != {got:?}");
+    ensure!(env.addresses().await?.len() == 1);
+
+    // kill -9, the claim goes away, the driver comes back: unprepare still releases.
+    env.nodes[0].driver.kill9().await?;
+    env.cluster.delete_claim("addr").await?;
+    let node = &mut env.nodes[0];
+    node.driver = DriverProcess::start(&node.config)?;
+    node.plugin = Arc::new(kubelet::register(&node.config.registry_dir).await?);
+    let out = env.unprepare(0, &claim).await?;
+    ensure!(out.is_empty(), "unprepare: {out}");
+    ensure!(
+        env.addresses().await?.is_empty(),
+        "unprepare must delete the NetworkAddress"
+    );
+    ensure!(!env.checkpoint(0).contains(&claim.uid));
+    Ok(())
+}
+
+/// Claims prepared all at once, on two driver processes (one on a real cluster, where a second
+/// node cannot be faked), each get their own address of one small subnet.
+async fn concurrent_claims_get_unique_addresses(env: &mut Env) -> anyhow::Result<()> {
+    let nodes = if env.cluster.fake.is_some() { 2 } else { 1 };
+    if nodes == 2 {
+        let second = format!("{}-b", env.cluster.node);
+        env.add_node(&second).await?;
+    }
+    // A /25: 126 usable addresses for 64 claims, so racers collide now and then but all fit.
+    env.create_network(json!([{"cidr": "10.20.0.0/25"}]))
+        .await?;
+    let mut claims = Vec::new();
+    for node in 0..nodes {
+        for vf in 0..VFS {
+            let claim = env.claim(&format!("par-{node}-{vf:02}"), vf).await?;
+            claims.push((node, claim));
+        }
+    }
+    let outcomes = env.prepare_all(&claims).await?;
+    for ((node, claim), got) in claims.iter().zip(&outcomes) {
+        ensure!(
+            got.error.is_empty(),
+            "node {node} claim {}: {}",
+            claim.name,
+            got.error
+        );
+    }
+    let objects = env.addresses().await?;
+    let addresses: BTreeSet<&str> = objects.iter().map(|o| o.spec.address.as_str()).collect();
+    let owners: BTreeSet<&str> = objects.iter().map(|o| o.spec.claim.uid.as_str()).collect();
+    ensure!(
+        objects.len() == claims.len()
+            && addresses.len() == claims.len()
+            && owners.len() == claims.len(),
+        "{} claims, {} objects, {} distinct addresses, {} distinct owners",
+        claims.len(),
+        objects.len(),
+        addresses.len(),
+        owners.len()
+    );
+    ensure!(
+        addresses
+            .iter()
+            .all(|a| a.starts_with("10.20.0.") && a.ends_with("/25")),
+        "{addresses:?}"
+    );
+    for (node, claim) in &claims {
+        let out = env.unprepare(*node, claim).await?;
+        ensure!(out.is_empty(), "unprepare {}: {out}", claim.name);
+    }
+    let left = env.addresses().await?;
+    ensure!(left.is_empty(), "{} allocations left", left.len());
+    Ok(())
+}
+
+/// Six claims race for the five addresses of a /29 with a gateway: five win, the sixth gets the
+/// exhaustion text as its prepare error and nothing is left allocated for it; once an address
+/// is released, the same claim prepares.
+async fn exhaustion_is_a_clean_prepare_error(env: &mut Env) -> anyhow::Result<()> {
+    env.create_network(json!([{"cidr": "192.0.2.0/29", "gateway": "192.0.2.1"}]))
+        .await?;
+    let mut claims = Vec::new();
+    for vf in 0..6 {
+        claims.push((0, env.claim(&format!("full-{vf}"), vf).await?));
+    }
+    let outcomes = env.prepare_all(&claims).await?;
+    let failed: Vec<usize> = (0..claims.len())
+        .filter(|&i| !outcomes[i].error.is_empty())
+        .collect();
+    ensure!(failed.len() == 1, "exactly one must fail: {outcomes:?}");
+    let loser = &claims[failed[0]].1;
+    let want = format!(
+        "ResourceClaim {}/{}: request nic: ipam.network: network {}: subnet 192.0.2.0/29 has no \
+         free address (5 in use of 5)",
+        env.cluster.namespace, loser.name, env.network
+    );
+    let got = &outcomes[failed[0]];
+    ensure!(got.error == want, "{:?} != {want:?}", got.error);
+    ensure!(got.devices.is_empty());
+    let objects = env.addresses().await?;
+    ensure!(objects.len() == 5, "{} allocations", objects.len());
+    ensure!(objects.iter().all(|o| o.spec.claim.uid != loser.uid));
+    ensure!(!env.checkpoint(0).contains(&loser.uid));
+
+    // One pod goes away: the waiting claim now gets the freed address.
+    let winner = &claims[if failed[0] == 0 { 1 } else { 0 }].1;
+    let freed = objects
+        .iter()
+        .find(|o| o.spec.claim.uid == winner.uid)
+        .map(|o| o.spec.address.clone())
+        .context("winner has no allocation")?;
+    ensure!(env.unprepare(0, winner).await?.is_empty());
+    let retry = env.prepare(0, loser).await?;
+    ensure!(retry.error.is_empty(), "retry: {}", retry.error);
+    let objects = env.addresses().await?;
+    let mine = objects
+        .iter()
+        .find(|o| o.spec.claim.uid == loser.uid)
+        .context("retry left no allocation")?;
+    ensure!(
+        mine.spec.address == freed,
+        "{} != {freed}",
+        mine.spec.address
+    );
+    Ok(())
+}
+
+type Scenario = for<'a> fn(&'a mut Env) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+
+async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
+    let cluster = match &real {
+        Some(r) => Cluster::real(r, test).await?,
+        None => Cluster::fake(test).await?,
+    };
+    // Cluster-scoped and DNS-label short, so runs (and trials) never share a Network.
+    let network = format!(
+        "e2e-{}",
+        cluster
+            .namespace
+            .rsplit('-')
+            .next()
+            .context("namespace without suffix")?
+    );
+    let first = cluster.node.clone();
+    let mut env = Env {
+        cluster,
+        network,
+        nodes: Vec::new(),
+    };
+    let dir = env.cluster.tmp.path().join(&first);
+    std::fs::create_dir_all(&dir)?;
+    let config = DriverConfig::under(&dir, &first, &env.cluster.kubeconfig);
+    let driver = DriverProcess::start(&config)?;
+    let plugin = match kubelet::register(&config.registry_dir).await {
+        Ok(p) => Arc::new(p),
+        Err(e) => anyhow::bail!("{e:#}\ndriver log:\n{}", driver.logs()),
+    };
+    env.nodes.push(Node {
+        config,
+        driver,
+        plugin,
+    });
+    Ok(env)
+}
+
+fn main() {
+    let args = knic_e2e::harness::arguments();
+    let real = real_cluster();
+    let scenarios: Vec<(&str, Scenario)> = vec![
+        ("address_end_to_end", |e| Box::pin(address_end_to_end(e))),
+        ("concurrent_claims_get_unique_addresses", |e| {
+            Box::pin(concurrent_claims_get_unique_addresses(e))
+        }),
+        ("exhaustion_is_a_clean_prepare_error", |e| {
+            Box::pin(exhaustion_is_a_clean_prepare_error(e))
+        }),
+    ];
+    let mut trials = Vec::new();
+    for backend in ["fake", "real"] {
+        for (name, scenario) in &scenarios {
+            let test = format!("{backend}/{name}");
+            let cluster = if backend == "real" {
+                real.clone()
+            } else {
+                None
+            };
+            let scenario = *scenario;
+            let label = test.clone();
+            trials.push(trial(
+                test,
+                backend == "real" && real.is_none(),
+                move || async move {
+                    let mut env = setup(cluster, &label).await?;
+                    let outcome = scenario(&mut env).await;
+                    let cleanup = env.cleanup().await;
+                    match outcome {
+                        Ok(()) => cleanup,
+                        Err(e) => anyhow::bail!("{e:#}\n{}", env.logs()),
+                    }
+                },
+            ));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
