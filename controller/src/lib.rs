@@ -59,11 +59,3 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The field manager the controller's server-side applies use, so its fields never fight the
 /// driver's.
 pub const FIELD_MANAGER: &str = "knic-controller";
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn field_manager_differs_from_driver() {
-        assert_ne!(super::FIELD_MANAGER, knic_proto::DRIVER_NAME);
-    }
-}

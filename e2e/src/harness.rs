@@ -202,3 +202,41 @@ pub fn arguments() -> libtest_mimic::Arguments {
     }
     args
 }
+
+/// A scenario over a test binary's environment type `E`, as a plain function pointer so the
+/// scenario tables stay `Copy`.
+pub type Scenario<E> = for<'a> fn(
+    &'a mut E,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
+>;
+
+/// The twin trials of every scenario: `fake/<name>` against the in-process API, and
+/// `real/<name>` against the configured cluster, reported ignored when there is none. `run`
+/// gets the cluster (`None` for the fake), the trial's name and the scenario.
+pub fn backend_trials<S, F, Fut>(
+    real: &Option<RealCluster>,
+    scenarios: &[(&str, S)],
+    run: F,
+) -> Vec<Trial>
+where
+    S: Copy + Send + 'static,
+    F: Fn(Option<RealCluster>, String, S) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let mut trials = Vec::new();
+    for backend in ["fake", "real"] {
+        for (name, scenario) in scenarios {
+            let test = format!("{backend}/{name}");
+            let cluster = if backend == "real" {
+                real.clone()
+            } else {
+                None
+            };
+            let (scenario, label, run) = (*scenario, test.clone(), run.clone());
+            let ignored = backend == "real" && real.is_none();
+            trials.push(trial(test, ignored, move || run(cluster, label, scenario)));
+        }
+    }
+    trials
+}

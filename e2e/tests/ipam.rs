@@ -6,14 +6,12 @@
 //! share an address; exhaustion is a clean per-claim prepare error with the controller's text.
 
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::{Context, ensure};
 use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess, VFS, vf_device};
-use knic_e2e::harness::{real_cluster, trial};
+use knic_e2e::harness::{backend_trials, real_cluster};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin, Prepared};
 use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
 use kube::Api;
@@ -333,7 +331,7 @@ async fn exhaustion_is_a_clean_prepare_error(env: &mut Env) -> anyhow::Result<()
     Ok(())
 }
 
-type Scenario = for<'a> fn(&'a mut Env) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+type Scenario = knic_e2e::harness::Scenario<Env>;
 
 async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
     let cluster = match &real {
@@ -383,31 +381,18 @@ fn main() {
             Box::pin(exhaustion_is_a_clean_prepare_error(e))
         }),
     ];
-    let mut trials = Vec::new();
-    for backend in ["fake", "real"] {
-        for (name, scenario) in &scenarios {
-            let test = format!("{backend}/{name}");
-            let cluster = if backend == "real" {
-                real.clone()
-            } else {
-                None
-            };
-            let scenario = *scenario;
-            let label = test.clone();
-            trials.push(trial(
-                test,
-                backend == "real" && real.is_none(),
-                move || async move {
-                    let mut env = setup(cluster, &label).await?;
-                    let outcome = scenario(&mut env).await;
-                    let cleanup = env.cleanup().await;
-                    match outcome {
-                        Ok(()) => cleanup,
-                        Err(e) => anyhow::bail!("{e:#}\n{}", env.logs()),
-                    }
-                },
-            ));
-        }
-    }
+    let trials = backend_trials(
+        &real,
+        &scenarios,
+        |cluster, label, scenario: Scenario| async move {
+            let mut env = setup(cluster, &label).await?;
+            let outcome = scenario(&mut env).await;
+            let cleanup = env.cleanup().await;
+            match outcome {
+                Ok(()) => cleanup,
+                Err(e) => anyhow::bail!("{e:#}\n{}", env.logs()),
+            }
+        },
+    );
     libtest_mimic::run(&args, trials).exit();
 }

@@ -3,9 +3,7 @@
 //! API (the in-process fake in CI; a real cluster when `KNIC_E2E_KUBECONFIG` is set, otherwise
 //! those runs are reported as ignored with the reason).
 
-use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::{Context, bail, ensure};
@@ -50,7 +48,7 @@ impl Env {
     }
 }
 
-type Scenario = for<'a> fn(&'a mut Env) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+type Scenario = knic_e2e::harness::Scenario<Env>;
 
 macro_rules! scenarios {
     ($($name:ident: $versioned:expr),* $(,)?) => {

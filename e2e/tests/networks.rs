@@ -16,7 +16,7 @@ use knic_controller::network::{
 };
 use knic_controller::reconcile::{self, FINALIZER};
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::harness::{eventually, real_cluster, trial};
+use knic_e2e::harness::{backend_trials, eventually, real_cluster};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
@@ -572,11 +572,7 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Scenario = for<'a> fn(
-    &'a mut Env,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
->;
+type Scenario = knic_e2e::harness::Scenario<Env>;
 
 fn main() {
     let args = knic_e2e::harness::arguments();
@@ -593,28 +589,15 @@ fn main() {
             Box::pin(orphaned_addresses_collected(e))
         }),
     ];
-    let mut trials = Vec::new();
-    for backend in ["fake", "real"] {
-        for (name, scenario) in &scenarios {
-            let test = format!("{backend}/{name}");
-            let cluster = if backend == "real" {
-                real.clone()
-            } else {
-                None
-            };
-            let scenario = *scenario;
-            let label = test.clone();
-            trials.push(trial(
-                test,
-                backend == "real" && real.is_none(),
-                move || async move {
-                    let mut env = setup(cluster, &label).await?;
-                    let outcome = scenario(&mut env).await;
-                    let cleanup = teardown(&mut env).await;
-                    outcome.and(cleanup)
-                },
-            ));
-        }
-    }
+    let trials = backend_trials(
+        &real,
+        &scenarios,
+        |cluster, label, scenario: Scenario| async move {
+            let mut env = setup(cluster, &label).await?;
+            let outcome = scenario(&mut env).await;
+            let cleanup = teardown(&mut env).await;
+            outcome.and(cleanup)
+        },
+    );
     libtest_mimic::run(&args, trials).exit();
 }

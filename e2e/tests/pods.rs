@@ -685,11 +685,7 @@ async fn real_kubelet_and_runtime(real: RealCluster) -> anyhow::Result<()> {
     }
 }
 
-type Scenario = for<'a> fn(
-    &'a mut Env,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
->;
+type Scenario = knic_e2e::harness::Scenario<Env>;
 
 fn main() {
     let args = knic_e2e::harness::arguments();

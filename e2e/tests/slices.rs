@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess};
-use knic_e2e::harness::{eventually, real_cluster, trial};
+use knic_e2e::harness::{backend_trials, eventually, real_cluster};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 
 const PF: &str = "pci-0000-a2-00-0";
@@ -199,11 +199,7 @@ async fn prepared_device_stays_published(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Scenario = for<'a> fn(
-    &'a mut Env,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
->;
+type Scenario = knic_e2e::harness::Scenario<Env>;
 
 fn main() {
     let args = knic_e2e::harness::arguments();
@@ -220,31 +216,18 @@ fn main() {
             Box::pin(prepared_device_stays_published(e))
         }),
     ];
-    let mut trials = Vec::new();
-    for backend in ["fake", "real"] {
-        for (name, scenario) in &scenarios {
-            let test = format!("{backend}/{name}");
-            let cluster = if backend == "real" {
-                real.clone()
-            } else {
-                None
-            };
-            let scenario = *scenario;
-            let label = test.clone();
-            trials.push(trial(
-                test,
-                backend == "real" && real.is_none(),
-                move || async move {
-                    let mut env = setup(cluster, &label).await?;
-                    let outcome = scenario(&mut env).await;
-                    let cleanup = env.cluster.cleanup().await;
-                    match outcome {
-                        Ok(()) => cleanup,
-                        Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
-                    }
-                },
-            ));
-        }
-    }
+    let trials = backend_trials(
+        &real,
+        &scenarios,
+        |cluster, label, scenario: Scenario| async move {
+            let mut env = setup(cluster, &label).await?;
+            let outcome = scenario(&mut env).await;
+            let cleanup = env.cluster.cleanup().await;
+            match outcome {
+                Ok(()) => cleanup,
+                Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
+            }
+        },
+    );
     libtest_mimic::run(&args, trials).exit();
 }

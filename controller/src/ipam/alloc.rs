@@ -4,6 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Pool;
 use crate::Result;
+use knic_proto::netconfig::is_dns_label;
 
 /// Proposes a free address of `pool`, probing from usable index `hint % size` and walking
 /// forward (wrapping) until `is_taken` says no; `None` when every usable address is taken.
@@ -163,15 +164,4 @@ pub fn parse_allocation_name(name: &str) -> Option<(&str, IpAddr)> {
         (parts.next()?, IpAddr::V4(Ipv4Addr::from(octets)))
     };
     is_dns_label(tokens).then_some((tokens, ip))
-}
-
-/// RFC 1123 label, the rule for Network names.
-pub(crate) fn is_dns_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
-        && bytes.first().copied().is_some_and(edge_ok)
-        && bytes.last().copied().is_some_and(edge_ok)
 }

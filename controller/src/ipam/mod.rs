@@ -26,5 +26,4 @@ mod tests;
 pub use alloc::{allocate, allocation_name, choose, parse_allocation_name, stable_offset};
 pub use pool::{Exclusion, Pool};
 
-pub(crate) use alloc::is_dns_label;
 pub(crate) use pool::{check_exclusion, check_gateway, check_subnet, family};

@@ -64,7 +64,7 @@ impl SubnetPool for Subnet {
         let gateway = self
             .gateway
             .as_deref()
-            .map(validate::parse_ip)
+            .map(knic_proto::netconfig::parse_ip)
             .transpose()
             .map_err(Error::Invalid)?;
         let exclude = self

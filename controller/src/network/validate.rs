@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use knic_proto::netconfig::{self, Cidr, ConfigErrors, FieldError, NetworkConfig, RouteConfig};
+use knic_proto::netconfig::{
+    self, Cidr, ConfigErrors, FieldError, NetworkConfig, RouteConfig, is_dns_label, parse_ip,
+};
 
 use super::devices::{self, DeviceSet};
 use super::{MAX_INTERFACES_PER_POD, NetworkSpec, StableBy, Subnet, template_config};
 use crate::Error;
-use crate::ipam::{
-    Exclusion, Pool, check_exclusion, check_gateway, check_subnet, family, is_dns_label,
-};
+use crate::ipam::{Exclusion, Pool, check_exclusion, check_gateway, check_subnet, family};
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU.
 const MIN_IPV6_MTU: u32 = 1280;
@@ -162,22 +162,6 @@ fn parsed_subnets(spec: &NetworkSpec) -> Vec<(usize, Cidr)> {
 /// Two CIDRs overlap exactly when one contains the other's network address.
 fn overlaps(a: Cidr, b: Cidr) -> bool {
     a.contains(b.network().addr) || b.contains(a.network().addr)
-}
-
-/// A plain IP held to the contract's standard, with the contract's messages.
-pub(super) fn parse_ip(s: &str) -> Result<IpAddr, String> {
-    if s.contains('%') {
-        return Err(format!(
-            "{s:?} has a zone id (%...); zone ids are not allowed"
-        ));
-    }
-    if s.contains('/') {
-        return Err(format!(
-            "{s:?} is not an IP address (write the address without a prefix length)"
-        ));
-    }
-    s.parse::<IpAddr>()
-        .map_err(|_| format!("{s:?} is not a valid IPv4 or IPv6 address"))
 }
 
 #[derive(Default)]

@@ -39,16 +39,8 @@ pub fn netdev_device_name(if_name: &str) -> String {
     }
 }
 
-/// RFC 1123 label: 1..=63 of `[a-z0-9-]`, letter or digit at both ends.
-pub fn is_dns_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let ok_char = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes.iter().all(ok_char)
-        && bytes.first() != Some(&b'-')
-        && bytes.last() != Some(&b'-')
-}
+/// RFC 1123 label: device names must be one; the contract crate's rule, shared by all crates.
+pub use knic_proto::netconfig::is_dns_label;
 
 /// RFC 4648 base32, lowercase alphabet, no padding.
 pub fn base32_lower(data: &[u8]) -> String {

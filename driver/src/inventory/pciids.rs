@@ -6,7 +6,9 @@
 //! the name attributes are simply left out.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 /// Where distributions install `pci.ids`, relative to the root: Debian first, then
 /// Fedora/RHEL/Arch (Debian's `hwdata` links the second to the first).
@@ -97,19 +99,37 @@ fn split_id(text: &str) -> Option<(u16, &str)> {
 /// Name lookups: the host database under the root first, then the embedded one.
 #[derive(Debug, Clone, Default)]
 pub struct PciNames {
-    host: Option<PciDb>,
+    host: Option<Arc<PciDb>>,
     embedded: bool,
 }
 
 impl PciNames {
     /// Loads the first host `pci.ids` found under `root` ([`HOST_PCI_IDS`]) and enables the
     /// embedded fallback.
+    ///
+    /// Every rescan calls this, so a parsed file is kept and reused until its size or
+    /// modification time changes: parsing the full database (over a megabyte) on each link
+    /// event would put that cost on the rescan path.
     pub fn load(root: &Path) -> PciNames {
+        type Parsed = HashMap<PathBuf, (u64, Option<SystemTime>, Arc<PciDb>)>;
+        static PARSED: Mutex<Option<Parsed>> = Mutex::new(None);
         let host = HOST_PCI_IDS.iter().find_map(|rel| {
             let path = root.join(rel);
+            let meta = std::fs::metadata(&path).ok()?;
+            let stamp = (meta.len(), meta.modified().ok());
+            let mut cache = PARSED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let cache = cache.get_or_insert_with(HashMap::new);
+            if let Some((len, modified, db)) = cache.get(&path)
+                && (*len, *modified) == stamp
+            {
+                return Some(db.clone());
+            }
             let text = std::fs::read(&path).ok()?;
-            let db = PciDb::parse(&String::from_utf8_lossy(&text));
+            let db = Arc::new(PciDb::parse(&String::from_utf8_lossy(&text)));
             tracing::debug!(path = %path.display(), vendors = db.vendor_count(), "loaded pci.ids");
+            cache.insert(path, (stamp.0, stamp.1, db.clone()));
             Some(db)
         });
         PciNames {
@@ -122,7 +142,7 @@ impl PciNames {
     /// file that must be authoritative).
     pub fn from_db(db: Option<PciDb>) -> PciNames {
         PciNames {
-            host: db,
+            host: db.map(Arc::new),
             embedded: false,
         }
     }

@@ -310,15 +310,6 @@ impl Session for FakeSession {
         }
     }
 
-    async fn del_address(&mut self, name: &str, address: Cidr) -> Result<()> {
-        let ns = self.ns.clone();
-        let mut s = self.record(format!("addr del {address} dev {name}"))?;
-        if let Some(link) = find(&mut s, &ns, name) {
-            link.addresses.retain(|a| *a != address);
-        }
-        Ok(())
-    }
-
     async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
         let ns = self.ns.clone();
         let via = route

@@ -97,9 +97,6 @@ pub trait Session: Send {
     /// Adds an address (IPv6 without duplicate address detection, so it is usable at once).
     fn add_address(&mut self, name: &str, address: Cidr)
     -> impl Future<Output = Result<()>> + Send;
-    /// Removes an address.
-    fn del_address(&mut self, name: &str, address: Cidr)
-    -> impl Future<Output = Result<()>> + Send;
     /// Adds a route through `name`.
     fn add_route(&mut self, name: &str, route: &Route) -> impl Future<Output = Result<()>> + Send;
     /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.

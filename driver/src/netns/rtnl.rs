@@ -323,34 +323,6 @@ impl Session for RtnlSession {
         }
     }
 
-    async fn del_address(&mut self, name: &str, address: Cidr) -> Result<()> {
-        let index = self.index(name).await?;
-        let mut stream = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(nl(format!("reading addresses of {name}")))?
-        {
-            let matches = msg.header.prefix_len == address.prefix_len
-                && msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Local(ip) | AddressAttribute::Address(ip) if *ip == address.addr));
-            if matches {
-                self.handle
-                    .address()
-                    .del(msg)
-                    .execute()
-                    .await
-                    .map_err(nl(format!("removing address {address} from {name}")))?;
-                break;
-            }
-        }
-        Ok(())
-    }
-
     async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
         let index = self.index(name).await?;
         let context = format!("adding route {} via {name}", route.destination);

@@ -116,7 +116,7 @@ fn mask_v6(prefix_len: u8) -> u128 {
 
 /// Parses a plain IP address the same strict way [`Cidr`] parses its address part, so a
 /// gateway and an address are held to one standard. Messages name the value.
-pub(crate) fn parse_ip(s: &str) -> Result<IpAddr, String> {
+pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
     if s.contains('%') {
         return Err(format!(
             "{s:?} has a zone id (%...); zone ids are not allowed"

@@ -31,9 +31,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-pub use cidr::{Cidr, CidrError};
+pub use cidr::{Cidr, CidrError, parse_ip};
 pub use parse::parse;
-pub use validate::{check_interface_name, sysctl_path, validate};
+pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 
 /// The only `apiVersion` knic accepts: a config written for another version may mean something
 /// else, so it is refused rather than guessed at.

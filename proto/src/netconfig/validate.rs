@@ -139,8 +139,9 @@ fn family_name(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
-/// RFC 1123 label: what Kubernetes accepts as an object name of this kind.
-fn is_dns_label(s: &str) -> bool {
+/// RFC 1123 label: what Kubernetes accepts as an object name (Networks, device names); one
+/// definition for every crate, so the driver, the controller and the contract agree.
+pub fn is_dns_label(s: &str) -> bool {
     let bytes = s.as_bytes();
     let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
     !bytes.is_empty()
