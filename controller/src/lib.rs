@@ -7,7 +7,9 @@
 //!   every other network), and the compilation of its device choice into DRA selectors;
 //! * [`ipam`]: address arithmetic over IPv4 and IPv6 subnets without enumerating them,
 //!   candidate choice for allocators racing on one subnet, stable addresses, and the names of
-//!   allocation objects whose create-if-absent makes an address unique.
+//!   allocation objects whose create-if-absent makes an address unique;
+//! * [`cel`]: the subset of CEL device selectors knic generates and ships, evaluated against
+//!   published devices to count the nodes a Network can use.
 //!
 //! On top of them, [`reconcile`] does the I/O: the kube-runtime reconciler that turns Networks
 //! into ResourceClaimTemplates and status, and the collector of allocations whose claim is
@@ -15,6 +17,8 @@
 
 use knic_proto::netconfig::Cidr;
 
+pub mod availability;
+pub mod cel;
 pub mod ipam;
 pub mod leader;
 pub mod network;

@@ -54,6 +54,7 @@ use crate::network::{
     validate_against, validate_network,
 };
 use crate::{Error, FIELD_MANAGER, Result};
+use knic_proto::network::{CONDITION_EXHAUSTED, exhaustion_selector};
 
 /// The finalizer that keeps a deleted Network until its templates are gone: templates live in
 /// other namespaces, and without it a Network deleted while the controller is down would leave
@@ -77,6 +78,10 @@ pub mod reason {
     pub const TEMPLATE_CONFLICT: &str = "TemplateConflict";
     /// Event: the Network was deleted and its templates removed.
     pub const CLEANED_UP: &str = "CleanedUp";
+    /// Exhausted=True (and a Warning Event): no allocatable address is left.
+    pub const EXHAUSTED: &str = "NoFreeAddress";
+    /// Exhausted=False (and a Normal Event when it was True): addresses are free again.
+    pub const ADDRESSES_FREE: &str = "AddressesFree";
 }
 
 /// Tunables of the reconciler.
@@ -90,6 +95,8 @@ pub struct Config {
     pub retry: Duration,
     /// This replica's name in Events (e.g. the pod name).
     pub instance: Option<String>,
+    /// How `status.availableNodes` is kept current.
+    pub availability: crate::availability::Settings,
 }
 
 impl Default for Config {
@@ -99,6 +106,7 @@ impl Default for Config {
             gc_interval: Duration::from_secs(60),
             retry: Duration::from_secs(5),
             instance: None,
+            availability: crate::availability::Settings::default(),
         }
     }
 }
@@ -150,9 +158,14 @@ fn age(n: &Network) -> (Option<Timestamp>, String) {
 /// with the network's class and selectors, and the network's `NetworkConfig` as opaque
 /// `knic.dev` parameters for that request.
 pub fn template_spec(name: &str, spec: &NetworkSpec) -> Result<ResourceClaimTemplateSpec> {
-    let request = spec
+    let mut request = spec
         .device_request()
         .map_err(|e| Error::Invalid(e.to_string()))?;
+    if !spec.ipam.subnets.is_empty() {
+        // Keeps new claims off every device while the network has no free address, without
+        // touching allocated claims (see `knic_proto::network::EXHAUSTED_ATTRIBUTE`).
+        request.selectors.push(exhaustion_selector(name));
+    }
     let selectors = (!request.selectors.is_empty()).then(|| {
         request
             .selectors
@@ -269,6 +282,44 @@ pub fn condition(
     }
 }
 
+/// The `Exhausted` condition for `count`: `True` exactly when no allocatable address is left,
+/// with a message an operator can act on (which subnets, and what happens to pods meanwhile).
+pub fn exhausted_condition(
+    spec: &NetworkSpec,
+    count: AddressCount,
+    generation: Option<i64>,
+    previous: &NetworkStatus,
+) -> Condition {
+    let subnets: Vec<&str> = spec.ipam.subnets.iter().map(|s| s.cidr.as_str()).collect();
+    let (exhausted, why, message) = if count.free == 0 {
+        (
+            true,
+            reason::EXHAUSTED,
+            format!(
+                "all {} allocatable addresses of {} are in use; new pods of this network stay \
+                 Pending (unschedulable) until an address is released or a subnet is added, \
+                 running pods keep theirs",
+                count.total,
+                subnets.join(", ")
+            ),
+        )
+    } else {
+        (
+            false,
+            reason::ADDRESSES_FREE,
+            format!("{} of {} addresses free", count.free, count.total),
+        )
+    };
+    condition(
+        CONDITION_EXHAUSTED,
+        exhausted,
+        why,
+        &message,
+        generation,
+        &previous.conditions,
+    )
+}
+
 /// Shared state of all reconciles.
 struct Context {
     client: Client,
@@ -332,6 +383,14 @@ pub async fn run(
         recorder,
         config: config.clone(),
     });
+    let (stop_availability, availability_stopped) = tokio::sync::oneshot::channel::<()>();
+    let availability = tokio::spawn(crate::availability::run(
+        client.clone(),
+        config.availability.clone(),
+        async {
+            let _ = availability_stopped.await;
+        },
+    ));
     let (stop_gc, mut gc_stopped) = tokio::sync::oneshot::channel::<()>();
     let gc = {
         let client = client.clone();
@@ -382,7 +441,9 @@ pub async fn run(
         })
         .await;
     let _ = stop_gc.send(());
+    let _ = stop_availability.send(());
     let _ = gc.await;
+    let _ = availability.await;
 }
 
 fn error_policy(network: Arc<Network>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -496,6 +557,24 @@ async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
             .collect();
         status.addresses = address_count(&network.spec, &live);
         status.address_summary = status.addresses.map(|a| a.summary());
+        if let Some(count) = status.addresses {
+            let exhausted = exhausted_condition(&network.spec, count, generation, &previous);
+            let was = previous
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_EXHAUSTED)
+                .map(|c| c.status == "True");
+            let now = exhausted.status == "True";
+            if was.unwrap_or(false) != now {
+                let (type_, why) = if now {
+                    (EventType::Warning, reason::EXHAUSTED)
+                } else {
+                    (EventType::Normal, reason::ADDRESSES_FREE)
+                };
+                publish(&ctx, &network, type_, why, exhausted.message.clone()).await;
+            }
+            status.conditions.push(exhausted);
+        }
         if previous.templates != status.templates || !is_ready(&previous) {
             let message = generated_message(&status.templates);
             publish(
@@ -699,6 +778,8 @@ async fn set_finalizer(api: &Api<Network>, network: &Network, present: bool) -> 
 async fn write_status(api: &Api<Network>, name: &str, status: &NetworkStatus) -> Result<()> {
     let mut value = serde_json::to_value(status)?;
     if let Some(map) = value.as_object_mut() {
+        // Written by the availability loop alone (see `crate::availability`).
+        map.remove("availableNodes");
         for key in [
             "observedGeneration",
             "conditions",

@@ -36,12 +36,13 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use knic_controller::ipam::{Pool, allocation_name, parse_allocation_name, stable_offset};
 use knic_controller::network::SubnetPool;
 use knic_proto::netconfig::{Cidr, RouteConfig};
 use knic_proto::network::{
-    ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec, StableBy, Subnet,
+    CONDITION_INVALID, ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec,
+    StableBy, Subnet,
 };
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,12 @@ pub trait AddressBook: Send + Sync + 'static {
     fn pod_labels<'a>(
         &'a self,
         namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>>;
+    /// A namespace's labels (only needed when the Network selects namespaces by label), `None`
+    /// when the namespace does not exist.
+    fn namespace_labels<'a>(
+        &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>>;
     /// Every allocation object of `network` (label `knic.dev/network=NETWORK`).
@@ -113,6 +120,19 @@ impl AddressBook for KubeAddressBook {
                 .get_opt(name)
                 .await?
                 .map(|p| p.metadata.labels.unwrap_or_default()))
+        })
+    }
+
+    fn namespace_labels<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
+        Box::pin(async move {
+            let api: kube::Api<Namespace> = kube::Api::all(self.client.clone());
+            Ok(api
+                .get_opt(name)
+                .await?
+                .map(|n| n.metadata.labels.unwrap_or_default()))
         })
     }
 
@@ -205,6 +225,63 @@ impl Addressing {
     }
 }
 
+/// Why `network` must not give a claim in `namespace` an address, or `None` when it may.
+/// `labels` are the namespace's labels, needed only when the Network selects by label.
+///
+/// The controller generates templates only in selected namespaces, but anyone may write a claim
+/// with `ipam: {network: NAME}` by hand: this is where the Network's `spec.namespaces` is
+/// enforced. A Network being deleted or marked `Invalid` (for its current spec) hands out
+/// nothing, so a broken or withdrawn network cannot keep growing.
+pub fn refusal(
+    network: &Network,
+    namespace: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Option<String> {
+    let name = network.metadata.name.as_deref().unwrap_or_default();
+    if network.metadata.deletion_timestamp.is_some() {
+        return Some(format!(
+            "Network {name:?} is being deleted; it allocates no new addresses"
+        ));
+    }
+    if network.condition_is_true(CONDITION_INVALID) {
+        let message = network
+            .condition(CONDITION_INVALID)
+            .map(|c| c.message.as_str())
+            .unwrap_or_default();
+        return Some(format!(
+            "Network {name:?} is Invalid, so it allocates no addresses: {message}"
+        ));
+    }
+    let namespaces = &network.spec.namespaces;
+    if namespaces.selects(namespace, labels.unwrap_or(&BTreeMap::new())) {
+        return None;
+    }
+    Some(match &namespaces.selector {
+        Some(selector) => {
+            let wanted: Vec<String> = selector
+                .match_labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let why = if labels.is_none() {
+                "the namespace does not exist"
+            } else {
+                "its labels do not match"
+            };
+            format!(
+                "Network {name:?} is not offered to namespace {namespace:?} ({why}: \
+                 spec.namespaces.selector.matchLabels is {{{}}})",
+                wanted.join(", ")
+            )
+        }
+        None => format!(
+            "Network {name:?} is not offered to namespace {namespace:?} (spec.namespaces.names \
+             is [{}])",
+            namespaces.names.join(", ")
+        ),
+    })
+}
+
 /// Allocates (or finds again) the addresses of interface number `interface` of `who`'s claim
 /// from Network `network_name`. `skip` names allocation objects already given to other
 /// interfaces of the same claim in this prepare, so reuse never hands one address to two
@@ -243,6 +320,13 @@ async fn allocate_inner(
         .network(network_name)
         .await?
         .ok_or_else(|| Error::Ipam(format!("Network {network_name:?} does not exist")))?;
+    let labels = match &network.spec.namespaces.selector {
+        Some(_) => book.namespace_labels(&who.namespace).await?,
+        None => None,
+    };
+    if let Some(why) = refusal(&network, &who.namespace, labels.as_ref()) {
+        return Err(Error::Ipam(why));
+    }
     let spec = &network.spec;
     if spec.ipam.subnets.is_empty() {
         return Err(Error::Ipam(format!(
@@ -459,6 +543,7 @@ pub(crate) mod memory {
     pub(crate) struct MemBook {
         pub networks: Mutex<BTreeMap<String, Network>>,
         pub pods: Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>,
+        pub namespaces: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
         pub objects: Mutex<BTreeMap<String, NetworkAddress>>,
         /// Names another node creates between our LIST and our CREATE: invisible to `list`
         /// until a create of that name is attempted, which then answers `AlreadyExists`.
@@ -504,6 +589,13 @@ pub(crate) mod memory {
                     .get(&(namespace.to_owned(), name.to_owned()))
                     .cloned())
             })
+        }
+
+        fn namespace_labels<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
+            Box::pin(async move { Ok(self.namespaces.lock().unwrap().get(name).cloned()) })
         }
 
         fn list<'a>(&'a self, network: &'a str) -> BoxFuture<'a, Result<Vec<NetworkAddress>>> {
@@ -563,6 +655,8 @@ pub(crate) mod memory {
 mod tests {
     use super::memory::MemBook;
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use knic_proto::network::NetworkStatus;
     use serde_json::json;
 
     fn who(claim: &str, uid: &str, pod: &str) -> Requester {
@@ -618,6 +712,110 @@ mod tests {
         );
         let gateways: Vec<_> = got.routes.iter().map(|r| r.gateway.as_deref()).collect();
         assert_eq!(gateways, [Some("192.0.2.1"), Some("192.0.2.254")]);
+    }
+
+    #[tokio::test]
+    async fn unselected_namespaces_invalid_and_deleted_networks_are_refused() {
+        let book = MemBook::default();
+        book.add_network(
+            "blue",
+            json!({"devices": {"deviceClassName": "knic.dev"},
+                   "ipam": {"subnets": [{"cidr": "192.0.2.0/29"}]},
+                   "namespaces": {"names": ["team-a", "team-b"]}}),
+        );
+        let err = alloc(&book, &who("c", "u1", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Network \"blue\" is not offered to namespace \"ns\" (spec.namespaces.names is \
+             [team-a, team-b])"
+        );
+
+        book.add_network(
+            "blue",
+            json!({"devices": {"deviceClassName": "knic.dev"},
+                   "ipam": {"subnets": [{"cidr": "192.0.2.0/29"}]},
+                   "namespaces": {"selector": {"matchLabels": {"team": "a", "tier": "db"}}}}),
+        );
+        let err = alloc(&book, &who("c", "u1", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Network \"blue\" is not offered to namespace \"ns\" (the namespace does \
+             not exist: spec.namespaces.selector.matchLabels is {team=a, tier=db})"
+        );
+        book.namespaces
+            .lock()
+            .unwrap()
+            .insert("ns".into(), BTreeMap::from([("team".into(), "a".into())]));
+        let err = alloc(&book, &who("c", "u1", "p")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Network \"blue\" is not offered to namespace \"ns\" (its labels do not \
+             match: spec.namespaces.selector.matchLabels is {team=a, tier=db})"
+        );
+        book.namespaces.lock().unwrap().insert(
+            "ns".into(),
+            BTreeMap::from([("team".into(), "a".into()), ("tier".into(), "db".into())]),
+        );
+        alloc(&book, &who("c", "u1", "p"))
+            .await
+            .expect("selected by labels");
+        assert!(
+            book.objects.lock().unwrap().len() == 1,
+            "nothing else was created"
+        );
+
+        // Invalid for the current generation: refused; for an older one: served.
+        let invalid = |generation: i64| Condition {
+            type_: "Invalid".into(),
+            status: "True".into(),
+            reason: "Invalid".into(),
+            message: "spec.vlan: 5000 is not a VLAN id (1..4094)".into(),
+            observed_generation: Some(generation),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        {
+            let mut networks = book.networks.lock().unwrap();
+            let blue = networks.get_mut("blue").unwrap();
+            blue.metadata.generation = Some(4);
+            blue.status = Some(NetworkStatus {
+                conditions: vec![invalid(4)],
+                ..NetworkStatus::default()
+            });
+        }
+        let err = alloc(&book, &who("c2", "u2", "p2")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Network \"blue\" is Invalid, so it allocates no addresses: spec.vlan: 5000 is not \
+             a VLAN id (1..4094)"
+        );
+        book.networks
+            .lock()
+            .unwrap()
+            .get_mut("blue")
+            .unwrap()
+            .metadata
+            .generation = Some(5);
+        alloc(&book, &who("c2", "u2", "p2"))
+            .await
+            .expect("the fixed spec is served");
+
+        book.networks
+            .lock()
+            .unwrap()
+            .get_mut("blue")
+            .unwrap()
+            .metadata
+            .deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let err = alloc(&book, &who("c3", "u3", "p3")).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Network \"blue\" is being deleted; it allocates no new addresses"
+        );
+        assert_eq!(
+            book.objects.lock().unwrap().len(),
+            2,
+            "refusals create nothing"
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod claims;
 pub mod error;
+pub mod exhaustion;
 pub mod failpoint;
 pub mod health;
 pub mod inventory;

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::checkpoint::CheckpointStore;
 use knic_driver::claims::{KubeClaims, Preparer};
+use knic_driver::exhaustion;
 use knic_driver::health::HealthService;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
@@ -353,8 +354,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Slices carry the devices plus the list of full networks (see `exhaustion`); the preparer,
+    // the checkpoint and health keep seeing devices as discovered.
+    let (exhausted_tx, exhausted_rx) = tokio::sync::watch::channel(None);
+    let first_published = exhaustion::mark(&devices_rx.borrow(), None);
+    let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
+    tokio::spawn(exhaustion::watch_networks(client.clone(), exhausted_tx));
+    tokio::spawn(exhaustion::apply(
+        devices_rx.clone(),
+        exhausted_rx,
+        published_tx,
+    ));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name);
-    let publishing = tokio::spawn(publisher.run(devices_rx.clone(), PublisherSettings::default()));
+    let publishing = tokio::spawn(publisher.run(published_rx, PublisherSettings::default()));
     let rescan = RescanSettings {
         period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
         ..Default::default()

@@ -3,20 +3,32 @@
 //! API (the fake in CI, a real cluster with `KNIC_E2E_KUBECONFIG`, where the CRDs must be
 //! installed). Checked: the object names the claim and is deleted by unprepare, also after a
 //! `kill -9` and restart; many claims racing on one Network from two driver processes never
-//! share an address; exhaustion is a clean per-claim prepare error with the controller's text.
+//! share an address; exhaustion is a clean per-claim prepare error with the controller's text,
+//! and (with the controller running in-process) keeps the network's template from accepting
+//! any published device until an address is freed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use knic_controller::cel;
+use knic_controller::reconcile;
 use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess, VFS, vf_device};
-use knic_e2e::harness::{backend_trials, real_cluster};
+use knic_e2e::harness::{backend_trials, eventually, real_cluster};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin, Prepared};
-use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
+use knic_proto::network::{
+    CONDITION_EXHAUSTED, EXHAUSTED_ATTRIBUTE, NETWORK_LABEL, Network, NetworkAddress,
+    exhaustion_selector, exhaustion_token,
+};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
+
+/// How long a status or slice change may take to show.
+const WAIT: Duration = Duration::from_secs(20);
 
 /// One driver process playing one node.
 struct Node {
@@ -133,6 +145,21 @@ impl Env {
             out.push(task.await??);
         }
         Ok(out)
+    }
+
+    /// Waits until the Network's `status.availableNodes` is `want`.
+    async fn wait_available_nodes(&self, want: Option<u32>) -> anyhow::Result<()> {
+        let networks: Api<Network> = Api::all(self.cluster.client.clone());
+        eventually(
+            &format!("status.availableNodes = {want:?}"),
+            WAIT,
+            || async {
+                let n = networks.get(&self.network).await?;
+                let have = n.status.and_then(|s| s.available_nodes);
+                Ok((have == want).then_some(()))
+            },
+        )
+        .await
     }
 
     fn logs(&self) -> String {
@@ -331,6 +358,269 @@ async fn exhaustion_is_a_clean_prepare_error(env: &mut Env) -> anyhow::Result<()
     Ok(())
 }
 
+/// The controller, running in-process for the scenarios that need a Network's status.
+struct Controller {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Controller {
+    fn start(env: &Env) -> Controller {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let config = reconcile::Config {
+            resync: Duration::from_secs(30),
+            gc_interval: Duration::from_secs(30),
+            retry: Duration::from_millis(250),
+            instance: Some("knic-e2e-ipam".into()),
+            availability: knic_controller::availability::Settings {
+                interval: Duration::from_millis(200),
+            },
+        };
+        let task = tokio::spawn(reconcile::run(env.cluster.client.clone(), config, async {
+            let _ = stopped.await;
+        }));
+        Controller { stop, task }
+    }
+
+    /// Deletes the Network while the controller still runs (its finalizer needs it), then
+    /// stops the controller.
+    async fn stop(self, env: &Env) -> anyhow::Result<()> {
+        let networks: Api<Network> = Api::all(env.cluster.client.clone());
+        if networks.get_opt(&env.network).await?.is_some() {
+            networks
+                .delete(&env.network, &DeleteParams::default())
+                .await?;
+        }
+        eventually("the Network is gone", WAIT, || async {
+            Ok(networks
+                .get_opt(&env.network)
+                .await?
+                .is_none()
+                .then_some(()))
+        })
+        .await?;
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        Ok(())
+    }
+}
+
+/// The DeviceClass the test's Network uses, created unless it exists (a real cluster has it from
+/// the chart, with this very selector: `deviceclasses/knic.yaml`).
+async fn ensure_device_class(env: &Env) -> anyhow::Result<()> {
+    let class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "knic.dev"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"knic.dev\""}}]},
+    }))?;
+    let api: Api<DeviceClass> = Api::all(env.cluster.client.clone());
+    match api.create(&PostParams::default(), &class).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the selectors of `template` (the request's; the class `knic.dev` selects every knic
+/// device) accept `device` of `slice`, evaluated the way the scheduler does.
+fn template_accepts(
+    template: &ResourceClaimTemplate,
+    slice: &ResourceSlice,
+    device: &k8s_openapi::api::resource::v1::Device,
+) -> anyhow::Result<bool> {
+    let request = template
+        .spec
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .and_then(|r| r.first())
+        .and_then(|r| r.exactly.as_ref())
+        .context("template without an exact request")?;
+    let view = cel::Device::from_slice(&slice.spec.driver, device);
+    for selector in request.selectors.iter().flatten() {
+        let expression = &selector
+            .cel
+            .as_ref()
+            .context("non-CEL selector")?
+            .expression;
+        let compiled =
+            cel::Selector::compile(expression).map_err(|e| anyhow::anyhow!("{expression}: {e}"))?;
+        // An evaluation error fails the device for the scheduler too.
+        if !compiled.matches(&view).unwrap_or(false) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// How many of the node's published devices the template accepts, and how many there are.
+async fn accepted(env: &Env, template: &ResourceClaimTemplate) -> anyhow::Result<(usize, usize)> {
+    let mut yes = 0;
+    let mut all = 0;
+    for slice in env.cluster.slices().await? {
+        for device in slice.spec.devices.iter().flatten() {
+            all += 1;
+            if template_accepts(template, &slice, device)? {
+                yes += 1;
+            }
+        }
+    }
+    Ok((yes, all))
+}
+
+/// A full Network says so in its status, and the node's slices then carry it in
+/// `exhaustedNetworks`, so the network's generated template accepts no device (the scheduler
+/// keeps new pods Pending) while a template of another network still accepts every one. The
+/// allocated claims are untouched; freeing one address lifts all of it.
+async fn exhaustion_keeps_new_claims_from_scheduling(env: &mut Env) -> anyhow::Result<()> {
+    let controller = Controller::start(env);
+    let outcome = exhaustion_scenario(env).await;
+    let stopped = controller.stop(env).await;
+    outcome.and(stopped)
+}
+
+async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
+    // Slices are owned by their Node; the fake API has none until asked.
+    env.cluster.ensure_node().await?;
+    env.create_network(json!([{"cidr": "192.0.2.0/29", "gateway": "192.0.2.1"}]))
+        .await?;
+    let networks: Api<Network> = Api::all(env.cluster.client.clone());
+    let templates: Api<ResourceClaimTemplate> =
+        Api::namespaced(env.cluster.client.clone(), &env.cluster.namespace);
+    let template = eventually("the generated template", WAIT, || async {
+        Ok(templates.get_opt(&env.network).await?)
+    })
+    .await?;
+    // Another network's template: what a full network must not block.
+    let mut other = template.clone();
+    let other_selector = exhaustion_selector("some-other-network");
+    for request in other
+        .spec
+        .spec
+        .devices
+        .iter_mut()
+        .flat_map(|d| d.requests.iter_mut().flatten())
+    {
+        for selector in request
+            .exactly
+            .iter_mut()
+            .flat_map(|e| e.selectors.iter_mut().flatten())
+        {
+            if let Some(cel) = selector.cel.as_mut() {
+                if cel.expression == exhaustion_selector(&env.network) {
+                    cel.expression = other_selector.clone();
+                }
+            }
+        }
+    }
+
+    eventually(
+        "the node's devices published and accepted",
+        WAIT,
+        || async {
+            let (yes, all) = accepted(env, &template).await?;
+            ensure!(all > 0 && yes == all, "{yes} of {all} devices accepted");
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    ensure_device_class(env).await?;
+    env.wait_available_nodes(Some(1)).await?;
+
+    let mut claims = Vec::new();
+    for vf in 0..5 {
+        let claim = env.claim(&format!("fill-{vf}"), vf).await?;
+        let got = env.prepare(0, &claim).await?;
+        ensure!(got.error.is_empty(), "prepare {vf}: {}", got.error);
+        claims.push(claim);
+    }
+    let full = eventually("Exhausted=True", WAIT, || async {
+        let n = networks.get(&env.network).await?;
+        Ok(n.condition_is_true(CONDITION_EXHAUSTED).then_some(n))
+    })
+    .await?;
+    let condition = full
+        .condition(CONDITION_EXHAUSTED)
+        .context("no condition")?;
+    ensure!(condition.reason == "NoFreeAddress", "{condition:?}");
+    ensure!(
+        condition.message
+            == "all 5 allocatable addresses of 192.0.2.0/29 are in use; new pods of this network \
+                stay Pending (unschedulable) until an address is released or a subnet is added, \
+                running pods keep theirs",
+        "{}",
+        condition.message
+    );
+    ensure!(
+        full.status
+            .as_ref()
+            .and_then(|s| s.address_summary.as_deref())
+            == Some("0/5")
+    );
+
+    let token = exhaustion_token(&env.network);
+    eventually("every published device lists the network", WAIT, || async {
+        let (yes, all) = accepted(env, &template).await?;
+        Ok((all > 0 && yes == 0).then_some(()))
+    })
+    .await?;
+    for slice in env.cluster.slices().await? {
+        for device in slice.spec.devices.iter().flatten() {
+            let value = device
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get(EXHAUSTED_ATTRIBUTE))
+                .and_then(|a| a.string.clone());
+            ensure!(
+                value == Some(format!(",{token},")),
+                "{}: {value:?}",
+                device.name
+            );
+        }
+    }
+    let (yes, all) = accepted(env, &other).await?;
+    ensure!(
+        yes == all,
+        "another network's template accepts {yes} of {all}"
+    );
+    env.wait_available_nodes(Some(0)).await?;
+    // Running pods keep theirs: all five allocations and checkpoint entries are still there.
+    ensure!(env.addresses().await?.len() == 5);
+    for claim in &claims {
+        ensure!(env.checkpoint(0).contains(&claim.uid));
+    }
+
+    // One pod goes: the network is not full any more, and every device is offered again.
+    ensure!(env.unprepare(0, &claims[0]).await?.is_empty());
+    eventually("Exhausted=False", WAIT, || async {
+        let n = networks.get(&env.network).await?;
+        let c = n.condition(CONDITION_EXHAUSTED).cloned();
+        Ok(c.filter(|c| c.status == "False" && c.message == "1 of 5 addresses free"))
+    })
+    .await?;
+    eventually("the attribute is gone again", WAIT, || async {
+        let slices = env.cluster.slices().await?;
+        let marked = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .any(|d| {
+                d.attributes
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(EXHAUSTED_ATTRIBUTE))
+            });
+        Ok((!marked).then_some(()))
+    })
+    .await?;
+    let (yes, all) = accepted(env, &template).await?;
+    ensure!(yes == all, "after release: {yes} of {all} devices accepted");
+    env.wait_available_nodes(Some(1)).await?;
+    for claim in &claims[1..] {
+        ensure!(env.unprepare(0, claim).await?.is_empty());
+    }
+    Ok(())
+}
+
 type Scenario = knic_e2e::harness::Scenario<Env>;
 
 async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
@@ -379,6 +669,9 @@ fn main() {
         }),
         ("exhaustion_is_a_clean_prepare_error", |e| {
             Box::pin(exhaustion_is_a_clean_prepare_error(e))
+        }),
+        ("exhaustion_keeps_new_claims_from_scheduling", |e| {
+            Box::pin(exhaustion_keeps_new_claims_from_scheduling(e))
         }),
     ];
     let trials = backend_trials(

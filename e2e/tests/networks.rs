@@ -17,6 +17,7 @@ use knic_controller::network::{
 use knic_controller::reconcile::{self, FINALIZER};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::harness::{backend_trials, eventually, real_cluster};
+use knic_proto::network::exhaustion_selector;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
@@ -233,6 +234,9 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
         gc_interval: Duration::from_millis(300),
         retry: Duration::from_millis(250),
         instance: Some(format!("knic-e2e-{test}")),
+        availability: knic_controller::availability::Settings {
+            interval: Duration::from_millis(200),
+        },
     };
     let controller = tokio::spawn(reconcile::run(cluster.client.clone(), config, async {
         let _ = stopped.await;
@@ -288,7 +292,10 @@ async fn templates_follow_namespaces(env: &mut Env) -> anyhow::Result<()> {
         json!({"spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "vf.knic.dev",
-                "selectors": [{"cel": {"expression": "device.attributes[\"knic.dev\"].kind == \"vf\""}}],
+                "selectors": [
+                    {"cel": {"expression": "device.attributes[\"knic.dev\"].kind == \"vf\""}},
+                    {"cel": {"expression": exhaustion_selector(&name)}},
+                ],
                 "allocationMode": "ExactCount", "count": 1}}],
             "config": [{"requests": ["network"], "opaque": {"driver": "knic.dev", "parameters": {
                 "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",

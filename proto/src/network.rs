@@ -42,6 +42,102 @@ pub const CONDITION_READY: &str = "Ready";
 /// Network breaks a rule alone or against other Networks; nothing is generated for it then.
 pub const CONDITION_INVALID: &str = "Invalid";
 
+/// `Exhausted` condition type: `True` when every allocatable address of the Network is in use.
+/// While it is, new pods of the network are kept from scheduling (see [`exhaustion_selector`]);
+/// running pods keep their addresses.
+pub const CONDITION_EXHAUSTED: &str = "Exhausted";
+
+/// The device attribute (in the `knic.dev` domain) listing the networks that have no free
+/// address, as `,TOKEN,TOKEN,` with one [`exhaustion_token`] per network. Every node's driver
+/// publishes it on its devices while some network is exhausted, and every generated claim
+/// template carries [`exhaustion_selector`], so the scheduler itself stops placing new claims
+/// of a full network and places them again once an address is freed: claims are immutable, but
+/// slices are not, and a pending pod is retried whenever a slice changes.
+///
+/// Why not a DeviceTaintRule: it is alpha (off by default) in Kubernetes 1.34, the oldest
+/// version knic supports, and a taint blocks a device for every claim, while a device carries
+/// many networks (VLANs on one port) of which only one is full. Why not a per-network boolean
+/// attribute: a device may carry at most 32 attributes and capacities, and knic already uses
+/// about twenty.
+pub const EXHAUSTED_ATTRIBUTE: &str = "exhaustedNetworks";
+
+/// How many exhausted networks fit into [`EXHAUSTED_ATTRIBUTE`]: a string attribute holds at
+/// most 64 bytes, and each token takes [`TOKEN_LEN`] characters plus a comma after the leading
+/// one. Beyond this many at once, the oldest exhausted are listed and the others fall back to a
+/// clear prepare error (documented in the README).
+pub const MAX_EXHAUSTED_LISTED: usize = (64 - 1) / (TOKEN_LEN + 1);
+
+/// Characters in an [`exhaustion_token`]: 40 bits, so two networks share one with a chance of
+/// about one in a million even among a thousand networks.
+pub const TOKEN_LEN: usize = 8;
+
+/// A short stable name for a network inside [`EXHAUSTED_ATTRIBUTE`]: network names may be 253
+/// characters long and the attribute only 64, so it carries an 8-character hash (FNV-1a 64
+/// with murmur3's finalizer, base32 lowercase) that the controller's templates and every driver compute alike.
+pub fn exhaustion_token(network: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in network.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // FNV's last multiplication barely changes the low bits for names that differ in their
+    // last character ("net-1", "net-2"); murmur3's finalizer spreads every input bit over all.
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    (0..TOKEN_LEN)
+        .map(|i| char::from(ALPHABET[((hash >> (5 * i)) & 31) as usize]))
+        .collect()
+}
+
+/// The value of [`EXHAUSTED_ATTRIBUTE`] for `tokens` (at most [`MAX_EXHAUSTED_LISTED`] are
+/// used, in the order given), or `None` when there is nothing to list, so a cluster without a
+/// full network publishes exactly the slices it would without this feature.
+pub fn exhausted_attribute<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let listed: Vec<&str> = tokens.into_iter().take(MAX_EXHAUSTED_LISTED).collect();
+    if listed.is_empty() {
+        return None;
+    }
+    Some(format!(",{},", listed.join(",")))
+}
+
+/// The selector every generated template carries: "this device does not list the network as
+/// exhausted". A device without the attribute (every device while no network is full, and
+/// devices of drivers too old to publish it) matches.
+pub fn exhaustion_selector(network: &str) -> String {
+    format!(
+        "!device.attributes[\"{}\"].?{EXHAUSTED_ATTRIBUTE}.orValue(\"\").contains(\",{},\")",
+        crate::DRIVER_NAME,
+        exhaustion_token(network)
+    )
+}
+
+impl Network {
+    /// The condition of type `type_`, if the controller wrote one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+
+    /// Whether the condition `type_` is `True` for the current spec: a condition written for an
+    /// older generation (the spec changed since) does not count, so fixing a Network takes
+    /// effect without waiting for the controller. A condition without `observedGeneration`
+    /// counts, as Kubernetes' own readers do.
+    pub fn condition_is_true(&self, type_: &str) -> bool {
+        self.condition(type_).is_some_and(|c| {
+            c.status == "True"
+                && (c.observed_generation.is_none()
+                    || c.observed_generation == self.metadata.generation)
+        })
+    }
+}
+
 /// The label every `NetworkAddress` carries with its network's name, so counting or collecting
 /// one network's allocations is a server-side filtered list instead of a scan of all of them.
 pub const NETWORK_LABEL: &str = "knic.dev/network";
@@ -597,6 +693,80 @@ pub struct ClaimRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exhaustion_tokens_are_stable_short_and_distinct() {
+        // Pinned: controller and drivers of different versions must agree on every token.
+        let blue = exhaustion_token("blue");
+        assert_eq!(blue, "2ua2ki4v");
+        assert_eq!(blue.len(), TOKEN_LEN);
+        assert!(
+            blue.chars()
+                .all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c))
+        );
+        let tokens: std::collections::BTreeSet<String> = (0..10_000)
+            .map(|i| exhaustion_token(&format!("net-{i}")))
+            .collect();
+        assert_eq!(
+            tokens.len(),
+            10_000,
+            "40-bit tokens collided among 10,000 names"
+        );
+    }
+
+    #[test]
+    fn exhausted_attribute_fits_a_string_attribute_and_lists_the_first_seven() {
+        assert_eq!(MAX_EXHAUSTED_LISTED, 7);
+        assert_eq!(exhausted_attribute([]), None);
+        assert_eq!(
+            exhausted_attribute(["aaaaaaaa"]).as_deref(),
+            Some(",aaaaaaaa,")
+        );
+        let names: Vec<String> = (0..9).map(|i| exhaustion_token(&format!("n{i}"))).collect();
+        let value = exhausted_attribute(names.iter().map(String::as_str)).unwrap();
+        assert!(value.len() <= 64, "{} bytes", value.len());
+        assert!(value.contains(&format!(",{},", names[6])));
+        assert!(!value.contains(&names[7]));
+    }
+
+    #[test]
+    fn exhaustion_selector_tests_the_delimited_token() {
+        let token = exhaustion_token("blue");
+        assert_eq!(
+            exhaustion_selector("blue"),
+            format!(
+                r#"!device.attributes["knic.dev"].?exhaustedNetworks.orValue("").contains(",{token},")"#
+            )
+        );
+    }
+
+    #[test]
+    fn conditions_of_an_older_generation_do_not_count() {
+        let mut network = Network::new("blue", NetworkSpec::default());
+        network.metadata.generation = Some(2);
+        let condition = |generation: Option<i64>| Condition {
+            type_: CONDITION_EXHAUSTED.into(),
+            status: "True".into(),
+            observed_generation: generation,
+            reason: "NoFreeAddress".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        };
+        assert!(!network.condition_is_true(CONDITION_EXHAUSTED));
+        for (generation, counts) in [(Some(2), true), (None, true), (Some(1), false)] {
+            network.status = Some(NetworkStatus {
+                conditions: vec![condition(generation)],
+                ..NetworkStatus::default()
+            });
+            assert_eq!(
+                network.condition_is_true(CONDITION_EXHAUSTED),
+                counts,
+                "{generation:?}"
+            );
+        }
+    }
 
     #[test]
     fn devices_summary_names_the_form() {

@@ -11,6 +11,9 @@ use super::{DeviceKind, Devices, FRIENDLY_DEVICE_CLASS};
 const MAX_CEL_BYTES: usize = 10 * 1024;
 /// Kubernetes' limit on selectors per request (`DeviceSelectorsMaxSize`).
 const MAX_SELECTORS: usize = 32;
+/// Selectors an admin may write: one fewer than Kubernetes allows, because every generated
+/// template adds the exhaustion selector (`knic_proto::network::exhaustion_selector`).
+const MAX_USER_SELECTORS: usize = MAX_SELECTORS - 1;
 /// The driver leaves out string attributes longer than this, so a longer vendor name can never
 /// match anything.
 const MAX_ATTRIBUTE_STRING: usize = 64;
@@ -181,11 +184,12 @@ pub(super) fn check(d: &Devices, errors: &mut Vec<FieldError>) -> Option<(String
                 ),
                 Some(_) => {}
             }
-            if d.selectors.len() > MAX_SELECTORS {
+            if d.selectors.len() > MAX_USER_SELECTORS {
                 error(
                     ".selectors",
                     format!(
-                        "has {} entries; Kubernetes allows at most {MAX_SELECTORS}",
+                        "has {} entries; at most {MAX_USER_SELECTORS} (Kubernetes allows \
+                         {MAX_SELECTORS} and knic adds the exhaustion selector)",
                         d.selectors.len()
                     ),
                 );

@@ -44,11 +44,51 @@ fn template_carries_request_and_config() {
         json,
         serde_json::json!({"spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
-                "deviceClassName": "vf.knic.dev", "allocationMode": "ExactCount", "count": 2}}],
+                "deviceClassName": "vf.knic.dev", "allocationMode": "ExactCount", "count": 2,
+                "selectors": [{"cel": {"expression": exhaustion_selector("blue")}}]}}],
             "config": [{"requests": ["network"], "opaque": {"driver": "knic.dev", "parameters": {
                 "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
                 "interface": {"mtu": 9000}, "vlan": {"id": 100}, "ipam": {"network": "blue"}}}}],
         }}})
+    );
+}
+
+#[test]
+fn static_networks_get_no_exhaustion_selector() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/24");
+    n.spec.ipam.subnets.clear();
+    n.spec.ipam.static_addresses = Some(crate::network::StaticIpam {});
+    let spec = template_spec("blue", &n.spec).expect("valid");
+    let requests = spec
+        .spec
+        .devices
+        .and_then(|d| d.requests)
+        .expect("requests");
+    let exactly = requests[0].exactly.as_ref().expect("exactly");
+    assert_eq!(exactly.selectors, None);
+}
+
+#[test]
+fn exhausted_condition_says_which_subnets_and_what_pods_do() {
+    let n = network("blue", 0, 100, "192.0.2.0/29");
+    let full = AddressCount { free: 0, total: 6 };
+    let c = exhausted_condition(&n.spec, full, Some(3), &NetworkStatus::default());
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        ("Exhausted", "True", "NoFreeAddress")
+    );
+    assert_eq!(
+        c.message,
+        "all 6 allocatable addresses of 192.0.2.0/29 are in use; new pods of this network stay \
+         Pending (unschedulable) until an address is released or a subnet is added, running \
+         pods keep theirs"
+    );
+    assert_eq!(c.observed_generation, Some(3));
+    let free = AddressCount { free: 2, total: 6 };
+    let c = exhausted_condition(&n.spec, free, Some(3), &NetworkStatus::default());
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+        ("False", "AddressesFree", "2 of 6 addresses free")
     );
 }
 

@@ -1,0 +1,462 @@
+//! "Which networks are available, and where": for every Network, how many nodes currently
+//! offer at least one free device its generated claims would accept.
+//!
+//! A device counts when it is published in the newest generation of its pool by a node-local
+//! `knic.dev` slice, is not in any claim's allocation, and passes every selector the scheduler
+//! would apply: the DeviceClass's and the template's request selectors, including the
+//! exhaustion selector, so a full network reports zero nodes, exactly as the scheduler sees it.
+//! Selectors are evaluated by [`crate::cel`]; a Network whose selectors use CEL outside knic's
+//! subset gets no number at all (the field is left unset) rather than a wrong one.
+//!
+//! The computation ([`available_nodes`], [`selectors_for`]) is pure. [`run`] keeps caches of
+//! slices, claims, classes and Networks and rewrites `status.availableNodes` of the Networks
+//! whose number changed, at most once per [`Settings::interval`]: claim and slice churn in a
+//! big cluster must not become one status write per event. It patches that one field only, so
+//! it never races the reconciler, which writes every other status field and never this one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::cel::{self, Selector};
+use crate::network::Network;
+use crate::reconcile::{Plan, plan};
+
+/// Timing of the availability loop.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The shortest time between two recomputations (changes in between are batched).
+    pub interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A device's identity in allocations: driver, pool, device.
+pub type DeviceKey = (String, String, String);
+
+/// The selectors the scheduler applies to `network`'s generated claims, compiled: the
+/// DeviceClass's, then the request's. `Err` says why the number cannot be known (an Invalid
+/// Network, a missing DeviceClass, or CEL outside knic's subset).
+pub fn selectors_for(
+    network: &Network,
+    all: &[Network],
+    classes: &BTreeMap<String, DeviceClass>,
+) -> Result<Vec<Selector>, String> {
+    let template = match plan(network, all) {
+        Plan::Generate(spec) => spec,
+        Plan::Invalid(_) => return Err("the Network is Invalid".to_owned()),
+    };
+    let request = template
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .and_then(|r| r.first())
+        .and_then(|r| r.exactly.as_ref())
+        .ok_or("the template has no exact request")?;
+    let class = classes
+        .get(&request.device_class_name)
+        .ok_or_else(|| format!("DeviceClass {:?} does not exist", request.device_class_name))?;
+    class
+        .spec
+        .selectors
+        .iter()
+        .flatten()
+        .chain(request.selectors.iter().flatten())
+        .map(|s| {
+            let expression = &s
+                .cel
+                .as_ref()
+                .ok_or("a selector that is not CEL")?
+                .expression;
+            Selector::compile(expression).map_err(|e| format!("selector {expression:?}: {e}"))
+        })
+        .collect()
+}
+
+/// The devices every claim holds, so they are not counted as free.
+pub fn allocated<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> BTreeSet<DeviceKey> {
+    claims
+        .into_iter()
+        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
+        .flat_map(|d| d.results.iter().flatten())
+        .map(|r| (r.driver.clone(), r.pool.clone(), r.device.clone()))
+        .collect()
+}
+
+/// How many nodes publish at least one free device that passes all `selectors`. Only
+/// node-local slices of the newest generation of their pool count, like for the scheduler.
+pub fn available_nodes(
+    selectors: &[Selector],
+    slices: &[&ResourceSlice],
+    allocated: &BTreeSet<DeviceKey>,
+) -> u32 {
+    let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for s in slices {
+        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let generation = newest.entry(key).or_insert(s.spec.pool.generation);
+        *generation = (*generation).max(s.spec.pool.generation);
+    }
+    let mut nodes: BTreeSet<&str> = BTreeSet::new();
+    for s in slices {
+        let Some(node) = s.spec.node_name.as_deref() else {
+            continue;
+        };
+        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        if nodes.contains(node) || newest.get(&key) != Some(&s.spec.pool.generation) {
+            continue;
+        }
+        let free = s.spec.devices.iter().flatten().any(|device| {
+            let id = (
+                s.spec.driver.clone(),
+                s.spec.pool.name.clone(),
+                device.name.clone(),
+            );
+            if allocated.contains(&id) {
+                return false;
+            }
+            let view = cel::Device::from_slice(&s.spec.driver, device);
+            // An evaluation error rejects the device, as it does in the scheduler.
+            selectors
+                .iter()
+                .all(|selector| selector.matches(&view).unwrap_or(false))
+        });
+        if free {
+            nodes.insert(node);
+        }
+    }
+    u32::try_from(nodes.len()).unwrap_or(u32::MAX)
+}
+
+/// Every Network's number (or `None` when it cannot be known), from the caches' contents.
+pub fn compute(
+    networks: &[Network],
+    slices: &[ResourceSlice],
+    claims: &[ResourceClaim],
+    classes: &[DeviceClass],
+) -> BTreeMap<String, Option<u32>> {
+    let classes: BTreeMap<String, DeviceClass> =
+        classes.iter().map(|c| (c.name_any(), c.clone())).collect();
+    let slices: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.driver == knic_proto::DRIVER_NAME)
+        .collect();
+    let taken = allocated(claims);
+    networks
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .map(|n| {
+            let number = match selectors_for(n, networks, &classes) {
+                Ok(selectors) => Some(available_nodes(&selectors, &slices, &taken)),
+                Err(why) => {
+                    tracing::debug!(network = %n.name_any(), %why, "available nodes unknown");
+                    None
+                }
+            };
+            (n.name_any(), number)
+        })
+        .collect()
+}
+
+/// Keeps `status.availableNodes` of every Network current until `shutdown` completes.
+pub async fn run(client: Client, settings: Settings, shutdown: impl Future<Output = ()>) {
+    fn cache<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()>)
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (store, writer) = reflector::store();
+        let events = reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .map(|_| ());
+        (store, events)
+    }
+    let networks_api: Api<Network> = Api::all(client.clone());
+    let (networks, a) = cache(networks_api.clone());
+    let (slices, b) = cache(Api::<ResourceSlice>::all(client.clone()));
+    let (claims, c) = cache(Api::<ResourceClaim>::all(client.clone()));
+    let (classes, d) = cache(Api::<DeviceClass>::all(client.clone()));
+    let mut changes = std::pin::pin!(futures::stream::select_all([
+        a.boxed(),
+        b.boxed(),
+        c.boxed(),
+        d.boxed()
+    ]));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let ready = async {
+        let _ = networks.wait_until_ready().await;
+        let _ = slices.wait_until_ready().await;
+        let _ = claims.wait_until_ready().await;
+        let _ = classes.wait_until_ready().await;
+    };
+    // The caches fill through the same stream, so it must be polled while waiting.
+    let mut ready = std::pin::pin!(ready);
+    loop {
+        tokio::select! {
+            () = &mut ready => break,
+            Some(()) = changes.next() => {}
+            () = &mut shutdown => return,
+        }
+    }
+    loop {
+        let all: Vec<Network> = networks.state().iter().map(|n| (**n).clone()).collect();
+        let numbers = compute(
+            &all,
+            &slices
+                .state()
+                .iter()
+                .map(|s| (**s).clone())
+                .collect::<Vec<_>>(),
+            &claims
+                .state()
+                .iter()
+                .map(|c| (**c).clone())
+                .collect::<Vec<_>>(),
+            &classes
+                .state()
+                .iter()
+                .map(|c| (**c).clone())
+                .collect::<Vec<_>>(),
+        );
+        let mut failed = false;
+        for network in &all {
+            let name = network.name_any();
+            let Some(number) = numbers.get(&name) else {
+                continue;
+            };
+            let current = network.status.as_ref().and_then(|s| s.available_nodes);
+            if current == *number {
+                continue;
+            }
+            let patch = json!({"status": {"availableNodes": number}});
+            match networks_api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => tracing::debug!(network = %name, available = ?number, "available nodes"),
+                Err(e) => {
+                    tracing::warn!(network = %name, error = %e,
+                        "writing status.availableNodes failed; retrying");
+                    failed = true;
+                }
+            }
+        }
+        // Wait for a change (or, after a failed write, just the interval), then let the burst
+        // settle for the interval.
+        if !failed {
+            tokio::select! {
+                next = changes.next() => if next.is_none() { return },
+                () = &mut shutdown => return,
+            }
+        }
+        let settle = tokio::time::sleep(settings.interval);
+        let mut settle = std::pin::pin!(settle);
+        loop {
+            tokio::select! {
+                () = &mut settle => break,
+                Some(()) = changes.next() => {}
+                () = &mut shutdown => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn network(name: &str, devices: Value) -> Network {
+        let mut n: Network = serde_json::from_value(json!({
+            "apiVersion": "knic.dev/v1alpha1", "kind": "Network",
+            "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"devices": devices,
+                     "ipam": {"subnets": [{"cidr": "192.0.2.0/24"}]},
+                     "namespaces": {"names": ["a"]}},
+        }))
+        .unwrap();
+        n.metadata.generation = Some(1);
+        n
+    }
+
+    fn class(name: &str, expression: &str) -> DeviceClass {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }))
+        .unwrap()
+    }
+
+    fn classes() -> Vec<DeviceClass> {
+        vec![
+            class("knic.dev", "device.driver == \"knic.dev\""),
+            class(
+                "vf.knic.dev",
+                "device.driver == \"knic.dev\" && device.attributes[\"knic.dev\"].kind == \"vf\"",
+            ),
+        ]
+    }
+
+    /// A slice of `node` whose devices are `(name, kind, extra attributes)`.
+    fn slice(node: &str, generation: i64, devices: &[(&str, &str, Value)]) -> ResourceSlice {
+        let devices: Vec<Value> = devices
+            .iter()
+            .map(|(name, kind, extra)| {
+                let mut attributes = json!({"kind": {"string": kind}});
+                if let (Some(a), Some(e)) = (attributes.as_object_mut(), extra.as_object()) {
+                    a.extend(e.clone());
+                }
+                json!({"name": name, "attributes": attributes})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-{generation}")},
+            "spec": {"driver": "knic.dev", "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                     "devices": devices},
+        }))
+        .unwrap()
+    }
+
+    fn claim(allocated: &[(&str, &str)]) -> ResourceClaim {
+        let results: Vec<Value> = allocated
+            .iter()
+            .map(|(pool, device)| {
+                json!({"request": "network", "driver": "knic.dev", "pool": pool,
+                       "device": device})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "a"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }))
+        .unwrap()
+    }
+
+    fn vf_network() -> Network {
+        network("blue", json!({"kind": "vf"}))
+    }
+
+    #[test]
+    fn counts_nodes_with_a_free_matching_device() {
+        let slices = [
+            slice(
+                "node-a",
+                1,
+                &[("vf0", "vf", json!({})), ("pf0", "pf", json!({}))],
+            ),
+            slice("node-b", 1, &[("vf0", "vf", json!({}))]),
+            slice("node-c", 1, &[("pf0", "pf", json!({}))]),
+        ];
+        let networks = [vf_network()];
+        let numbers = compute(&networks, &slices, &[], &classes());
+        assert_eq!(numbers["blue"], Some(2), "node-c has no VF");
+        let taken = [claim(&[("node-b", "vf0")])];
+        let numbers = compute(&networks, &slices, &taken, &classes());
+        assert_eq!(numbers["blue"], Some(1), "node-b's only VF is allocated");
+        let taken = [claim(&[("node-b", "vf0"), ("node-a", "vf0")])];
+        assert_eq!(
+            compute(&networks, &slices, &taken, &classes())["blue"],
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn only_the_newest_generation_of_a_pool_counts() {
+        let slices = [
+            slice("node-a", 1, &[("vf0", "vf", json!({}))]),
+            slice("node-a", 2, &[("pf0", "pf", json!({}))]),
+        ];
+        assert_eq!(
+            compute(&[vf_network()], &slices, &[], &classes())["blue"],
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn an_exhausted_network_is_available_nowhere_but_others_are() {
+        let token = knic_proto::network::exhaustion_token("blue");
+        let listed = json!({"exhaustedNetworks": {"string": format!(",{token},")}});
+        let slices = [slice("node-a", 1, &[("vf0", "vf", listed)])];
+        let mut red = network("red", json!({"kind": "vf"}));
+        red.spec.ipam.subnets[0].cidr = "198.51.100.0/24".into();
+        let networks = [vf_network(), red];
+        let numbers = compute(&networks, &slices, &[], &classes());
+        assert_eq!(numbers["blue"], Some(0));
+        assert_eq!(numbers["red"], Some(1));
+    }
+
+    #[test]
+    fn unknown_when_the_class_is_missing_the_cel_unsupported_or_the_network_invalid() {
+        let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
+        let mut unknown_class = network(
+            "raw",
+            json!({"deviceClassName": "gpu.example.com", "selectors": []}),
+        );
+        unknown_class.spec.devices.kind = None;
+        let unsupported = network(
+            "regex",
+            json!({"deviceClassName": "knic.dev",
+                   "selectors": ["device.attributes[\"knic.dev\"].kind.matches(\"^v\")"]}),
+        );
+        let mut invalid = vf_network();
+        invalid.metadata.name = Some("invalid".into());
+        invalid.spec.vlan = Some(5000);
+        let networks = [unknown_class, unsupported, invalid];
+        let numbers = compute(&networks, &slices, &[], &classes());
+        assert_eq!(numbers["raw"], None);
+        assert_eq!(numbers["regex"], None);
+        assert_eq!(numbers["invalid"], None);
+        let all = networks.to_vec();
+        let classes: BTreeMap<String, DeviceClass> =
+            classes().into_iter().map(|c| (c.name_any(), c)).collect();
+        assert_eq!(
+            selectors_for(&networks[0], &all, &classes).err().as_deref(),
+            Some("DeviceClass \"gpu.example.com\" does not exist")
+        );
+        assert_eq!(
+            selectors_for(&networks[2], &all, &classes).err().as_deref(),
+            Some("the Network is Invalid")
+        );
+        let regex = selectors_for(&networks[1], &all, &classes)
+            .err()
+            .unwrap_or_default();
+        assert!(regex.starts_with("selector \"device.attributes"), "{regex}");
+    }
+
+    #[test]
+    fn slices_without_a_node_and_of_other_drivers_are_ignored() {
+        let mut shared = slice("node-a", 1, &[("vf0", "vf", json!({}))]);
+        shared.spec.node_name = None;
+        shared.spec.all_nodes = Some(true);
+        let mut other = slice("node-b", 1, &[("vf0", "vf", json!({}))]);
+        other.spec.driver = "other.example.com".into();
+        assert_eq!(
+            compute(&[vf_network()], &[shared, other], &[], &classes())["blue"],
+            Some(0)
+        );
+    }
+}
