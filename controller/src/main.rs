@@ -1,6 +1,8 @@
 //! `knic-controller`: reconciles Networks into ResourceClaimTemplates and status, and collects
 //! allocations whose claim is gone. Every flag has an environment twin so the chart can set it
-//! without rewriting the command line.
+//! without rewriting the command line. SIGTERM (the kubelet's stop) and SIGINT stop it cleanly:
+//! running reconciles finish while the lease is still renewed, then the lease is released so the
+//! other replica takes over at once.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +11,11 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use knic_controller::leader::Elector;
 use knic_controller::reconcile::{self, Config};
+
+/// How long the leader lease lasts without renewal (client-go's default).
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How long a stopping replica tries to release the lease before leaving it to expire.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -32,21 +39,37 @@ struct Args {
     #[arg(long, env = "KNIC_LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Seconds between full resyncs of every Network.
-    #[arg(long, env = "KNIC_RESYNC_SECONDS", default_value_t = 300)]
+    #[arg(long, env = "KNIC_RESYNC_SECONDS", default_value_t = 300,
+        value_parser = clap::value_parser!(u64).range(1..))]
     resync_seconds: u64,
     /// Seconds between sweeps for allocations whose claim is gone.
-    #[arg(long, env = "KNIC_GC_SECONDS", default_value_t = 60)]
+    #[arg(long, env = "KNIC_GC_SECONDS", default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..))]
     gc_seconds: u64,
     /// Elect a leader through a Lease so several replicas are safe; disable only when exactly
     /// one replica runs.
     #[arg(long, env = "KNIC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// Namespace of the leader Lease (the controller's own).
-    #[arg(long, env = "KNIC_LEADER_NAMESPACE", default_value = "kube-system")]
+    #[arg(long, env = "KNIC_LEADER_NAMESPACE", default_value = "kube-system",
+        value_parser = dns_label)]
     leader_namespace: String,
     /// This replica's identity in the Lease and in Events.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+}
+
+/// A namespace name is a DNS label; checked at start-up so a typo in the chart fails the pod
+/// at once instead of every lease request later.
+fn dns_label(value: &str) -> Result<String, String> {
+    if knic_proto::netconfig::is_dns_label(value) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a namespace name (a DNS label: at most 63 lowercase letters, \
+             digits and '-', starting and ending with a letter or digit)"
+        ))
+    }
 }
 
 #[tokio::main]
@@ -75,13 +98,15 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("knic-controller-{}", std::process::id()));
     let reconciler = Config {
-        resync: Duration::from_secs(args.resync_seconds.max(1)),
-        gc_interval: Duration::from_secs(args.gc_seconds.max(1)),
+        resync: Duration::from_secs(args.resync_seconds),
+        gc_interval: Duration::from_secs(args.gc_seconds),
         instance: Some(identity.clone()),
         ..Config::default()
     };
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    let stopping = stop_signal()?;
+    let shutdown = {
+        let stopping = stopping.clone();
+        async move { stopped(stopping).await }
     };
     if !args.leader_elect {
         tracing::info!("running without leader election");
@@ -93,26 +118,79 @@ async fn main() -> anyhow::Result<()> {
         &args.leader_namespace,
         "knic-controller",
         &identity,
-        Duration::from_secs(15),
+        LEASE_DURATION,
     );
     tokio::select! {
         acquired = elector.acquire() => acquired?,
-        () = shutdown => return Ok(()),
+        () = shutdown => {
+            // An acquire cut short may have written the lease a moment ago; the release only
+            // clears a lease this replica holds.
+            release(&elector).await;
+            return Ok(());
+        }
     }
     tracing::info!(%identity, "leader lease acquired");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(reconcile::run(client, reconciler, async {
-        let _ = stopped.await;
+    let (stop, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut run = tokio::spawn(reconcile::run(client, reconciler, async {
+        let _ = stopped_rx.await;
     }));
+    let mut hold = std::pin::pin!(elector.hold());
     tokio::select! {
-        lost = elector.hold() => {
+        lost = &mut hold => {
             // Another replica may already reconcile: stop at once rather than finish a round.
             anyhow::bail!("{lost}");
         }
-        () = async { let _ = tokio::signal::ctrl_c().await; } => {
-            let _ = stop.send(());
-            let _ = run.await;
+        ended = &mut run => {
+            anyhow::bail!(
+                "the reconciler stopped on its own ({ended:?}); exiting so the pod restarts"
+            );
         }
+        () = stopped(stopping) => {}
     }
+    tracing::info!("stopping: letting running reconciles finish, then releasing the lease");
+    let _ = stop.send(());
+    // Keep renewing while in-flight reconciles finish, so no other replica starts meanwhile.
+    tokio::select! {
+        lost = &mut hold => anyhow::bail!("{lost}"),
+        _ = &mut run => {}
+    }
+    release(&elector).await;
     Ok(())
+}
+
+/// Gives the lease up on a clean stop so the other replica takes over at its next attempt
+/// rather than after a whole lease duration; bounded, because a pod being stopped must not
+/// hang on an unreachable apiserver (the lease then simply expires).
+async fn release(elector: &Elector) {
+    match tokio::time::timeout(RELEASE_TIMEOUT, elector.release()).await {
+        Ok(Ok(true)) => tracing::info!("leader lease released"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "releasing the leader lease; it will expire"),
+        Err(_) => tracing::warn!("releasing the leader lease timed out; it will expire"),
+    }
+}
+
+/// Flips to `true` on SIGTERM (what the kubelet sends a pod being stopped) or SIGINT (Ctrl-C).
+/// A watch channel rather than one future, because the stop is awaited at several points
+/// (while waiting for the lease, while leading, or by the reconciler itself without election).
+fn stop_signal() -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stop requested");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+/// Completes once a stop was requested.
+async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    // An error means the sender is gone, which only happens after it sent `true`.
+    let _ = stopping.wait_for(|stop| *stop).await;
 }

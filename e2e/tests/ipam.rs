@@ -507,10 +507,10 @@ async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
             .iter_mut()
             .flat_map(|e| e.selectors.iter_mut().flatten())
         {
-            if let Some(cel) = selector.cel.as_mut() {
-                if cel.expression == exhaustion_selector(&env.network) {
-                    cel.expression = other_selector.clone();
-                }
+            if let Some(cel) = selector.cel.as_mut()
+                && cel.expression == exhaustion_selector(&env.network)
+            {
+                cel.expression = other_selector.clone();
             }
         }
     }
