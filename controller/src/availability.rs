@@ -19,7 +19,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplateSpec, ResourceSlice,
+};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -48,18 +50,26 @@ impl Default for Settings {
 /// A device's identity in allocations: driver, pool, device.
 pub type DeviceKey = (String, String, String);
 
-/// The selectors the scheduler applies to `network`'s generated claims, compiled: the
-/// DeviceClass's, then the request's. `Err` says why the number cannot be known (an Invalid
-/// Network, a missing DeviceClass, or CEL outside knic's subset).
+/// The selectors the scheduler applies to `network`'s generated claims, compiled: see
+/// [`template_selectors`]. `Err` says why the number cannot be known (an Invalid Network, a
+/// missing DeviceClass, or CEL outside knic's subset).
 pub fn selectors_for(
     network: &Network,
     all: &[Network],
     classes: &BTreeMap<String, DeviceClass>,
 ) -> Result<Vec<Selector>, String> {
-    let template = match plan(network, all) {
-        Plan::Generate(spec) => spec,
-        Plan::Invalid(_) => return Err("the Network is Invalid".to_owned()),
-    };
+    match plan(network, all) {
+        Plan::Generate(template) => template_selectors(&template, classes),
+        Plan::Invalid(_) => Err("the Network is Invalid".to_owned()),
+    }
+}
+
+/// The selectors a claim made from `template` must pass, compiled: its DeviceClass's, then its
+/// request's (knic templates have exactly one request).
+pub fn template_selectors(
+    template: &ResourceClaimTemplateSpec,
+    classes: &BTreeMap<String, DeviceClass>,
+) -> Result<Vec<Selector>, String> {
     let request = template
         .spec
         .devices

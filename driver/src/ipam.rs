@@ -561,6 +561,10 @@ pub(crate) mod memory {
                 .insert(name.to_owned(), network);
         }
 
+        pub(crate) fn edit_network(&self, name: &str, edit: impl FnOnce(&mut Network)) {
+            edit(self.networks.lock().unwrap().get_mut(name).unwrap());
+        }
+
         pub(crate) fn addresses(&self) -> Vec<String> {
             self.objects
                 .lock()
@@ -773,39 +777,27 @@ mod tests {
             observed_generation: Some(generation),
             last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         };
-        {
-            let mut networks = book.networks.lock().unwrap();
-            let blue = networks.get_mut("blue").unwrap();
+        book.edit_network("blue", |blue| {
             blue.metadata.generation = Some(4);
             blue.status = Some(NetworkStatus {
                 conditions: vec![invalid(4)],
                 ..NetworkStatus::default()
             });
-        }
+        });
         let err = alloc(&book, &who("c2", "u2", "p2")).await.unwrap_err();
         assert_eq!(
             err.to_string(),
             "Network \"blue\" is Invalid, so it allocates no addresses: spec.vlan: 5000 is not \
              a VLAN id (1..4094)"
         );
-        book.networks
-            .lock()
-            .unwrap()
-            .get_mut("blue")
-            .unwrap()
-            .metadata
-            .generation = Some(5);
+        book.edit_network("blue", |n| n.metadata.generation = Some(5));
         alloc(&book, &who("c2", "u2", "p2"))
             .await
             .expect("the fixed spec is served");
 
-        book.networks
-            .lock()
-            .unwrap()
-            .get_mut("blue")
-            .unwrap()
-            .metadata
-            .deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        book.edit_network("blue", |n| {
+            n.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        });
         let err = alloc(&book, &who("c3", "u3", "p3")).await.unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -7,14 +7,14 @@
 //! and (with the controller running in-process) keeps the network's template from accepting
 //! any published device until an address is freed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
-use knic_controller::cel;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use knic_controller::reconcile;
+use knic_controller::{availability, cel};
 use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess, VFS, vf_device};
 use knic_e2e::harness::{backend_trials, eventually, real_cluster};
@@ -23,8 +23,8 @@ use knic_proto::network::{
     CONDITION_EXHAUSTED, EXHAUSTED_ATTRIBUTE, NETWORK_LABEL, Network, NetworkAddress,
     exhaustion_selector, exhaustion_token,
 };
-use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 /// How long a status or slice change may take to show.
@@ -421,47 +421,27 @@ async fn ensure_device_class(env: &Env) -> anyhow::Result<()> {
     }
 }
 
-/// Whether the selectors of `template` (the request's; the class `knic.dev` selects every knic
-/// device) accept `device` of `slice`, evaluated the way the scheduler does.
-fn template_accepts(
-    template: &ResourceClaimTemplate,
-    slice: &ResourceSlice,
-    device: &k8s_openapi::api::resource::v1::Device,
-) -> anyhow::Result<bool> {
-    let request = template
-        .spec
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.requests.as_ref())
-        .and_then(|r| r.first())
-        .and_then(|r| r.exactly.as_ref())
-        .context("template without an exact request")?;
-    let view = cel::Device::from_slice(&slice.spec.driver, device);
-    for selector in request.selectors.iter().flatten() {
-        let expression = &selector
-            .cel
-            .as_ref()
-            .context("non-CEL selector")?
-            .expression;
-        let compiled =
-            cel::Selector::compile(expression).map_err(|e| anyhow::anyhow!("{expression}: {e}"))?;
-        // An evaluation error fails the device for the scheduler too.
-        if !compiled.matches(&view).unwrap_or(false) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-/// How many of the node's published devices the template accepts, and how many there are.
+/// How many of the node's published devices a claim from `template` may get, and how many
+/// there are: the DeviceClass (read from the API) and request selectors, evaluated the way the
+/// scheduler does (an evaluation error fails the device).
 async fn accepted(env: &Env, template: &ResourceClaimTemplate) -> anyhow::Result<(usize, usize)> {
+    let classes: BTreeMap<String, DeviceClass> =
+        Api::<DeviceClass>::all(env.cluster.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+    let selectors = availability::template_selectors(&template.spec, &classes)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut yes = 0;
     let mut all = 0;
     for slice in env.cluster.slices().await? {
         for device in slice.spec.devices.iter().flatten() {
             all += 1;
-            if template_accepts(template, &slice, device)? {
+            let view = cel::Device::from_slice(&slice.spec.driver, device);
+            if selectors.iter().all(|s| s.matches(&view).unwrap_or(false)) {
                 yes += 1;
             }
         }
@@ -483,6 +463,7 @@ async fn exhaustion_keeps_new_claims_from_scheduling(env: &mut Env) -> anyhow::R
 async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
     // Slices are owned by their Node; the fake API has none until asked.
     env.cluster.ensure_node().await?;
+    ensure_device_class(env).await?;
     env.create_network(json!([{"cidr": "192.0.2.0/29", "gateway": "192.0.2.1"}]))
         .await?;
     let networks: Api<Network> = Api::all(env.cluster.client.clone());
@@ -525,7 +506,6 @@ async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
         },
     )
     .await?;
-    ensure_device_class(env).await?;
     env.wait_available_nodes(Some(1)).await?;
 
     let mut claims = Vec::new();
