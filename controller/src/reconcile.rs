@@ -54,6 +54,7 @@ use crate::network::{
     validate_against, validate_network,
 };
 use crate::{Error, FIELD_MANAGER, Result};
+use knic_proto::netconfig::Cidr;
 use knic_proto::network::{CONDITION_EXHAUSTED, exhaustion_selector};
 
 /// The finalizer that keeps a deleted Network until its templates are gone: templates live in
@@ -282,42 +283,61 @@ pub fn condition(
     }
 }
 
-/// The `Exhausted` condition for `count`: `True` exactly when no allocatable address is left,
-/// with a message an operator can act on (which subnets, and what happens to pods meanwhile).
+/// The `Exhausted` condition: `True` as soon as one address family the Network allocates from
+/// has no free address left, because every interface needs one address per family (a dual-stack
+/// network whose IPv4 subnets are full cannot serve a new pod, however much IPv6 is left). The
+/// message names the full family and its subnets, and says what happens to pods meanwhile.
+/// `None` for `static` IPAM, which knic never allocates from.
 pub fn exhausted_condition(
     spec: &NetworkSpec,
-    count: AddressCount,
+    allocated: &[&str],
     generation: Option<i64>,
     previous: &NetworkStatus,
-) -> Condition {
-    let subnets: Vec<&str> = spec.ipam.subnets.iter().map(|s| s.cidr.as_str()).collect();
-    let (exhausted, why, message) = if count.free == 0 {
+) -> Option<Condition> {
+    let overall = address_count(spec, allocated)?;
+    let mut full = Vec::new();
+    for (family, v4) in [("IPv4", true), ("IPv6", false)] {
+        let mut one = spec.clone();
+        one.ipam
+            .subnets
+            .retain(|s| s.cidr.parse::<Cidr>().is_ok_and(|c| c.addr.is_ipv4() == v4));
+        let Some(count) = address_count(&one, allocated) else {
+            continue;
+        };
+        if count.free == 0 {
+            let subnets: Vec<&str> = one.ipam.subnets.iter().map(|s| s.cidr.as_str()).collect();
+            full.push(format!(
+                "all {} allocatable {family} addresses of {} are in use",
+                count.total,
+                subnets.join(", ")
+            ));
+        }
+    }
+    let (exhausted, why, message) = if full.is_empty() {
+        (
+            false,
+            reason::ADDRESSES_FREE,
+            format!("{} of {} addresses free", overall.free, overall.total),
+        )
+    } else {
         (
             true,
             reason::EXHAUSTED,
             format!(
-                "all {} allocatable addresses of {} are in use; new pods of this network stay \
-                 Pending (unschedulable) until an address is released or a subnet is added, \
-                 running pods keep theirs",
-                count.total,
-                subnets.join(", ")
+                "{}; new pods of this network stay Pending (unschedulable) until an address is \
+                 released or a subnet is added, running pods keep theirs",
+                full.join("; ")
             ),
         )
-    } else {
-        (
-            false,
-            reason::ADDRESSES_FREE,
-            format!("{} of {} addresses free", count.free, count.total),
-        )
     };
-    condition(
+    Some(condition(
         CONDITION_EXHAUSTED,
         exhausted,
         why,
         &message,
         generation,
         &previous.conditions,
-    )
+    ))
 }
 
 /// Shared state of all reconciles.
@@ -557,8 +577,7 @@ async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
             .collect();
         status.addresses = address_count(&network.spec, &live);
         status.address_summary = status.addresses.map(|a| a.summary());
-        if let Some(count) = status.addresses {
-            let exhausted = exhausted_condition(&network.spec, count, generation, &previous);
+        if let Some(exhausted) = exhausted_condition(&network.spec, &live, generation, &previous) {
             let was = previous
                 .conditions
                 .iter()

@@ -526,8 +526,8 @@ async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
     ensure!(condition.reason == "NoFreeAddress", "{condition:?}");
     ensure!(
         condition.message
-            == "all 5 allocatable addresses of 192.0.2.0/29 are in use; new pods of this network \
-                stay Pending (unschedulable) until an address is released or a subnet is added, \
+            == "all 5 allocatable IPv4 addresses of 192.0.2.0/29 are in use; new pods of this \
+                network stay Pending (unschedulable) until an address is released or a subnet is added, \
                 running pods keep theirs",
         "{}",
         condition.message

@@ -71,25 +71,55 @@ fn static_networks_get_no_exhaustion_selector() {
 #[test]
 fn exhausted_condition_says_which_subnets_and_what_pods_do() {
     let n = network("blue", 0, 100, "192.0.2.0/29");
-    let full = AddressCount { free: 0, total: 6 };
-    let c = exhausted_condition(&n.spec, full, Some(3), &NetworkStatus::default());
+    let six: Vec<String> = (1..=6).map(|i| format!("192.0.2.{i}/29")).collect();
+    let six: Vec<&str> = six.iter().map(String::as_str).collect();
+    let c =
+        exhausted_condition(&n.spec, &six, Some(3), &NetworkStatus::default()).expect("subnets");
     assert_eq!(
         (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
         ("Exhausted", "True", "NoFreeAddress")
     );
     assert_eq!(
         c.message,
-        "all 6 allocatable addresses of 192.0.2.0/29 are in use; new pods of this network stay \
-         Pending (unschedulable) until an address is released or a subnet is added, running \
-         pods keep theirs"
+        "all 6 allocatable IPv4 addresses of 192.0.2.0/29 are in use; new pods of this network \
+         stay Pending (unschedulable) until an address is released or a subnet is added, \
+         running pods keep theirs"
     );
     assert_eq!(c.observed_generation, Some(3));
-    let free = AddressCount { free: 2, total: 6 };
-    let c = exhausted_condition(&n.spec, free, Some(3), &NetworkStatus::default());
+    let c = exhausted_condition(&n.spec, &six[..4], Some(3), &NetworkStatus::default())
+        .expect("subnets");
     assert_eq!(
         (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
         ("False", "AddressesFree", "2 of 6 addresses free")
     );
+    let mut static_ipam = n.clone();
+    static_ipam.spec.ipam.subnets.clear();
+    assert_eq!(
+        exhausted_condition(&static_ipam.spec, &[], None, &NetworkStatus::default()),
+        None
+    );
+}
+
+#[test]
+fn one_full_family_exhausts_a_dual_stack_network() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/30");
+    n.spec.ipam.subnets.push(Subnet {
+        cidr: "2001:db8::/64".into(),
+        ..Subnet::default()
+    });
+    // The /30 has two usable addresses; the /64 has plenty left.
+    let used = ["192.0.2.1/30", "192.0.2.2/30", "2001:db8::1/64"];
+    let c = exhausted_condition(&n.spec, &used, None, &NetworkStatus::default()).expect("subnets");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message
+            .starts_with("all 2 allocatable IPv4 addresses of 192.0.2.0/30 are in use; new pods"),
+        "{}",
+        c.message
+    );
+    let c =
+        exhausted_condition(&n.spec, &used[..1], None, &NetworkStatus::default()).expect("subnets");
+    assert_eq!(c.status, "False");
 }
 
 #[test]
