@@ -8,7 +8,7 @@
 //! Selectors are evaluated by [`crate::cel`]; a Network whose selectors use CEL outside knic's
 //! subset gets no number at all (the field is left unset) rather than a wrong one.
 //!
-//! The computation ([`available_nodes`], [`selectors_for`]) is pure. [`run`] keeps caches of
+//! The computation ([`available_nodes`], [`wanted_for`]) is pure. [`run`] keeps caches of
 //! slices, claims, classes and Networks and rewrites `status.availableNodes` of the Networks
 //! whose number changed, at most once per [`Settings::interval`]: claim and slice churn in a
 //! big cluster must not become one status write per event. It patches that one field only, so
@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::cel::{self, Selector};
-use crate::network::Network;
+use crate::network::{CONDITION_INVALID, Network};
 use crate::reconcile::{Plan, plan};
 
 /// Timing of the availability loop.
@@ -50,26 +50,55 @@ impl Default for Settings {
 /// A device's identity in allocations: driver, pool, device.
 pub type DeviceKey = (String, String, String);
 
-/// The selectors the scheduler applies to `network`'s generated claims, compiled: see
-/// [`template_selectors`]. `Err` says why the number cannot be known (an Invalid Network, a
-/// missing DeviceClass, or CEL outside knic's subset).
-pub fn selectors_for(
+/// What a claim from a template asks for: `count` devices that each pass every selector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    /// The DeviceClass's selectors, then the request's, compiled, in the scheduler's order.
+    pub selectors: Vec<Selector>,
+    /// Devices per claim (`interfacesPerPod`): a node offers the network only with this many.
+    pub count: u32,
+}
+
+impl Wanted {
+    /// Whether `device` passes, evaluating the selectors in order like the scheduler: the first
+    /// `false` settles it; an evaluation error is an `Err`, because in the scheduler it fails
+    /// the pod's whole scheduling attempt rather than just this device.
+    pub fn accepts(&self, device: &cel::Device) -> Result<bool, String> {
+        for selector in &self.selectors {
+            match selector.matches(device) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// What `network`'s generated claims ask for: see [`wanted_by`]. `Err` says why the number
+/// cannot be known (an Invalid Network, a missing DeviceClass, or CEL outside knic's subset).
+pub fn wanted_for(
     network: &Network,
     all: &[Network],
     classes: &BTreeMap<String, DeviceClass>,
-) -> Result<Vec<Selector>, String> {
+) -> Result<Wanted, String> {
+    // Invalid also when only the apiserver refused the template (e.g. a selector its CEL
+    // compiler rejects): then there is no template, and the selectors are not to be trusted.
+    if network.condition_is_true(CONDITION_INVALID) {
+        return Err("the Network is Invalid".to_owned());
+    }
     match plan(network, all) {
-        Plan::Generate(template) => template_selectors(&template, classes),
+        Plan::Generate(template) => wanted_by(&template, classes),
         Plan::Invalid(_) => Err("the Network is Invalid".to_owned()),
     }
 }
 
-/// The selectors a claim made from `template` must pass, compiled: its DeviceClass's, then its
-/// request's (knic templates have exactly one request).
-pub fn template_selectors(
+/// What a claim made from `template` asks for: its DeviceClass's selectors, then its request's
+/// (knic templates have exactly one request), and the request's count.
+pub fn wanted_by(
     template: &ResourceClaimTemplateSpec,
     classes: &BTreeMap<String, DeviceClass>,
-) -> Result<Vec<Selector>, String> {
+) -> Result<Wanted, String> {
     let request = template
         .spec
         .devices
@@ -81,7 +110,7 @@ pub fn template_selectors(
     let class = classes
         .get(&request.device_class_name)
         .ok_or_else(|| format!("DeviceClass {:?} does not exist", request.device_class_name))?;
-    class
+    let selectors = class
         .spec
         .selectors
         .iter()
@@ -95,61 +124,70 @@ pub fn template_selectors(
                 .expression;
             Selector::compile(expression).map_err(|e| format!("selector {expression:?}: {e}"))
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()?;
+    let count = request
+        .count
+        .map_or(Ok(1), u32::try_from)
+        .map_err(|_| "the request's count is out of range".to_owned())?;
+    Ok(Wanted { selectors, count })
 }
 
-/// The devices every claim holds, so they are not counted as free.
+/// The devices claims hold exclusively, so they are not counted as free. Admin-access
+/// allocations share the device and do not take it, as for the scheduler.
 pub fn allocated<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> BTreeSet<DeviceKey> {
     claims
         .into_iter()
         .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
         .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.admin_access != Some(true))
         .map(|r| (r.driver.clone(), r.pool.clone(), r.device.clone()))
         .collect()
 }
 
-/// How many nodes publish at least one free device that passes all `selectors`. Only
-/// node-local slices of the newest generation of their pool count, like for the scheduler.
+/// How many nodes publish at least `wanted.count` free devices that pass `wanted`'s
+/// selectors. Only node-local slices of the newest generation of their pool count, like for
+/// the scheduler. `Err` when a selector fails to evaluate on a free device: the scheduler would
+/// then fail pods of this network outright, so no number would be honest.
 pub fn available_nodes(
-    selectors: &[Selector],
+    wanted: &Wanted,
     slices: &[&ResourceSlice],
     allocated: &BTreeSet<DeviceKey>,
-) -> u32 {
+) -> Result<u32, String> {
     let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for s in slices {
         let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
         let generation = newest.entry(key).or_insert(s.spec.pool.generation);
         *generation = (*generation).max(s.spec.pool.generation);
     }
-    let mut nodes: BTreeSet<&str> = BTreeSet::new();
+    let mut free: BTreeMap<&str, u32> = BTreeMap::new();
     for s in slices {
         let Some(node) = s.spec.node_name.as_deref() else {
             continue;
         };
         let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
-        if nodes.contains(node) || newest.get(&key) != Some(&s.spec.pool.generation) {
+        if newest.get(&key) != Some(&s.spec.pool.generation) {
             continue;
         }
-        let free = s.spec.devices.iter().flatten().any(|device| {
+        for device in s.spec.devices.iter().flatten() {
             let id = (
                 s.spec.driver.clone(),
                 s.spec.pool.name.clone(),
                 device.name.clone(),
             );
             if allocated.contains(&id) {
-                return false;
+                continue;
             }
             let view = cel::Device::from_slice(&s.spec.driver, device);
-            // An evaluation error rejects the device, as it does in the scheduler.
-            selectors
-                .iter()
-                .all(|selector| selector.matches(&view).unwrap_or(false))
-        });
-        if free {
-            nodes.insert(node);
+            let accepted = wanted
+                .accepts(&view)
+                .map_err(|e| format!("device {} of node {node}: {e}", device.name))?;
+            if accepted {
+                *free.entry(node).or_default() += 1;
+            }
         }
     }
-    u32::try_from(nodes.len()).unwrap_or(u32::MAX)
+    let nodes = free.values().filter(|&&n| n >= wanted.count).count();
+    Ok(u32::try_from(nodes).unwrap_or(u32::MAX))
 }
 
 /// Every Network's number (or `None` when it cannot be known), from the caches' contents.
@@ -170,8 +208,10 @@ pub fn compute(
         .iter()
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .map(|n| {
-            let number = match selectors_for(n, networks, &classes) {
-                Ok(selectors) => Some(available_nodes(&selectors, &slices, &taken)),
+            let number = match wanted_for(n, networks, &classes)
+                .and_then(|wanted| available_nodes(&wanted, &slices, &taken))
+            {
+                Ok(number) => Some(number),
                 Err(why) => {
                     tracing::debug!(network = %n.name_any(), %why, "available nodes unknown");
                     None
@@ -184,7 +224,10 @@ pub fn compute(
 
 /// Keeps `status.availableNodes` of every Network current until `shutdown` completes.
 pub async fn run(client: Client, settings: Settings, shutdown: impl Future<Output = ()>) {
-    fn cache<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()>)
+    /// A cache of `K` and the stream that fills it (yielding once per event). A failing watch
+    /// (RBAC, an API version not served) is logged once until it works again, because it
+    /// leaves `availableNodes` unset and nothing else would say why.
+    fn cache<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, impl futures::Stream<Item = ()>)
     where
         K: kube::Resource<DynamicType = ()>
             + Clone
@@ -195,16 +238,28 @@ pub async fn run(client: Client, settings: Settings, shutdown: impl Future<Outpu
             + 'static,
     {
         let (store, writer) = reflector::store();
-        let events = reflector(writer, watcher(api, watcher::Config::default()))
+        let mut failing = false;
+        let events = reflector(writer, watcher(api, config))
             .default_backoff()
-            .map(|_| ());
+            .map(move |event| match event {
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(kind = %K::kind(&()), error = %e,
+                            "watch failed; status.availableNodes is not updated until it works");
+                }
+                Err(_) => {}
+                Ok(_) => failing = false,
+            });
         (store, events)
     }
+    let all = watcher::Config::default;
     let networks_api: Api<Network> = Api::all(client.clone());
-    let (networks, a) = cache(networks_api.clone());
-    let (slices, b) = cache(Api::<ResourceSlice>::all(client.clone()));
-    let (claims, c) = cache(Api::<ResourceClaim>::all(client.clone()));
-    let (classes, d) = cache(Api::<DeviceClass>::all(client.clone()));
+    let (networks, a) = cache(networks_api.clone(), all());
+    // Only knic's slices: other drivers' devices can never carry a knic network.
+    let knic_slices = all().fields(&format!("spec.driver={}", knic_proto::DRIVER_NAME));
+    let (slices, b) = cache(Api::<ResourceSlice>::all(client.clone()), knic_slices);
+    let (claims, c) = cache(Api::<ResourceClaim>::all(client.clone()), all());
+    let (classes, d) = cache(Api::<DeviceClass>::all(client.clone()), all());
     let mut changes = std::pin::pin!(futures::stream::select_all([
         a.boxed(),
         b.boxed(),
@@ -395,6 +450,95 @@ mod tests {
     }
 
     #[test]
+    fn a_node_needs_as_many_free_devices_as_a_pod_asks_for() {
+        let slices = [
+            slice(
+                "node-a",
+                1,
+                &[("vf0", "vf", json!({})), ("vf1", "vf", json!({}))],
+            ),
+            slice(
+                "node-b",
+                1,
+                &[("vf0", "vf", json!({})), ("pf0", "pf", json!({}))],
+            ),
+        ];
+        let mut two = vf_network();
+        two.spec.interfaces_per_pod = Some(2);
+        assert_eq!(
+            compute(std::slice::from_ref(&two), &slices, &[], &classes())["blue"],
+            Some(1)
+        );
+        let taken = [claim(&[("node-a", "vf1")])];
+        assert_eq!(
+            compute(&[two], &slices, &taken, &classes())["blue"],
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn admin_access_does_not_take_a_device() {
+        let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
+        let mut watching = claim(&[("node-a", "vf0")]);
+        if let Some(results) = watching
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+        {
+            results[0].admin_access = Some(true);
+        }
+        assert_eq!(
+            compute(&[vf_network()], &slices, &[watching], &classes())["blue"],
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn an_evaluation_error_on_a_free_device_makes_the_number_unknown() {
+        // The scheduler fails a pod whose selector errors on a candidate device; knic does not
+        // pretend to know where it would fit.
+        let speedy = network(
+            "speedy",
+            json!({"deviceClassName": "knic.dev",
+                   "selectors": ["device.attributes[\"knic.dev\"].speed >= 25000"]}),
+        );
+        let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
+        assert_eq!(
+            compute(std::slice::from_ref(&speedy), &slices, &[], &classes())["speedy"],
+            None
+        );
+        let fast = json!({"speed": {"int": 100000}});
+        let slices = [slice("node-a", 1, &[("vf0", "vf", fast)])];
+        assert_eq!(
+            compute(&[speedy], &slices, &[], &classes())["speedy"],
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_network_marked_invalid_gets_no_number() {
+        // E.g. the apiserver refused its template: plan() alone would not know.
+        let mut refused = vf_network();
+        refused.status = Some(knic_proto::network::NetworkStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: CONDITION_INVALID.into(),
+                status: "True".into(),
+                reason: "Invalid".into(),
+                message: "spec.devices.selectors[0]: compilation failed".into(),
+                observed_generation: Some(1),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            }],
+            ..Default::default()
+        });
+        let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
+        assert_eq!(compute(&[refused], &slices, &[], &classes())["blue"], None);
+    }
+
+    #[test]
     fn only_the_newest_generation_of_a_pool_counts() {
         let slices = [
             slice("node-a", 1, &[("vf0", "vf", json!({}))]),
@@ -444,14 +588,14 @@ mod tests {
         let classes: BTreeMap<String, DeviceClass> =
             classes().into_iter().map(|c| (c.name_any(), c)).collect();
         assert_eq!(
-            selectors_for(&networks[0], &all, &classes).err().as_deref(),
+            wanted_for(&networks[0], &all, &classes).err().as_deref(),
             Some("DeviceClass \"gpu.example.com\" does not exist")
         );
         assert_eq!(
-            selectors_for(&networks[2], &all, &classes).err().as_deref(),
+            wanted_for(&networks[2], &all, &classes).err().as_deref(),
             Some("the Network is Invalid")
         );
-        let regex = selectors_for(&networks[1], &all, &classes)
+        let regex = wanted_for(&networks[1], &all, &classes)
             .err()
             .unwrap_or_default();
         assert!(regex.starts_with("selector \"device.attributes"), "{regex}");

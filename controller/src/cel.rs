@@ -10,9 +10,11 @@
 //! Anything outside the subset is refused with [`CelError::Unsupported`] (and malformed text
 //! with [`CelError::Syntax`]) instead of being guessed at, so the caller can report the count
 //! as unknown rather than a wrong number. Evaluation follows CEL where it matters for the
-//! count: comparing values of different types and reading a missing attribute without `.?`
-//! are errors ([`CelError::Eval`]), which Kubernetes counts as "this device does not match";
-//! `&&` and `||` absorb errors the commutative CEL way (`false && error` is `false`).
+//! count: values of different types are unequal (cel-go's heterogeneous equality) but cannot be
+//! ordered, and reading a missing attribute without `.?` is an error ([`CelError::Eval`]),
+//! which in the scheduler fails the whole scheduling attempt of the pod (so the caller treats
+//! it as "unknown", not as "no match"); `&&` and `||` absorb errors the commutative CEL way
+//! (`false && error` is `false`).
 //!
 //! Parsing and evaluation never panic and never recurse deeper than [`MAX_DEPTH`] levels, so a
 //! hostile selector in a Network cannot crash or overflow the controller.
@@ -893,6 +895,17 @@ impl Parser {
 
     /// `has(device.attributes["DOMAIN"].NAME)`, after the identifier `has`.
     fn has(&mut self) -> Result<Partial> {
+        // `has(` recurses into `primary` without passing through `expr`, so it counts itself.
+        if self.depth >= MAX_DEPTH {
+            return Err(too_deep(self.peek().at));
+        }
+        self.depth += 1;
+        let result = self.has_inner();
+        self.depth -= 1;
+        result
+    }
+
+    fn has_inner(&mut self) -> Result<Partial> {
         let open = self.bump();
         let arg_at = self.peek().at;
         let primary = self.primary()?;
@@ -1212,8 +1225,8 @@ fn eval<'a>(e: &'a Expr, device: &'a Device) -> Result<Val<'a>> {
             let b = eval(b, device)?;
             let symbol = op.symbol();
             let result = match op {
-                Rel::Eq => equal(&a, &b, symbol)?,
-                Rel::Ne => !equal(&a, &b, symbol)?,
+                Rel::Eq => equal(&a, &b)?,
+                Rel::Ne => !equal(&a, &b)?,
                 Rel::Lt => order(&a, &b, symbol)? == Ordering::Less,
                 Rel::Le => order(&a, &b, symbol)? != Ordering::Greater,
                 Rel::Gt => order(&a, &b, symbol)? == Ordering::Greater,
@@ -1268,8 +1281,8 @@ fn logical(operands: &[Expr], device: &Device, absorbing: bool) -> Result<Val<'s
     }
 }
 
-/// CEL equality for values of one type; different types have no `==` overload.
-fn equal(a: &Val<'_>, b: &Val<'_>, op: &str) -> Result<bool> {
+/// CEL equality: values of different types are unequal (heterogeneous equality).
+fn equal(a: &Val<'_>, b: &Val<'_>) -> Result<bool> {
     match (a, b) {
         (Val::Bool(x), Val::Bool(y)) => Ok(x == y),
         (Val::Int(x), Val::Int(y)) => Ok(x == y),
@@ -1280,13 +1293,15 @@ fn equal(a: &Val<'_>, b: &Val<'_>, op: &str) -> Result<bool> {
                 return Ok(false);
             }
             for (x, y) in xs.iter().zip(ys) {
-                if !equal(x, y, op)? {
+                if !equal(x, y)? {
                     return Ok(false);
                 }
             }
             Ok(true)
         }
-        _ => Err(no_overload(a, op, b)),
+        // Heterogeneous equality, as cel-go (and so the scheduler) evaluates it: values of
+        // different types are simply not equal (`!=` is true), never an error.
+        _ => Ok(false),
     }
 }
 
@@ -1306,15 +1321,14 @@ fn order(a: &Val<'_>, b: &Val<'_>, op: &str) -> Result<Ordering> {
     }
 }
 
-/// `a in list`: true if an element equals `a`; elements of another type are errors, which a
-/// match elsewhere in the list overrides.
+/// `a in list`: true if an element equals `a` (elements of another type are unequal).
 fn contains(a: &Val<'_>, list: &Val<'_>) -> Result<bool> {
     let Val::List(items) = list else {
         return Err(no_overload(a, "in", list));
     };
     let mut error = None;
     for item in items {
-        match equal(a, item, "in") {
+        match equal(a, item) {
             Ok(true) => return Ok(true),
             Ok(false) => {}
             Err(e) => {
@@ -1796,10 +1810,7 @@ mod tests {
         assert_eq!(eval("[] == []"), Ok(true));
         assert_eq!(eval("[1] == [1, 2]"), Ok(false));
         assert_eq!(eval("[1, 2] == [1, 3]"), Ok(false));
-        assert_eq!(
-            eval("[1] == ['a']"),
-            Err("CEL evaluation error: no such overload: int == string".to_owned())
-        );
+        assert_eq!(eval("[1] == ['a']"), Ok(false), "heterogeneous equality");
         assert_eq!(
             eval("[1] < [2]"),
             Err("CEL evaluation error: no such overload: list < list".to_owned())
@@ -1924,14 +1935,14 @@ mod tests {
         for (src, expected) in cases {
             assert_eq!(eval(src), Ok(expected), "{src}");
         }
-        let errors: [(&str, &str); 10] = [
-            ("1 == '1'", "no such overload: int == string"),
-            ("'1' != 1", "no such overload: string != int"),
+        // Heterogeneous equality (cel-go's, hence the scheduler's): other types are unequal.
+        assert_eq!(eval("1 == '1'"), Ok(false));
+        assert_eq!(eval("'1' != 1"), Ok(true));
+        assert_eq!(eval("2 in ['a', 1]"), Ok(false));
+        let errors: [(&str, &str); 6] = [
             ("true < 1", "no such overload: bool < int"),
             ("'a' >= false", "no such overload: string >= bool"),
-            ("1 in ['a']", "no such overload: int in string"),
             ("1 in 1", "no such overload: int in int"),
-            ("true == 1 < 2", "no such overload: bool == int"),
             ("1 < 2 < 3", "no such overload: bool < int"),
             ("-'a' == 1", "no such overload: -string"),
             (
@@ -1946,16 +1957,12 @@ mod tests {
                 "{src}"
             );
         }
-        // A match wins over list elements of another type; without one they are an error.
+        // Elements of another type are simply unequal.
         assert_eq!(eval("1 in ['a', 1]"), Ok(true));
-        assert_eq!(
-            eval("2 in ['a', 1]"),
-            Err("CEL evaluation error: no such overload: int in string".to_owned())
-        );
         let speed = with(intel_nic(), "speed", i(25000));
         assert_eq!(
             on(r#"device.attributes["knic.dev"].speed == "25000""#, &speed),
-            Err("CEL evaluation error: no such overload: int == string".to_owned())
+            Ok(false)
         );
         assert_eq!(
             on(
@@ -2004,10 +2011,7 @@ mod tests {
         );
         assert_eq!(on(&format!("{k} != {y}"), &d), Ok(true));
         assert_eq!(on(&format!("{x} in [{y}, {k}]"), &d), Ok(true));
-        assert_eq!(
-            on(&format!("{x} == '1.2.3'"), &d),
-            Err("CEL evaluation error: no such overload: version == string".to_owned())
-        );
+        assert_eq!(on(&format!("{x} == '1.2.3'"), &d), Ok(false));
         assert_eq!(
             on(&format!("{x} < {y}"), &d),
             Err("CEL evaluation error: no such overload: version < version".to_owned())
@@ -2411,6 +2415,10 @@ mod tests {
             compile_err(&relations(64)),
             "unsupported CEL: nesting deeper than 64 levels (at byte 509)"
         );
+        // `has(` nests the parser without passing through a whole expression.
+        let has = |n: usize| format!("{}x{}", "has(".repeat(n), ")".repeat(n));
+        assert!(compile_err(&has(64)).starts_with("unsupported CEL: nesting deeper than 64"));
+        assert!(compile_err(&has(100_000)).starts_with("unsupported CEL: nesting deeper"));
         let methods = |n: usize| format!("'a'{}", ".contains('a')".repeat(n));
         assert!(compile_err(&methods(64)).starts_with("unsupported CEL: nesting deeper than 64"));
         // Hostile sizes return errors instead of overflowing the stack.

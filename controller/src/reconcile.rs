@@ -284,7 +284,7 @@ pub fn condition(
 }
 
 /// The `Exhausted` condition: `True` as soon as one address family the Network allocates from
-/// has no free address left, because every interface needs one address per family (a dual-stack
+/// has fewer free addresses than one pod needs (one per interface), because every interface needs one address per family (a dual-stack
 /// network whose IPv4 subnets are full cannot serve a new pod, however much IPv6 is left). The
 /// message names the full family and its subnets, and says what happens to pods meanwhile.
 /// `None` for `static` IPAM, which knic never allocates from.
@@ -295,6 +295,8 @@ pub fn exhausted_condition(
     previous: &NetworkStatus,
 ) -> Option<Condition> {
     let overall = address_count(spec, allocated)?;
+    // A pod takes one address per interface, and a pod that cannot get all of them fails.
+    let need = spec.interfaces_per_pod().max(1);
     let mut full = Vec::new();
     for (family, v4) in [("IPv4", true), ("IPv6", false)] {
         let mut one = spec.clone();
@@ -304,10 +306,17 @@ pub fn exhausted_condition(
         let Some(count) = address_count(&one, allocated) else {
             continue;
         };
+        let subnets: Vec<&str> = one.ipam.subnets.iter().map(|s| s.cidr.as_str()).collect();
         if count.free == 0 {
-            let subnets: Vec<&str> = one.ipam.subnets.iter().map(|s| s.cidr.as_str()).collect();
             full.push(format!(
                 "all {} allocatable {family} addresses of {} are in use",
+                count.total,
+                subnets.join(", ")
+            ));
+        } else if count.free < u128::from(need) {
+            full.push(format!(
+                "only {} of {} allocatable {family} addresses of {} are free and each pod needs {need}",
+                count.free,
                 count.total,
                 subnets.join(", ")
             ));
@@ -697,8 +706,27 @@ async fn generate(
             Some(existing)
                 if existing.spec == desired.spec
                     && existing.metadata.owner_references == desired.metadata.owner_references => {}
-            _ => {
+            current => {
                 let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
+                if let Some(existing) = current.filter(|e| e.spec != desired.spec) {
+                    // A template's spec is immutable: replace it. Claims already made from the
+                    // old one keep it; pods created in the gap get their claim once it is back
+                    // (the resourceclaim controller retries).
+                    let uid = existing.metadata.uid.clone();
+                    let precondition = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid,
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&name, &precondition).await {
+                        Ok(_) => {}
+                        // Gone already, or replaced meanwhile: the apply below settles it.
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 let params = PatchParams::apply(FIELD_MANAGER).force();
                 match api.patch(&name, &params, &Patch::Apply(&desired)).await {
                     Ok(_) => {}

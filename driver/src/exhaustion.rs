@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use knic_proto::network::{
@@ -29,12 +29,11 @@ use tokio::sync::watch;
 /// Kubernetes' limit on attributes plus capacities of one device.
 const MAX_ENTRIES_PER_DEVICE: usize = 32;
 
-/// The value of [`EXHAUSTED_ATTRIBUTE`] for these Networks, `None` when none is exhausted.
-///
-/// Listed in the order they became exhausted (the condition's `lastTransitionTime`, then name),
-/// so every node lists the same networks when more than [`MAX_EXHAUSTED_LISTED`] are full at
-/// once, and a network that has been full longest is never the one left out.
-pub fn attribute_value(networks: &[Network]) -> Option<String> {
+/// The exhausted Networks, in the order they became exhausted (the condition's
+/// `lastTransitionTime`, then name), so every node lists the same ones when more than
+/// [`MAX_EXHAUSTED_LISTED`] are full at once, and a network that has been full longest is never
+/// the one left out.
+pub fn exhausted_names(networks: &[Network]) -> Vec<String> {
     let mut full: Vec<(Option<&Time>, String)> = networks
         .iter()
         .filter(|n| n.metadata.deletion_timestamp.is_none())
@@ -50,21 +49,14 @@ pub fn attribute_value(networks: &[Network]) -> Option<String> {
         let key = |x: &(Option<&Time>, String)| (x.0.map(|t| t.0), x.1.clone());
         key(a).cmp(&key(b))
     });
-    if full.len() > MAX_EXHAUSTED_LISTED {
-        let left_out: Vec<&str> = full[MAX_EXHAUSTED_LISTED..]
-            .iter()
-            .map(|(_, name)| name.as_str())
-            .collect();
-        tracing::warn!(
-            ?left_out,
-            listed = MAX_EXHAUSTED_LISTED,
-            "more networks are exhausted than one device attribute can list; pods of the \
-             others are kept out by a prepare error instead of by the scheduler"
-        );
-    }
-    let tokens: Vec<String> = full
+    full.into_iter().map(|(_, name)| name).collect()
+}
+
+/// The value of [`EXHAUSTED_ATTRIBUTE`] for these Networks, `None` when none is exhausted.
+pub fn attribute_value(networks: &[Network]) -> Option<String> {
+    let tokens: Vec<String> = exhausted_names(networks)
         .iter()
-        .map(|(_, name)| exhaustion_token(name))
+        .map(|name| exhaustion_token(name))
         .collect();
     exhausted_attribute(tokens.iter().map(String::as_str))
 }
@@ -106,10 +98,17 @@ pub fn mark(devices: &[Device], value: Option<&str>) -> Vec<Device> {
         .collect()
 }
 
-/// Watches every Network and sends [`attribute_value`] to `out` whenever it changes. Runs until
+/// Watches every Network and sends [`attribute_value`] to `out` whenever it changes, and
+/// signals `synced` once the first full list is in, so slices are not published before the
+/// full networks are known (a restarting driver would otherwise briefly offer them). Runs until
 /// `out` has no receiver. A cluster without the Network CRD (the driver deployed alone) only
 /// costs a retried watch and one warning.
-pub async fn watch_networks(client: kube::Client, out: watch::Sender<Option<String>>) {
+pub async fn watch_networks(
+    client: kube::Client,
+    out: watch::Sender<Option<String>>,
+    synced: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut synced = Some(synced);
     let api: Api<Network> = Api::all(client);
     let (store, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
@@ -135,11 +134,23 @@ pub async fn watch_networks(client: kube::Client, out: watch::Sender<Option<Stri
                     out.send_if_modified(|current| {
                         let changed = *current != value;
                         if changed {
-                            tracing::info!(exhausted = ?value, "exhausted networks changed");
+                            let names = exhausted_names(&networks);
+                            tracing::info!(exhausted = ?names, "exhausted networks changed");
+                            if names.len() > MAX_EXHAUSTED_LISTED {
+                                tracing::warn!(left_out = ?&names[MAX_EXHAUSTED_LISTED..],
+                                    "more networks are exhausted than one device attribute can \
+                                     list; pods of the others are kept out by a prepare error \
+                                     instead of by the scheduler");
+                            }
                             current.clone_from(&value);
                         }
                         changed
                     });
+                    if store.wait_until_ready().now_or_never().is_some()
+                        && let Some(synced) = synced.take()
+                    {
+                        let _ = synced.send(());
+                    }
                 }
                 Some(Ok(_)) => {}
             },

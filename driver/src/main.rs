@@ -24,6 +24,9 @@ use knic_driver::slices::{self, PoolOwner};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
+/// How long the first ResourceSlice publish waits for the list of Networks.
+const NETWORKS_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// knic: network interfaces as Kubernetes DRA devices.
 #[derive(Debug, Parser)]
 #[command(name = "knic-driver", version, about)]
@@ -359,14 +362,27 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (exhausted_tx, exhausted_rx) = tokio::sync::watch::channel(None);
     let first_published = exhaustion::mark(&devices_rx.borrow(), None);
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
-    tokio::spawn(exhaustion::watch_networks(client.clone(), exhausted_tx));
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(exhaustion::watch_networks(
+        client.clone(),
+        exhausted_tx,
+        synced_tx,
+    ));
     tokio::spawn(exhaustion::apply(
         devices_rx.clone(),
         exhausted_rx,
         published_tx,
     ));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name);
-    let publishing = tokio::spawn(publisher.run(published_rx, PublisherSettings::default()));
+    let publishing = tokio::spawn(async move {
+        // First publish once the full networks are known (a restart must not briefly offer
+        // them), bounded for a cluster without the Network CRD; registration and prepare do
+        // not wait for it.
+        let _ = tokio::time::timeout(NETWORKS_SYNC_WAIT, synced_rx).await;
+        publisher
+            .run(published_rx, PublisherSettings::default())
+            .await;
+    });
     let rescan = RescanSettings {
         period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
         ..Default::default()

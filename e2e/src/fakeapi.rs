@@ -502,6 +502,31 @@ fn commit(
     if obj == before {
         return respond(StatusCode::OK, obj);
     }
+    // Like the real apiserver: a claim's and a claim template's spec never change.
+    if matches!(
+        target.resource.as_str(),
+        "resourceclaims" | "resourceclaimtemplates"
+    ) && target.subresource.is_none()
+        && obj.get("spec") != before.get("spec")
+    {
+        let name = field(before, "metadata.name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        *obj = before.clone();
+        let kind = if target.resource == "resourceclaims" {
+            "ResourceClaim"
+        } else {
+            "ResourceClaimTemplate"
+        };
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "{kind}.resource.k8s.io \"{name}\" is invalid: spec: Invalid value: field is immutable"
+            ),
+        );
+    }
     let body = |v: &Value| {
         let mut v = v.clone();
         if let Some(m) = v.as_object_mut() {

@@ -433,15 +433,15 @@ async fn accepted(env: &Env, template: &ResourceClaimTemplate) -> anyhow::Result
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
-    let selectors = availability::template_selectors(&template.spec, &classes)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let wanted =
+        availability::wanted_by(&template.spec, &classes).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut yes = 0;
     let mut all = 0;
     for slice in env.cluster.slices().await? {
         for device in slice.spec.devices.iter().flatten() {
             all += 1;
             let view = cel::Device::from_slice(&slice.spec.driver, device);
-            if selectors.iter().all(|s| s.matches(&view).unwrap_or(false)) {
+            if wanted.accepts(&view).map_err(|e| anyhow::anyhow!("{e}"))? {
                 yes += 1;
             }
         }
@@ -565,6 +565,21 @@ async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
         "another network's template accepts {yes} of {all}"
     );
     env.wait_available_nodes(Some(0)).await?;
+
+    // A driver restart never un-marks the devices: its first publish waits for the Networks.
+    env.nodes[0].driver.kill9().await?;
+    let node = &mut env.nodes[0];
+    node.driver = DriverProcess::start(&node.config)?;
+    node.plugin = Arc::new(kubelet::register(&node.config.registry_dir).await?);
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        let (yes, all) = accepted(env, &template).await?;
+        ensure!(
+            yes == 0,
+            "after a restart {yes} of {all} devices were offered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Running pods keep theirs: all five allocations and checkpoint entries are still there.
     ensure!(env.addresses().await?.len() == 5);
     for claim in &claims {

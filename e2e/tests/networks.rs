@@ -390,16 +390,22 @@ async fn templates_follow_namespaces(env: &mut Env) -> anyhow::Result<()> {
     .await?;
 
     // A spec change reaches the template and observedGeneration.
+    // Template specs are immutable (the fake enforces it like the apiserver): the controller
+    // replaces the template, so it comes back with a new UID.
     let before = n.metadata.generation.context("generation")?;
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(env.cluster.client.clone(), &s2);
+    let old_uid = api.get(&name).await?.metadata.uid;
     env.patch_spec(&name, json!({"mtu": 1500, "interfacesPerPod": 2}))
         .await?;
-    let api: Api<ResourceClaimTemplate> = Api::namespaced(env.cluster.client.clone(), &s2);
     eventually("template follows the spec", WAIT, || async {
-        let t = serde_json::to_value(api.get(&name).await?.spec)?;
+        let t = api.get(&name).await?;
+        let uid = t.metadata.uid.clone();
+        let t = serde_json::to_value(t.spec)?;
         let devices = &t["spec"]["devices"];
         Ok((devices["requests"][0]["exactly"]["count"] == json!(2)
-            && devices["config"][0]["opaque"]["parameters"]["interface"]["mtu"] == json!(1500))
-        .then_some(()))
+            && devices["config"][0]["opaque"]["parameters"]["interface"]["mtu"] == json!(1500)
+            && uid != old_uid)
+            .then_some(()))
     })
     .await?;
     let n = env.wait_condition(&name, CONDITION_READY, "True").await?;

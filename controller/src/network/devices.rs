@@ -11,9 +11,7 @@ use super::{DeviceKind, Devices, FRIENDLY_DEVICE_CLASS};
 const MAX_CEL_BYTES: usize = 10 * 1024;
 /// Kubernetes' limit on selectors per request (`DeviceSelectorsMaxSize`).
 const MAX_SELECTORS: usize = 32;
-/// Selectors an admin may write: one fewer than Kubernetes allows, because every generated
-/// template adds the exhaustion selector (`knic_proto::network::exhaustion_selector`).
-const MAX_USER_SELECTORS: usize = MAX_SELECTORS - 1;
+
 /// The driver leaves out string attributes longer than this, so a longer vendor name can never
 /// match anything.
 const MAX_ATTRIBUTE_STRING: usize = 64;
@@ -151,7 +149,14 @@ fn has_raw(d: &Devices) -> bool {
 
 /// Checks `spec.devices`, pushing every problem, and returns the class and selectors of the
 /// request (also when there were problems, if the form is clear enough to compile).
-pub(super) fn check(d: &Devices, errors: &mut Vec<FieldError>) -> Option<(String, Vec<String>)> {
+/// `reserved` is how many selectors knic adds to the generated template (the exhaustion
+/// selector, for networks that allocate addresses), which the admin's share of Kubernetes'
+/// limit gives up.
+pub(super) fn check(
+    d: &Devices,
+    reserved: usize,
+    errors: &mut Vec<FieldError>,
+) -> Option<(String, Vec<String>)> {
     let mut error = |path: &str, message: String| {
         errors.push(FieldError::new(format!("spec.devices{path}"), message));
     };
@@ -184,14 +189,19 @@ pub(super) fn check(d: &Devices, errors: &mut Vec<FieldError>) -> Option<(String
                 ),
                 Some(_) => {}
             }
-            if d.selectors.len() > MAX_USER_SELECTORS {
+            let allowed = MAX_SELECTORS - reserved;
+            if d.selectors.len() > allowed {
+                let rule = if reserved == 0 {
+                    format!("Kubernetes allows at most {MAX_SELECTORS}")
+                } else {
+                    format!(
+                        "at most {allowed} (Kubernetes allows {MAX_SELECTORS} and knic adds the \
+                         exhaustion selector)"
+                    )
+                };
                 error(
                     ".selectors",
-                    format!(
-                        "has {} entries; at most {MAX_USER_SELECTORS} (Kubernetes allows \
-                         {MAX_SELECTORS} and knic adds the exhaustion selector)",
-                        d.selectors.len()
-                    ),
+                    format!("has {} entries; {rule}", d.selectors.len()),
                 );
             }
             for (i, selector) in d.selectors.iter().enumerate() {
@@ -415,7 +425,7 @@ impl DeviceSet {
     /// `None` when `devices` is not valid (its own validation reports why).
     pub(super) fn of(d: &Devices) -> Option<DeviceSet> {
         let mut errors = Vec::new();
-        let (class, selectors) = check(d, &mut errors)?;
+        let (class, selectors) = check(d, 0, &mut errors)?;
         if !errors.is_empty() {
             return None;
         }

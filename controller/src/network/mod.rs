@@ -89,7 +89,11 @@ pub trait DeviceRequestOf {
 impl DeviceRequestOf for NetworkSpec {
     fn device_request(&self) -> std::result::Result<DeviceRequest, netconfig::ConfigErrors> {
         let mut errors = Vec::new();
-        match devices::check(&self.devices, &mut errors) {
+        match devices::check(
+            &self.devices,
+            validate::exhaustion_selectors(self),
+            &mut errors,
+        ) {
             Some((device_class_name, selectors)) if errors.is_empty() => Ok(DeviceRequest {
                 device_class_name,
                 selectors,

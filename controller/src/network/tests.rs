@@ -410,6 +410,17 @@ fn network_reject_too_many_selectors() {
         json!({ "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": selectors } }),
     );
     assert!(validate_network("blue", &spec).is_ok());
+    // Without subnets knic adds nothing, so Kubernetes' own limit applies.
+    let mut static_spec = with(
+        json!({ "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": vec!["true"; 32] } }),
+    );
+    static_spec.ipam = serde_json::from_value(json!({"static": {}})).unwrap();
+    assert!(validate_network("blue", &static_spec).is_ok());
+    static_spec.devices.selectors.push("true".into());
+    assert_eq!(
+        problems("blue", &static_spec),
+        vec!["spec.devices.selectors: has 33 entries; Kubernetes allows at most 32"]
+    );
 }
 
 #[test]

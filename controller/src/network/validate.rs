@@ -15,6 +15,11 @@ use crate::ipam::{Exclusion, Pool, check_exclusion, check_gateway, check_subnet,
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU.
 const MIN_IPV6_MTU: u32 = 1280;
 
+/// Selectors knic adds to the generated template: the exhaustion selector when it allocates.
+pub(super) fn exhaustion_selectors(spec: &NetworkSpec) -> usize {
+    usize::from(!spec.ipam.subnets.is_empty())
+}
+
 /// Checks every rule a Network must meet on its own and reports all problems at once, each
 /// with its path (`spec.ipam.subnets[1].gateway`), so the `Invalid` condition tells the admin
 /// everything to fix in one round.
@@ -41,7 +46,7 @@ const MIN_IPV6_MTU: u32 = 1280;
 pub fn validate_network(name: &str, spec: &NetworkSpec) -> Result<(), ConfigErrors> {
     let mut v = Validator::default();
     v.name_and_template(name, spec);
-    devices::check(&spec.devices, &mut v.errors);
+    devices::check(&spec.devices, exhaustion_selectors(spec), &mut v.errors);
     v.interfaces(spec);
     let subnets = v.ipam(spec);
     v.ipv6_mtu(spec, &subnets);

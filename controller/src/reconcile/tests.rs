@@ -123,6 +123,32 @@ fn one_full_family_exhausts_a_dual_stack_network() {
 }
 
 #[test]
+fn fewer_free_addresses_than_a_pod_needs_is_exhausted() {
+    let mut n = network("blue", 0, 100, "192.0.2.0/29");
+    n.spec.interfaces_per_pod = Some(2);
+    let five = [
+        "192.0.2.1/29",
+        "192.0.2.2/29",
+        "192.0.2.3/29",
+        "192.0.2.4/29",
+        "192.0.2.5/29",
+    ];
+    let c = exhausted_condition(&n.spec, &five, None, &NetworkStatus::default()).expect("subnets");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.starts_with(
+            "only 1 of 6 allocatable IPv4 addresses of 192.0.2.0/29 are free and each pod needs 2; \
+             new pods"
+        ),
+        "{}",
+        c.message
+    );
+    let c =
+        exhausted_condition(&n.spec, &five[..4], None, &NetworkStatus::default()).expect("subnets");
+    assert_eq!(c.status, "False");
+}
+
+#[test]
 fn older_network_wins_a_conflict() {
     let a = network("net-a", 0, 100, "192.0.2.0/24");
     let b = network("net-b", 5, 100, "192.0.2.128/25");
