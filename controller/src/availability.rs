@@ -14,6 +14,7 @@
 //! big cluster must not become one status write per event. It patches that one field only, so
 //! it never races the reconciler, which writes every other status field and never this one.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
@@ -191,19 +192,30 @@ pub fn available_nodes(
 }
 
 /// Every Network's number (or `None` when it cannot be known), from the caches' contents.
-pub fn compute(
+///
+/// Generic over [`Borrow`] so the loop passes its caches' `Arc`s without copying every slice
+/// and claim on each recomputation, and tests pass plain values.
+pub fn compute<S, C, D>(
     networks: &[Network],
-    slices: &[ResourceSlice],
-    claims: &[ResourceClaim],
-    classes: &[DeviceClass],
-) -> BTreeMap<String, Option<u32>> {
-    let classes: BTreeMap<String, DeviceClass> =
-        classes.iter().map(|c| (c.name_any(), c.clone())).collect();
+    slices: &[S],
+    claims: &[C],
+    classes: &[D],
+) -> BTreeMap<String, Option<u32>>
+where
+    S: Borrow<ResourceSlice>,
+    C: Borrow<ResourceClaim>,
+    D: Borrow<DeviceClass>,
+{
+    let classes: BTreeMap<String, DeviceClass> = classes
+        .iter()
+        .map(|c| (c.borrow().name_any(), c.borrow().clone()))
+        .collect();
     let slices: Vec<&ResourceSlice> = slices
         .iter()
+        .map(Borrow::borrow)
         .filter(|s| s.spec.driver == knic_proto::DRIVER_NAME)
         .collect();
-    let taken = allocated(claims);
+    let taken = allocated(claims.iter().map(Borrow::borrow));
     networks
         .iter()
         .filter(|n| n.metadata.deletion_timestamp.is_none())
@@ -284,24 +296,7 @@ pub async fn run(client: Client, settings: Settings, shutdown: impl Future<Outpu
     }
     loop {
         let all: Vec<Network> = networks.state().iter().map(|n| (**n).clone()).collect();
-        let numbers = compute(
-            &all,
-            &slices
-                .state()
-                .iter()
-                .map(|s| (**s).clone())
-                .collect::<Vec<_>>(),
-            &claims
-                .state()
-                .iter()
-                .map(|c| (**c).clone())
-                .collect::<Vec<_>>(),
-            &classes
-                .state()
-                .iter()
-                .map(|c| (**c).clone())
-                .collect::<Vec<_>>(),
-        );
+        let numbers = compute(&all, &slices.state(), &claims.state(), &classes.state());
         let mut failed = false;
         for network in &all {
             let name = network.name_any();
@@ -421,6 +416,8 @@ mod tests {
         .unwrap()
     }
 
+    const NO_CLAIMS: &[ResourceClaim] = &[];
+
     fn vf_network() -> Network {
         network("blue", json!({"kind": "vf"}))
     }
@@ -437,7 +434,7 @@ mod tests {
             slice("node-c", 1, &[("pf0", "pf", json!({}))]),
         ];
         let networks = [vf_network()];
-        let numbers = compute(&networks, &slices, &[], &classes());
+        let numbers = compute(&networks, &slices, NO_CLAIMS, &classes());
         assert_eq!(numbers["blue"], Some(2), "node-c has no VF");
         let taken = [claim(&[("node-b", "vf0")])];
         let numbers = compute(&networks, &slices, &taken, &classes());
@@ -466,7 +463,7 @@ mod tests {
         let mut two = vf_network();
         two.spec.interfaces_per_pod = Some(2);
         assert_eq!(
-            compute(std::slice::from_ref(&two), &slices, &[], &classes())["blue"],
+            compute(std::slice::from_ref(&two), &slices, NO_CLAIMS, &classes())["blue"],
             Some(1)
         );
         let taken = [claim(&[("node-a", "vf1")])];
@@ -506,13 +503,18 @@ mod tests {
         );
         let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
         assert_eq!(
-            compute(std::slice::from_ref(&speedy), &slices, &[], &classes())["speedy"],
+            compute(
+                std::slice::from_ref(&speedy),
+                &slices,
+                NO_CLAIMS,
+                &classes()
+            )["speedy"],
             None
         );
         let fast = json!({"speed": {"int": 100000}});
         let slices = [slice("node-a", 1, &[("vf0", "vf", fast)])];
         assert_eq!(
-            compute(&[speedy], &slices, &[], &classes())["speedy"],
+            compute(&[speedy], &slices, NO_CLAIMS, &classes())["speedy"],
             Some(1)
         );
     }
@@ -535,7 +537,10 @@ mod tests {
             ..Default::default()
         });
         let slices = [slice("node-a", 1, &[("vf0", "vf", json!({}))])];
-        assert_eq!(compute(&[refused], &slices, &[], &classes())["blue"], None);
+        assert_eq!(
+            compute(&[refused], &slices, NO_CLAIMS, &classes())["blue"],
+            None
+        );
     }
 
     #[test]
@@ -545,7 +550,7 @@ mod tests {
             slice("node-a", 2, &[("pf0", "pf", json!({}))]),
         ];
         assert_eq!(
-            compute(&[vf_network()], &slices, &[], &classes())["blue"],
+            compute(&[vf_network()], &slices, NO_CLAIMS, &classes())["blue"],
             Some(0)
         );
     }
@@ -558,7 +563,7 @@ mod tests {
         let mut red = network("red", json!({"kind": "vf"}));
         red.spec.ipam.subnets[0].cidr = "198.51.100.0/24".into();
         let networks = [vf_network(), red];
-        let numbers = compute(&networks, &slices, &[], &classes());
+        let numbers = compute(&networks, &slices, NO_CLAIMS, &classes());
         assert_eq!(numbers["blue"], Some(0));
         assert_eq!(numbers["red"], Some(1));
     }
@@ -580,7 +585,7 @@ mod tests {
         invalid.metadata.name = Some("invalid".into());
         invalid.spec.vlan = Some(5000);
         let networks = [unknown_class, unsupported, invalid];
-        let numbers = compute(&networks, &slices, &[], &classes());
+        let numbers = compute(&networks, &slices, NO_CLAIMS, &classes());
         assert_eq!(numbers["raw"], None);
         assert_eq!(numbers["regex"], None);
         assert_eq!(numbers["invalid"], None);
@@ -609,7 +614,7 @@ mod tests {
         let mut other = slice("node-b", 1, &[("vf0", "vf", json!({}))]);
         other.spec.driver = "other.example.com".into();
         assert_eq!(
-            compute(&[vf_network()], &[shared, other], &[], &classes())["blue"],
+            compute(&[vf_network()], &[shared, other], NO_CLAIMS, &classes())["blue"],
             Some(0)
         );
     }

@@ -320,6 +320,18 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
     )
 }
 
+/// The apiserver's answer to a write decided on an older resourceVersion.
+fn stale(resource: &str, name: &str) -> Response<Body> {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {resource} \"{name}\": the object has been \
+             modified; please apply your changes to the latest version and try again"
+        ),
+    )
+}
+
 fn respond(code: StatusCode, body: &Value) -> Response<Body> {
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *resp.status_mut() = code;
@@ -741,15 +753,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
             let sent_rv = field(&new, "metadata.resourceVersion").and_then(Value::as_str);
             let have_rv = field(existing, "metadata.resourceVersion").and_then(Value::as_str);
             if sent_rv.is_some_and(|rv| Some(rv) != have_rv) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    format!(
-                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
-                     please apply your changes to the latest version and try again",
-                        target.resource
-                    ),
-                );
+                return stale(&target.resource, &name);
             }
             let before = existing.clone();
             let meta = existing["metadata"].clone();
@@ -809,15 +813,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
             if let Some(want) = field(&patch, "metadata.resourceVersion").and_then(Value::as_str)
                 && field(existing, "metadata.resourceVersion").and_then(Value::as_str) != Some(want)
             {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    format!(
-                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
-                     please apply your changes to the latest version and try again",
-                        target.resource
-                    ),
-                );
+                return stale(&target.resource, &name);
             }
             let before = existing.clone();
             let meta = existing["metadata"].clone();

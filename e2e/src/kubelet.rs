@@ -158,53 +158,32 @@ impl Plugin {
     /// the 1.37 service, otherwise v1alpha1 (kubelets 1.34–1.36).
     pub async fn health(&self, v1: bool) -> anyhow::Result<Vec<(String, i32, String)>> {
         use knic_proto::health;
-        let request = || {
-            let mut r = tonic::Request::new(health::v1::NodeWatchResourcesRequest {});
-            r.set_timeout(Duration::from_secs(10));
-            r
-        };
-        let out = if v1 {
-            let mut client = health::v1::dra_resource_health_client::DraResourceHealthClient::new(
-                self.channel.clone(),
-            );
-            let mut stream = client.node_watch_resources(request()).await?.into_inner();
-            let first = stream.message().await?.context("health stream ended")?;
-            first
-                .devices
-                .into_iter()
-                .map(|d| {
-                    (
-                        d.device.map(|i| i.device_name).unwrap_or_default(),
-                        d.health,
-                        d.message,
-                    )
-                })
-                .collect()
+        /// One body for both versions' generated types.
+        macro_rules! first_snapshot {
+            ($api:ident) => {{
+                let mut client =
+                    health::$api::dra_resource_health_client::DraResourceHealthClient::new(
+                        self.channel.clone(),
+                    );
+                let mut request = tonic::Request::new(health::$api::NodeWatchResourcesRequest {});
+                request.set_timeout(Duration::from_secs(10));
+                let mut stream = client.node_watch_resources(request).await?.into_inner();
+                let first = stream.message().await?.context("health stream ended")?;
+                first
+                    .devices
+                    .into_iter()
+                    .map(|d| {
+                        let device = d.device.map(|i| i.device_name).unwrap_or_default();
+                        (device, d.health, d.message)
+                    })
+                    .collect()
+            }};
+        }
+        Ok(if v1 {
+            first_snapshot!(v1)
         } else {
-            let mut client =
-                health::v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
-                    self.channel.clone(),
-                );
-            let mut stream = client
-                .node_watch_resources(tonic::Request::new(
-                    health::v1alpha1::NodeWatchResourcesRequest {},
-                ))
-                .await?
-                .into_inner();
-            let first = stream.message().await?.context("health stream ended")?;
-            first
-                .devices
-                .into_iter()
-                .map(|d| {
-                    (
-                        d.device.map(|i| i.device_name).unwrap_or_default(),
-                        d.health,
-                        d.message,
-                    )
-                })
-                .collect()
-        };
-        Ok(out)
+            first_snapshot!(v1alpha1)
+        })
     }
 
     /// NodePrepareResources over the chosen version; fails only on a gRPC error.
@@ -213,24 +192,24 @@ impl Plugin {
         version: DraVersion,
         claims: &[ClaimId],
     ) -> anyhow::Result<HashMap<String, Prepared>> {
-        let out = match version {
-            DraVersion::V1 => {
-                let claims = claims
-                    .iter()
-                    .map(|c| v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect();
-                let mut client = self.v1.clone();
-                let resp = client
-                    .node_prepare_resources(with_timeout(v1::NodePrepareResourcesRequest {
-                        claims,
-                    }))
+        /// The versions' messages are alike but distinct generated types: one body for both.
+        macro_rules! prepare {
+            ($api:ident, $client:expr) => {{
+                let claims = claims.iter().map(|c| $api::Claim {
+                    namespace: c.namespace.clone(),
+                    uid: c.uid.clone(),
+                    name: c.name.clone(),
+                });
+                let request = $api::NodePrepareResourcesRequest {
+                    claims: claims.collect(),
+                };
+                let mut client = $client.clone();
+                let response = client
+                    .node_prepare_resources(with_timeout(request))
                     .await?
                     .into_inner();
-                resp.claims
+                response
+                    .claims
                     .into_iter()
                     .map(|(uid, r)| {
                         let devices = r
@@ -242,56 +221,16 @@ impl Plugin {
                                 request_names: d.request_names,
                             })
                             .collect();
-                        (
-                            uid,
-                            Prepared {
-                                devices,
-                                error: r.error,
-                            },
-                        )
+                        let error = r.error;
+                        (uid, Prepared { devices, error })
                     })
                     .collect()
-            }
-            DraVersion::V1beta1 => {
-                let claims = claims
-                    .iter()
-                    .map(|c| v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect();
-                let mut client = self.v1beta1.clone();
-                let resp = client
-                    .node_prepare_resources(with_timeout(v1beta1::NodePrepareResourcesRequest {
-                        claims,
-                    }))
-                    .await?
-                    .into_inner();
-                resp.claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let devices = r
-                            .devices
-                            .into_iter()
-                            .map(|d| Device {
-                                pool: d.pool_name,
-                                device: d.device_name,
-                                request_names: d.request_names,
-                            })
-                            .collect();
-                        (
-                            uid,
-                            Prepared {
-                                devices,
-                                error: r.error,
-                            },
-                        )
-                    })
-                    .collect()
-            }
-        };
-        Ok(out)
+            }};
+        }
+        Ok(match version {
+            DraVersion::V1 => prepare!(v1, self.v1),
+            DraVersion::V1beta1 => prepare!(v1beta1, self.v1beta1),
+        })
     }
 
     /// NodeUnprepareResources; returns each claim's error text (empty = success).
@@ -300,51 +239,32 @@ impl Plugin {
         version: DraVersion,
         claims: &[ClaimId],
     ) -> anyhow::Result<HashMap<String, String>> {
-        let out = match version {
-            DraVersion::V1 => {
-                let claims = claims
-                    .iter()
-                    .map(|c| v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect();
-                let mut client = self.v1.clone();
+        /// As in [`Plugin::prepare`]: one body for both versions' generated types.
+        macro_rules! unprepare {
+            ($api:ident, $client:expr) => {{
+                let claims = claims.iter().map(|c| $api::Claim {
+                    namespace: c.namespace.clone(),
+                    uid: c.uid.clone(),
+                    name: c.name.clone(),
+                });
+                let request = $api::NodeUnprepareResourcesRequest {
+                    claims: claims.collect(),
+                };
+                let mut client = $client.clone();
                 client
-                    .node_unprepare_resources(with_timeout(v1::NodeUnprepareResourcesRequest {
-                        claims,
-                    }))
+                    .node_unprepare_resources(with_timeout(request))
                     .await?
                     .into_inner()
                     .claims
                     .into_iter()
                     .map(|(uid, r)| (uid, r.error))
                     .collect()
-            }
-            DraVersion::V1beta1 => {
-                let claims = claims
-                    .iter()
-                    .map(|c| v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect();
-                let mut client = self.v1beta1.clone();
-                client
-                    .node_unprepare_resources(with_timeout(
-                        v1beta1::NodeUnprepareResourcesRequest { claims },
-                    ))
-                    .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| (uid, r.error))
-                    .collect()
-            }
-        };
-        Ok(out)
+            }};
+        }
+        Ok(match version {
+            DraVersion::V1 => unprepare!(v1, self.v1),
+            DraVersion::V1beta1 => unprepare!(v1beta1, self.v1beta1),
+        })
     }
 }
 

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::{Rtnl, kernel_has_8021q};
-use knic_driver::netns::{AttachMode, AttachPlan, Kernel, Ns, Session, attach, capture, detach};
+use knic_driver::netns::{
+    AttachMode, AttachPlan, Kernel, LinkState, Ns, Restore, Session, attach, capture, detach,
+};
 use knic_e2e::harness::{Netns, in_netns, ip, isolate, udp_echo};
 use knic_proto::netconfig::{Cidr, Route};
 use libtest_mimic::{Failed, Trial};
@@ -51,6 +53,25 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         }],
         sysctls,
     }
+}
+
+/// Link `name` as the host namespace sees it now.
+async fn host_link(k: &Rtnl, name: &str) -> anyhow::Result<Option<LinkState>> {
+    Ok(k.open(&Ns::Host).await?.context("host")?.link(name).await?)
+}
+
+/// The error text of an attach that must fail.
+async fn attach_error(
+    k: &Rtnl,
+    p: &AttachPlan,
+    pod: &Netns,
+    restore: &Restore,
+) -> anyhow::Result<String> {
+    Ok(attach(k, p, &Ns::Pod(pod.path()), restore, false)
+        .await
+        .err()
+        .context("the attach must fail")?
+        .to_string())
 }
 
 async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
@@ -108,15 +129,7 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
         std::fs::read_to_string("/proc/sys/net/ipv4/conf/net1/arp_ignore")
     })??;
     ensure!(arp.trim() == "1", "arp_ignore {arp}");
-    ensure!(
-        k.open(&Ns::Host)
-            .await?
-            .context("host")?
-            .link("knt-a0")
-            .await?
-            .is_none(),
-        "still on the host"
-    );
+    ensure!(host_link(k, "knt-a0").await?.is_none(), "still on the host");
     udp_echo(&pod.path(), &peer.path(), "192.0.2.1")?;
 
     // A repeated hook changes nothing.
@@ -124,13 +137,7 @@ async fn veth_attach_detach(k: &Rtnl) -> anyhow::Result<()> {
     ensure!(again.index == link.index);
 
     detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
-    let back = k
-        .open(&Ns::Host)
-        .await?
-        .context("host")?
-        .link("knt-a0")
-        .await?
-        .context("not back")?;
+    let back = host_link(k, "knt-a0").await?.context("not back")?;
     ensure!(
         back == restore.host,
         "restored {back:?} != before {:?}",
@@ -168,22 +175,12 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
     ])?;
     let p = plan("knt-b0", AttachMode::Move);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &Ns::Pod(pod.path()), &restore, false)
-        .await
-        .err()
-        .context("clash must fail")?
-        .to_string();
+    let err = attach_error(k, &p, &pod, &restore).await?;
     ensure!(
         err.contains("interface net1 already exists in the pod"),
         "{err}"
     );
-    let host = k
-        .open(&Ns::Host)
-        .await?
-        .context("host")?
-        .link("knt-b0")
-        .await?
-        .context("moved anyway")?;
+    let host = host_link(k, "knt-b0").await?.context("moved anyway")?;
     ensure!(host == restore.host);
     Ok(())
 }
@@ -200,22 +197,12 @@ async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
     // The kernel refuses a gateway no address can reach: a failure after the move.
     p.routes[0].gateway = Some("10.255.255.1".parse()?);
     let restore = capture(k, &p).await?;
-    let err = attach(k, &p, &Ns::Pod(pod.path()), &restore, false)
-        .await
-        .err()
-        .context("must fail")?
-        .to_string();
+    let err = attach_error(k, &p, &pod, &restore).await?;
     ensure!(
         err.contains("adding route 203.0.113.0/24 via net1"),
         "{err}"
     );
-    let host = k
-        .open(&Ns::Host)
-        .await?
-        .context("host")?
-        .link("knt-c0")
-        .await?
-        .context("lost")?;
+    let host = host_link(k, "knt-c0").await?.context("lost")?;
     ensure!(host == restore.host, "{host:?} != {:?}", restore.host);
     ensure!(
         k.open(&Ns::Pod(pod.path()))

@@ -450,6 +450,31 @@ impl Validator {
         out
     }
 
+    /// A route's gateway or source: an IP address of the destination's family.
+    fn route_ip(&mut self, text: &str, path: &str, destination: Option<Cidr>) -> Option<IpAddr> {
+        let ip = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(message) => {
+                self.error(path, message);
+                return None;
+            }
+        };
+        if let Some(destination) = destination
+            && destination.is_ipv4() != ip.is_ipv4()
+        {
+            self.error(
+                path,
+                format!(
+                    "{ip} is {} but destination {destination} is {}",
+                    family_name(ip),
+                    family_name(destination.addr)
+                ),
+            );
+            return None;
+        }
+        Some(ip)
+    }
+
     fn gateway(
         &mut self,
         text: &str,
@@ -458,26 +483,7 @@ impl Validator {
         static_addresses: Option<&[Cidr]>,
     ) -> Option<IpAddr> {
         let path = format!("{path}.gateway");
-        let gateway = match parse_ip(text) {
-            Ok(ip) => ip,
-            Err(message) => {
-                self.error(path, message);
-                return None;
-            }
-        };
-        if let Some(destination) = destination
-            && destination.is_ipv4() != gateway.is_ipv4()
-        {
-            self.error(
-                path,
-                format!(
-                    "{gateway} is {} but destination {destination} is {}",
-                    family_name(gateway),
-                    family_name(destination.addr)
-                ),
-            );
-            return None;
-        }
+        let gateway = self.route_ip(text, &path, destination)?;
         if gateway.is_unspecified() || gateway.is_multicast() {
             self.error(path, format!("{gateway} is not a unicast address"));
             return None;
@@ -511,26 +517,7 @@ impl Validator {
         static_addresses: Option<&[Cidr]>,
     ) -> Option<IpAddr> {
         let path = format!("{path}.source");
-        let source = match parse_ip(text) {
-            Ok(ip) => ip,
-            Err(message) => {
-                self.error(path, message);
-                return None;
-            }
-        };
-        if let Some(destination) = destination
-            && destination.is_ipv4() != source.is_ipv4()
-        {
-            self.error(
-                path,
-                format!(
-                    "{source} is {} but destination {destination} is {}",
-                    family_name(source),
-                    family_name(destination.addr)
-                ),
-            );
-            return None;
-        }
+        let source = self.route_ip(text, &path, destination)?;
         let addresses = static_addresses?;
         if !addresses.iter().any(|a| a.addr == source) {
             self.error(
