@@ -1,13 +1,13 @@
 //! knic's cluster controller.
 //!
-//! This crate holds the Kubernetes-free core of networks as a service, so the rules can be
-//! tested exhaustively without an apiserver and called from both the reconciler and the driver:
+//! This crate holds the controller half of networks as a service; what the driver must compute
+//! identically (IPAM arithmetic, names, the exhaustion selector) lives in `knic-proto`:
 //!
 //! * [`network`]: the `Network` resource's spec, its validation (one network alone, and against
 //!   every other network), and the compilation of its device choice into DRA selectors;
-//! * [`ipam`]: address arithmetic over IPv4 and IPv6 subnets without enumerating them,
-//!   candidate choice for allocators racing on one subnet, stable addresses, and the names of
-//!   allocation objects whose create-if-absent makes an address unique;
+//! * [`ipam`] (from `knic-proto`, shared with the driver, which allocates at prepare time):
+//!   address arithmetic over IPv4 and IPv6 subnets without enumerating them, candidate choice,
+//!   stable addresses, and the names of allocation objects;
 //! * [`cel`]: the subset of CEL device selectors knic generates and ships, evaluated against
 //!   published devices to count the nodes a Network can use.
 //!
@@ -15,35 +15,23 @@
 //! into ResourceClaimTemplates and status, and the collector of allocations whose claim is
 //! gone; [`leader`] keeps two replicas from reconciling at once.
 
-use knic_proto::netconfig::Cidr;
-
 pub mod availability;
 pub mod cel;
-pub mod ipam;
+pub mod client;
+pub use knic_proto::ipam;
 pub mod leader;
 pub mod network;
+pub mod plan;
 pub mod reconcile;
+pub mod status;
 
 /// Everything that can go wrong in the controller.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A Network or generated object that breaks a rule; the message names field and rule.
-    #[error("{0}")]
-    Invalid(String),
-    /// Every usable address of a subnet is allocated. A variant of its own, because callers
-    /// react differently (report it in the Network's status and keep new pods from scheduling)
-    /// than to an invalid Network, and the operator needs the numbers to size the subnet.
-    #[error("network {network}: subnet {subnet} has no free address ({in_use} in use of {size})")]
-    Exhausted {
-        /// The Network's name.
-        network: String,
-        /// The subnet that ran out.
-        subnet: Cidr,
-        /// Addresses found taken while looking for a free one.
-        in_use: u128,
-        /// Usable addresses of the subnet (gateway and exclusions already removed).
-        size: u128,
-    },
+    /// A Network that breaks a rule, or a subnet with no free address (the shared domain's
+    /// error, passed through unchanged so both binaries word it the same).
+    #[error(transparent)]
+    Domain(#[from] knic_proto::Error),
     /// A call to the Kubernetes API failed; the reconciler retries after a delay.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),

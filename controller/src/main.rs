@@ -92,7 +92,7 @@ async fn main() -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await?,
     };
-    let client = kube::Client::try_from(config)?;
+    let client = knic_controller::client::paced(kube::Client::try_from(config)?);
     let identity = args
         .identity
         .clone()

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use futures::TryStreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use knic_driver::checkpoint::CheckpointStore;
-use knic_driver::claims::{ClaimSource, Preparer};
+use knic_driver::claims::ClaimSource;
 use knic_driver::inventory::Filter;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
@@ -22,8 +22,9 @@ use knic_driver::netns::{Kernel, LinkChange, Ns, Session};
 use knic_driver::node::Discovery;
 use knic_driver::nri::runtime::TestRuntime;
 use knic_driver::nri::{self, NriSettings, PodSandbox};
-use knic_driver::pods::{LogStatus, PodNetworks};
+use knic_driver::pods::LogStatus;
 use knic_driver::slices::{self, PoolOwner};
+use knic_driver::wiring::{self, Parts};
 use knic_proto::dra::v1;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, setns, unshare};
@@ -99,12 +100,12 @@ fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> anyhow::Resul
 struct DemoClaims(ResourceClaim);
 
 impl ClaimSource for DemoClaims {
-    async fn get(
-        &self,
-        _namespace: &str,
-        _name: &str,
-    ) -> knic_driver::Result<Option<ResourceClaim>> {
-        Ok(Some(self.0.clone()))
+    fn get<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> knic_driver::BoxFuture<'a, knic_driver::Result<Option<ResourceClaim>>> {
+        Box::pin(async move { Ok(Some(self.0.clone())) })
     }
 }
 
@@ -286,14 +287,16 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     let t = Instant::now();
     let paths = PluginPaths::under_kubelet_root(&scratch.dir.path().join("kubelet"));
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(devices.clone());
-    let preparer = Preparer::with_devices(
-        knic_proto::DRIVER_NAME,
-        DemoClaims(claim(&device)?),
-        CheckpointStore::new(&paths.plugin_dir),
-        devices_rx,
-    );
+    let wired = wiring::node(Parts {
+        source: Arc::new(DemoClaims(claim(&device)?)),
+        checkpoint: CheckpointStore::new(&paths.plugin_dir),
+        devices: devices_rx,
+        kernel: Rtnl::new(None),
+        status: Arc::new(LogStatus),
+        address_book: None,
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let service = DraService::new(preparer.clone());
+    let service = DraService::new(wired.preparer.clone());
     let health = knic_driver::health::HealthService::new(NODE, devices_tx.subscribe());
     let serve_paths = paths.clone();
     let mut stop_serve = stop_rx.clone();
@@ -343,7 +346,7 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     let t = Instant::now();
     let socket = scratch.dir.path().join("nri.sock");
     let mut runtime = TestRuntime::listen(&socket).await?;
-    let pods = PodNetworks::new(Rtnl::new(None), preparer.clone(), Arc::new(LogStatus));
+    let pods = wired.pods.clone();
     let settings = NriSettings {
         socket: socket.clone(),
         ..NriSettings::default()

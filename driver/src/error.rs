@@ -62,6 +62,18 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The kernel refused an operation, or is not as the plan expects (a device gone, a name
+    /// taken, a namespace missing). Written like the executor's own log lines: where, what
+    /// knic was doing, why.
+    #[error("{namespace}: {operation}: {reason}")]
+    Kernel {
+        /// The network namespace (`host` or the pod's namespace path).
+        namespace: String,
+        /// What knic was doing, e.g. `attaching net1`.
+        operation: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A start-up setting is invalid.
     #[error("invalid setting {setting}: {reason}")]
     Setting {
@@ -73,6 +85,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// A kernel error in `namespace` while doing `operation`.
+    pub fn kernel(
+        namespace: impl std::fmt::Display,
+        operation: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::Kernel {
+            namespace: namespace.to_string(),
+            operation: operation.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// Wraps an I/O error with what was being done, so the log line names the path.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -7,20 +7,19 @@ mod demo;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use knic_driver::api::slices::{Publisher, PublisherSettings};
+use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
 use knic_driver::checkpoint::CheckpointStore;
-use knic_driver::claims::{KubeClaims, Preparer};
 use knic_driver::exhaustion;
 use knic_driver::health::HealthService;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
-use knic_driver::ipam::KubeAddressBook;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::node::{self, Discovery, RescanSettings};
 use knic_driver::nri::{self, NriSettings};
-use knic_driver::pods::{KubeStatus, PodNetworks};
-use knic_driver::slices::publisher::{Publisher, PublisherSettings};
 use knic_driver::slices::{self, PoolOwner};
+use knic_driver::wiring::{self, Parts};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -222,7 +221,9 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Clien
             .await
             .context("no kubeconfig given and not in a cluster")?,
     };
-    Ok(kube::Client::try_from(config)?)
+    Ok(knic_driver::api::client::paced(kube::Client::try_from(
+        config,
+    )?))
 }
 
 async fn shutdown_signal() {
@@ -333,21 +334,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
-    let preparer = Preparer::with_devices(
-        knic_proto::DRIVER_NAME,
-        KubeClaims::new(client.clone()),
-        CheckpointStore::new(&paths.plugin_dir),
-        devices_rx.clone(),
-    );
     // `ipam: {network}` claims get their addresses from this node, through the API.
-    preparer.set_address_book(
-        Arc::new(KubeAddressBook::new(client.clone())),
-        args.node_name.clone(),
-    );
+    let wired = wiring::node(Parts {
+        source: Arc::new(KubeClaims::new(client.clone())),
+        checkpoint: CheckpointStore::new(&paths.plugin_dir),
+        devices: devices_rx.clone(),
+        kernel: Rtnl::new(None),
+        status: Arc::new(KubeStatus::new(client.clone())),
+        address_book: Some((
+            Arc::new(KubeAddressBook::new(client.clone())),
+            args.node_name.clone(),
+        )),
+    });
 
     // Discover before anything is published or served, so the first slice is the real one.
     let first = discovery.scan().await;
-    let retained = node::retained(&preparer, &args.node_name).await;
+    let retained = node::retained(&wired.claims, &args.node_name).await;
     devices_tx.send_replace(slices::devices(&first, &retained));
     tracing::info!(
         offered = first.devices.len(),
@@ -363,7 +365,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let first_published = exhaustion::mark(&devices_rx.borrow(), None);
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(exhaustion::watch_networks(
+    tokio::spawn(knic_driver::api::networks::watch_networks(
         client.clone(),
         exhausted_tx,
         synced_tx,
@@ -390,22 +392,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let rescans = tokio::spawn(node::keep_current(
         discovery,
         args.node_name.clone(),
-        preparer.clone(),
+        wired.claims.clone(),
         devices_tx,
         rescan,
         stop_rx.clone(),
     ));
 
     // Runtime hooks: attach when the sandbox exists, detach when it stops.
-    let pods = PodNetworks::new(
-        Rtnl::new(None),
-        preparer.clone(),
-        Arc::new(KubeStatus::new(client.clone())),
-    );
-    let hooks = tokio::spawn(nri::run(nri_settings, pods, stop_rx.clone()));
+    let hooks = tokio::spawn(nri::run(nri_settings, wired.pods, stop_rx.clone()));
 
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
-    let service = DraService::new(preparer);
+    let service = DraService::new(wired.preparer);
     let health = HealthService::new(args.node_name.clone(), devices_rx.clone());
     let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);

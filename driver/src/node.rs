@@ -13,7 +13,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::resource::v1::Device;
 use tokio::sync::watch;
 
-use crate::claims::{ClaimSource, Preparer};
+use crate::claims::ClaimStore;
 use crate::inventory::filter::Filter;
 use crate::inventory::sources::Sources;
 use crate::inventory::{self, Inventory};
@@ -73,8 +73,8 @@ impl Default for RescanSettings {
 }
 
 /// Devices of this node's pool that prepared claims hold, as published at prepare time.
-pub async fn retained<S: ClaimSource>(preparer: &Preparer<S>, node: &str) -> Vec<Device> {
-    let Ok(checkpoint) = preparer.prepared().await else {
+pub async fn retained(claims: &ClaimStore, node: &str) -> Vec<Device> {
+    let Ok(checkpoint) = claims.snapshot().await else {
         return Vec::new();
     };
     checkpoint
@@ -87,10 +87,10 @@ pub async fn retained<S: ClaimSource>(preparer: &Preparer<S>, node: &str) -> Vec
 }
 
 /// Rescans until `shutdown` turns true, sending the node's devices to `out` whenever they change.
-pub async fn keep_current<S: ClaimSource>(
+pub async fn keep_current(
     discovery: Discovery,
     node: String,
-    preparer: Arc<Preparer<S>>,
+    claims: Arc<ClaimStore>,
     out: watch::Sender<Vec<Device>>,
     settings: RescanSettings,
     mut shutdown: watch::Receiver<bool>,
@@ -102,11 +102,11 @@ pub async fn keep_current<S: ClaimSource>(
             None
         }
     };
-    let mut prepared = preparer.subscribe();
+    let mut prepared = claims.subscribe();
     let mut scans: u64 = 0;
     loop {
         let inventory = discovery.scan().await;
-        let devices = slices::devices(&inventory, &retained(&preparer, &node).await);
+        let devices = slices::devices(&inventory, &retained(&claims, &node).await);
         scans += 1;
         let changed = out.send_if_modified(|current| {
             if *current == devices {

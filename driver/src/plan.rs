@@ -30,7 +30,7 @@ fn applies(requests: &[String], request: &str) -> bool {
             .any(|r| r == request || r == base_request(request))
 }
 
-/// Computes one plan per device of `claim`. `taken` are the pod-side interface names already
+/// Computes one plan per device of `claim` from its [`configure`]d configs. `taken` are the pod-side interface names already
 /// planned for the same pod by other claims (the defaults `net1`, `net2`… skip them, and an
 /// explicit name that collides is an error). Returns every problem found, each with its field
 /// path.
@@ -41,6 +41,7 @@ fn applies(requests: &[String], request: &str) -> bool {
 /// been written statically, so an IPAM address meets every rule a static one does.
 pub fn plans(
     claim: &PreparedClaim,
+    configs: &DeviceConfigs,
     taken: &BTreeSet<String>,
     ipam: &IpamAddresses,
 ) -> Result<Vec<AttachPlan>, ConfigErrors> {
@@ -48,20 +49,21 @@ pub fn plans(
     let mut used = taken.clone();
     let mut out = Vec::new();
     let mut wanted = Vec::new();
-    for (index, device) in claim.devices.iter().enumerate() {
-        let merged = merged_config(claim, device, &mut errors);
-        let mut valid = match netconfig::validate(&merged) {
-            Ok(v) => v,
+    for ((index, device), config) in claim.devices.iter().enumerate().zip(&configs.0) {
+        errors.extend(config.parse_errors.iter().cloned());
+        let merged = &config.merged;
+        let mut valid = match &config.valid {
+            Ok(v) => v.clone(),
             Err(e) => {
-                errors.extend(e.0.into_iter().map(|f| FieldError {
+                errors.extend(e.0.iter().map(|f| FieldError {
                     path: format!("request {}: {}", device.request, f.path),
-                    message: f.message,
+                    message: f.message.clone(),
                 }));
                 continue;
             }
         };
         if let Some(network) = valid.ipam_network.clone() {
-            match with_ipam(&merged, &valid, &device.request, &network, ipam.get(&index)) {
+            match with_ipam(merged, &valid, &device.request, &network, ipam.get(&index)) {
                 Ok(v) => valid = v,
                 Err(e) => {
                     errors.extend(e);
@@ -132,20 +134,48 @@ pub fn plans(
     }
 }
 
-/// The devices of `claim` whose merged config asks for IPAM, with the network name: what
-/// prepare must allocate before [`plans`]. Configs with errors are skipped, as `plans` reports
-/// them anyway and nothing should be allocated for a claim that cannot be prepared.
-pub fn ipam_requests(claim: &PreparedClaim) -> Vec<(usize, String)> {
-    let mut ignored = Vec::new();
-    claim
-        .devices
+/// One device's configuration: its config entries parsed and merged, and the merge validated.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    merged: NetworkConfig,
+    parse_errors: Vec<FieldError>,
+    valid: Result<netconfig::ValidConfig, ConfigErrors>,
+}
+
+/// Every device's configuration, in the claim's device order: computed once per prepare and
+/// read by both IPAM ([`ipam_requests`]) and the plans ([`plans`]).
+#[derive(Debug, Clone)]
+pub struct DeviceConfigs(Vec<DeviceConfig>);
+
+/// Parses, merges (class entries, then claim entries) and validates each device's config.
+pub fn configure(claim: &PreparedClaim) -> DeviceConfigs {
+    DeviceConfigs(
+        claim
+            .devices
+            .iter()
+            .map(|device| {
+                let mut parse_errors = Vec::new();
+                let merged = merged_config(claim, device, &mut parse_errors);
+                let valid = netconfig::validate(&merged);
+                DeviceConfig {
+                    merged,
+                    parse_errors,
+                    valid,
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The devices whose valid config asks for IPAM, with the network name: what prepare must
+/// allocate before [`plans`]. Invalid configs are skipped, as `plans` reports them anyway and
+/// nothing should be allocated for a claim that cannot be prepared.
+pub fn ipam_requests(configs: &DeviceConfigs) -> Vec<(usize, String)> {
+    configs
+        .0
         .iter()
         .enumerate()
-        .filter_map(|(index, device)| {
-            let merged = merged_config(claim, device, &mut ignored);
-            let network = netconfig::validate(&merged).ok()?.ipam_network?;
-            Some((index, network))
-        })
+        .filter_map(|(index, c)| Some((index, c.valid.as_ref().ok()?.ipam_network.clone()?)))
         .collect()
 }
 
@@ -285,7 +315,7 @@ mod tests {
             vec![],
         );
         let taken: BTreeSet<String> = ["net1".to_string()].into();
-        let p = plans(&c, &taken, &IpamAddresses::new()).unwrap();
+        let p = plans(&c, &configure(&c), &taken, &IpamAddresses::new()).unwrap();
         let names: Vec<_> = p.iter().map(|p| p.pod_ifname.as_str()).collect();
         assert_eq!(names, ["net2", "net3"]);
         assert_eq!(p[0].host_ifname, "eth1");
@@ -312,7 +342,7 @@ mod tests {
                 ),
             ],
         );
-        let p = plans(&c, &BTreeSet::new(), &IpamAddresses::new()).unwrap();
+        let p = plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new()).unwrap();
         assert_eq!((p[0].pod_ifname.as_str(), p[0].mtu), ("net1", Some(9000)));
         assert_eq!(p[0].addresses[0].to_string(), "192.0.2.1/24");
         assert_eq!(
@@ -337,7 +367,7 @@ mod tests {
                 config("FromClaim", &["c"], json!({"ipam": {"network": "blue"}})),
             ],
         );
-        let err = plans(&c, &BTreeSet::new(), &IpamAddresses::new())
+        let err = plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new())
             .unwrap_err()
             .to_string();
         assert!(
@@ -390,7 +420,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            ipam_requests(&c),
+            ipam_requests(&configure(&c)),
             [(0, "blue".to_string()), (1, "blue".to_string())]
         );
         let ipam = IpamAddresses::from([
@@ -403,7 +433,7 @@ mod tests {
             ),
             (1, addressing(&["192.0.2.11/24"], json!([]))),
         ]);
-        let p = plans(&c, &BTreeSet::new(), &ipam).unwrap();
+        let p = plans(&c, &configure(&c), &BTreeSet::new(), &ipam).unwrap();
         let addresses: Vec<String> = p[0].addresses.iter().map(ToString::to_string).collect();
         assert_eq!(addresses, ["192.0.2.10/24", "2001:db8::a/64"]);
         let routes: Vec<String> = p[0]
@@ -433,7 +463,9 @@ mod tests {
             )],
         );
         let ipam = IpamAddresses::from([(0, addressing(&["2001:db8::a/64"], json!([])))]);
-        let err = plans(&c, &BTreeSet::new(), &ipam).unwrap_err().to_string();
+        let err = plans(&c, &configure(&c), &BTreeSet::new(), &ipam)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "request a: interface.mtu: 1200 is below 1280, the minimum MTU for IPv6 (network \
@@ -448,7 +480,9 @@ mod tests {
             )],
         );
         let ipam = IpamAddresses::from([(0, addressing(&["192.0.2.10/24"], json!([])))]);
-        let err = plans(&c, &BTreeSet::new(), &ipam).unwrap_err().to_string();
+        let err = plans(&c, &configure(&c), &BTreeSet::new(), &ipam)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "request a: network \"blue\" gave 192.0.2.10/24: routes[0].gateway: 10.0.0.1 is not \
@@ -467,7 +501,7 @@ mod tests {
             )],
         );
         let taken: BTreeSet<String> = ["net1".to_string()].into();
-        let err = plans(&c, &taken, &IpamAddresses::new())
+        let err = plans(&c, &configure(&c), &taken, &IpamAddresses::new())
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -486,7 +520,7 @@ mod tests {
                 json!({"addresses": ["192.0.2.10/24"], "routes": [{"destination": "203.0.113.0/24", "gateway": "198.51.100.1"}]}),
             )],
         );
-        let err = plans(&c, &BTreeSet::new(), &IpamAddresses::new())
+        let err = plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new())
             .unwrap_err()
             .to_string();
         assert!(

@@ -8,18 +8,15 @@
 //! are gone are returned. The claim status write happens after the hook has answered.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Patch, PatchParams};
 use tokio::sync::Mutex;
 
+use crate::BoxFuture;
 use crate::checkpoint::PreparedClaim;
-use crate::claims::{ClaimSource, Preparer, Releaser};
+use crate::claims::{ClaimStore, Release};
 use crate::error::Result;
 use crate::netns::{self, Kernel, LinkState, Ns};
 use crate::nri::{NriHandler, PodSandbox};
@@ -53,83 +50,7 @@ pub trait StatusSink: Send + Sync + 'static {
         &'a self,
         claim: &'a PreparedClaim,
         devices: &'a [DeviceStatus],
-    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
-}
-
-/// Writes `status.devices` with server-side apply, field manager `knic.dev`.
-pub struct KubeStatus {
-    client: kube::Client,
-}
-
-impl KubeStatus {
-    /// Uses `client` for every write.
-    pub fn new(client: kube::Client) -> Self {
-        KubeStatus { client }
-    }
-}
-
-fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
-/// The apply body for one claim's entries: whole entries (driver, pool, device, conditions with
-/// reason and lastTransitionTime, networkData), as the apiserver validates them.
-pub fn status_patch(
-    claim: &PreparedClaim,
-    devices: &[DeviceStatus],
-    now: &str,
-) -> serde_json::Value {
-    let entries: Vec<serde_json::Value> = devices
-        .iter()
-        .map(|d| {
-            let mut entry = serde_json::json!({
-                "driver": knic_proto::DRIVER_NAME,
-                "pool": d.pool,
-                "device": d.device,
-                "conditions": [{
-                    "type": "Ready",
-                    "status": if d.ready { "True" } else { "False" },
-                    "reason": d.reason,
-                    "message": d.message,
-                    "lastTransitionTime": now,
-                }],
-            });
-            if let Some(name) = &d.interface_name {
-                let mut data = serde_json::json!({"interfaceName": name, "ips": d.ips});
-                if let Some(mac) = &d.hardware_address {
-                    data["hardwareAddress"] = mac.clone().into();
-                }
-                entry["networkData"] = data;
-            }
-            entry
-        })
-        .collect();
-    serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": claim.name, "namespace": claim.namespace},
-        "status": {"devices": entries},
-    })
-}
-
-impl StatusSink for KubeStatus {
-    fn write<'a>(
-        &'a self,
-        claim: &'a PreparedClaim,
-        devices: &'a [DeviceStatus],
-    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
-        Box::pin(async move {
-            let api: kube::Api<ResourceClaim> =
-                kube::Api::namespaced(self.client.clone(), &claim.namespace);
-            let body = status_patch(claim, devices, &now_rfc3339());
-            let params = PatchParams::apply(knic_proto::DRIVER_NAME).force();
-            api.patch_status(&claim.name, &params, &Patch::Apply(&body))
-                .await?;
-            Ok(())
-        })
-    }
+    ) -> BoxFuture<'a, Result<()>>;
 }
 
 /// Logs instead of writing (the demo, or a driver without API access).
@@ -140,7 +61,7 @@ impl StatusSink for LogStatus {
         &'a self,
         claim: &'a PreparedClaim,
         devices: &'a [DeviceStatus],
-    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             for d in devices {
                 tracing::info!(claim = %claim.name, device = %d.device, ready = d.ready, reason = %d.reason, "claim status");
@@ -157,27 +78,25 @@ fn mac_text(mac: [u8; 6]) -> String {
         .join(":")
 }
 
-/// The runtime-hook side of the driver.
-pub struct PodNetworks<K, S> {
+/// The runtime-hook side of the driver: attach and detach, recorded in the claim store.
+pub struct PodNetworks<K> {
     kernel: K,
-    preparer: Arc<Preparer<S>>,
+    claims: Arc<ClaimStore>,
     status: Arc<dyn StatusSink>,
     /// Pod UID → netns path, cached from RunPodSandbox/Synchronize (Remove carries none).
     netns: Mutex<HashMap<String, PathBuf>>,
 }
 
-impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
-    /// Wires the hooks to the kernel, the prepared claims and the status sink, and installs
-    /// itself as the preparer's releaser so unprepare can always put devices back.
-    pub fn new(kernel: K, preparer: Arc<Preparer<S>>, status: Arc<dyn StatusSink>) -> Arc<Self> {
-        let this = Arc::new(PodNetworks {
+impl<K: Kernel> PodNetworks<K> {
+    /// Wires the hooks to the kernel, the prepared claims and the status sink. Give the result
+    /// to the preparer as its [`Release`], so unprepare can always put devices back.
+    pub fn new(kernel: K, claims: Arc<ClaimStore>, status: Arc<dyn StatusSink>) -> Arc<Self> {
+        Arc::new(PodNetworks {
             kernel,
-            preparer: preparer.clone(),
+            claims,
             status,
             netns: Mutex::default(),
-        });
-        preparer.set_releaser(Arc::new(ReleaseVia(Arc::downgrade(&this))));
-        this
+        })
     }
 
     fn publish_status(&self, claim: PreparedClaim, devices: Vec<DeviceStatus>) {
@@ -211,7 +130,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
         netns: PathBuf,
     ) -> Result<(), String> {
         let claims = self
-            .preparer
+            .claims
             .claims_for_pod(pod_uid)
             .await
             .map_err(|e| e.to_string())?;
@@ -292,27 +211,35 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
         // Durable before the first change: a crash from here on knows what to put back.
         let resume = a.restore.is_some() && !a.attached;
         let (r, p) = (restore.clone(), path.clone());
-        self.preparer
+        self.claims
             .update(&claim.uid, move |c| {
-                c.attachments[i].restore = Some(r);
-                c.attachments[i].netns = Some(p);
+                if let Some(a) = c.attachments.get_mut(i) {
+                    a.restore = Some(r);
+                    a.netns = Some(p);
+                }
             })
             .await?;
         crate::failpoint::hit("attach:after-checkpoint");
         match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
             Ok(link) => {
-                self.preparer
-                    .update(&claim.uid, move |c| c.attachments[i].attached = true)
+                self.claims
+                    .update(&claim.uid, move |c| {
+                        if let Some(a) = c.attachments.get_mut(i) {
+                            a.attached = true;
+                        }
+                    })
                     .await?;
                 Ok(link)
             }
             Err(e) => {
                 // attach undid its own steps: the device is home again.
-                self.preparer
+                self.claims
                     .update(&claim.uid, move |c| {
-                        c.attachments[i].restore = None;
-                        c.attachments[i].netns = None;
-                        c.attachments[i].attached = false;
+                        if let Some(a) = c.attachments.get_mut(i) {
+                            a.restore = None;
+                            a.netns = None;
+                            a.attached = false;
+                        }
                     })
                     .await?;
                 Err(e)
@@ -322,7 +249,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
 
     async fn detach_one(&self, claim: &PreparedClaim, i: usize, netns: Option<&Ns>) -> Result<()> {
         // Always from the checkpoint: callers' copies may predate the restore record.
-        let Some(claim) = self.preparer.claim(&claim.uid).await? else {
+        let Some(claim) = self.claims.claim(&claim.uid).await? else {
             return Ok(());
         };
         let Some(a) = claim.attachments.get(i) else {
@@ -333,11 +260,13 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
         };
         let recorded = a.netns.clone().map(Ns::Pod);
         netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await?;
-        self.preparer
+        self.claims
             .update(&claim.uid, move |c| {
-                c.attachments[i].restore = None;
-                c.attachments[i].netns = None;
-                c.attachments[i].attached = false;
+                if let Some(a) = c.attachments.get_mut(i) {
+                    a.restore = None;
+                    a.netns = None;
+                    a.attached = false;
+                }
             })
             .await
     }
@@ -349,7 +278,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
     ) -> Result<(), String> {
         let mut errors = Vec::new();
         for claim in claims {
-            // The preparer's copy may be older than the checkpoint after earlier steps.
+            // The caller's copy may be older than the checkpoint after earlier steps.
             for i in 0..claim.attachments.len() {
                 if let Err(e) = self.detach_one(&claim, i, netns).await {
                     errors.push(format!(
@@ -373,7 +302,7 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
             None => self.netns.lock().await.get(pod_uid).cloned(),
         };
         let claims = self
-            .preparer
+            .claims
             .claims_for_pod(pod_uid)
             .await
             .map_err(|e| e.to_string())?;
@@ -382,21 +311,13 @@ impl<K: Kernel, S: ClaimSource> PodNetworks<K, S> {
     }
 }
 
-struct ReleaseVia<K, S>(std::sync::Weak<PodNetworks<K, S>>);
-
-impl<K: Kernel, S: ClaimSource> Releaser for ReleaseVia<K, S> {
-    fn release<'a>(
-        &'a self,
-        claim: &'a PreparedClaim,
-    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+impl<K: Kernel> Release for PodNetworks<K> {
+    fn release<'a>(&'a self, claim: &'a PreparedClaim) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let Some(pods) = self.0.upgrade() else {
-                return Ok(());
-            };
             for (i, a) in claim.attachments.iter().enumerate() {
                 if let Some(restore) = &a.restore {
                     let ns = a.netns.clone().map(Ns::Pod);
-                    netns::detach(&pods.kernel, &a.plan, ns.as_ref(), restore).await?;
+                    netns::detach(&self.kernel, &a.plan, ns.as_ref(), restore).await?;
                     tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");
                 }
             }
@@ -405,11 +326,11 @@ impl<K: Kernel, S: ClaimSource> Releaser for ReleaseVia<K, S> {
     }
 }
 
-impl<K: Kernel, S: ClaimSource> NriHandler for PodNetworks<K, S> {
+impl<K: Kernel> NriHandler for PodNetworks<K> {
     async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
         let Some(path) = pod.netns.clone() else {
             let claims = self
-                .preparer
+                .claims
                 .claims_for_pod(&pod.uid)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -457,7 +378,7 @@ impl<K: Kernel, S: ClaimSource> NriHandler for PodNetworks<K, S> {
                 }
             }
         }
-        let Ok(checkpoint) = self.preparer.prepared().await else {
+        let Ok(checkpoint) = self.claims.snapshot().await else {
             return;
         };
         let mut pod_uids: Vec<String> = checkpoint
@@ -497,56 +418,4 @@ impl<K: Kernel, S: ClaimSource> NriHandler for PodNetworks<K, S> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_patch_carries_whole_entries() {
-        let claim = PreparedClaim {
-            namespace: "ns".into(),
-            name: "c".into(),
-            uid: "u".into(),
-            pod_uid: "p".into(),
-            pod_name: "pod".into(),
-            devices: vec![],
-            configs: vec![],
-            prepared_at: 0,
-            attachments: vec![],
-            allocations: vec![],
-        };
-        let ok = DeviceStatus {
-            pool: "node-a".into(),
-            device: "d0".into(),
-            ready: true,
-            reason: "InterfaceConfigured".into(),
-            message: "net1 configured".into(),
-            interface_name: Some("net1".into()),
-            ips: vec!["192.0.2.10/24".into()],
-            hardware_address: Some("02:00:00:00:00:10".into()),
-        };
-        let failed = DeviceStatus {
-            ready: false,
-            reason: "AttachFailed".into(),
-            interface_name: None,
-            ..ok.clone()
-        };
-        let patch = status_patch(&claim, &[ok, failed], "2026-11-22T00:00:00Z");
-        assert_eq!(
-            patch,
-            serde_json::json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": "c", "namespace": "ns"},
-                "status": {"devices": [
-                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
-                     "conditions": [{"type": "Ready", "status": "True", "reason": "InterfaceConfigured",
-                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
-                     "networkData": {"interfaceName": "net1", "ips": ["192.0.2.10/24"], "hardwareAddress": "02:00:00:00:00:10"}},
-                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
-                     "conditions": [{"type": "Ready", "status": "False", "reason": "AttachFailed",
-                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}]},
-                ]},
-            })
-        );
-        assert_eq!(now_rfc3339().len(), 20);
-    }
-}
+mod tests;

@@ -21,9 +21,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use anyhow::Context as _;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::Frame;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
@@ -63,6 +63,8 @@ struct Store {
     requests: Mutex<Vec<Recorded>>,
     resource_version: AtomicU64,
     uid_counter: AtomicU64,
+    /// Watches of these resources (plural, e.g. `resourceslices`) misbehave.
+    watch_faults: Mutex<BTreeMap<String, WatchFault>>,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -90,6 +92,7 @@ impl FakeApi {
             requests: Mutex::default(),
             resource_version: AtomicU64::new(0),
             uid_counter: AtomicU64::new(0),
+            watch_faults: Mutex::default(),
         });
         let served = store.clone();
         let task = tokio::spawn(async move {
@@ -142,6 +145,38 @@ impl FakeApi {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default()
+    }
+
+    /// Stores `obj` as an older apiserver would have accepted it, bypassing today's
+    /// validation (e.g. a selector a v1.36 apiserver refuses): the state an upgrade starts from.
+    /// `path` is the object's API path, e.g.
+    /// `/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates/name`.
+    pub fn seed(&self, path: &str, mut obj: Value) -> anyhow::Result<()> {
+        let target = parse_path(path).context("not an object path")?;
+        let name = target.name.clone().context("no name in the path")?;
+        self.store.stamp_new(&mut obj, &target, &name);
+        let mut objects = self
+            .store
+            .objects
+            .lock()
+            .map_err(|_| anyhow::anyhow!("store poisoned"))?;
+        objects.insert(
+            (target.collection(), target.namespace.clone(), name),
+            obj.clone(),
+        );
+        self.store.emit(&target, "ADDED", &obj);
+        Ok(())
+    }
+
+    /// Makes every watch of `resource` (plural, e.g. `resourceslices`) misbehave as `fault`
+    /// says, or behave again with `None`.
+    pub fn fault_watches(&self, resource: &str, fault: Option<WatchFault>) {
+        if let Ok(mut faults) = self.store.watch_faults.lock() {
+            match fault {
+                Some(f) => faults.insert(resource.to_owned(), f),
+                None => faults.remove(resource),
+            };
+        }
     }
 
     /// Stored object by collection path, namespace ("" when cluster-scoped) and name.
@@ -225,91 +260,6 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Streams watch events: everything after `resourceVersion` (all current objects as ADDED when
-/// it is absent or "0"), then live changes, until `timeoutSeconds`.
-fn watch(store: &Store, target: Target, query: &str) -> Response<Body> {
-    let collection = target.collection();
-    let namespace = target.namespace.clone();
-    let matches = {
-        let query = query.to_string();
-        move |e: &Event| {
-            e.collection == collection
-                && (namespace.is_empty() || e.namespace == namespace)
-                && selector_matches(&e.object, &query)
-        }
-    };
-    let mut live = store.feed.subscribe();
-    let since: u64 = query_param(query, "resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // Writers hold the objects lock while they bump the resourceVersion and emit, so reading
-    // both under it gives a consistent cut between backlog and live events.
-    let Ok(guard) = store.objects.lock() else {
-        return status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            "store poisoned".into(),
-        );
-    };
-    let mut last = store.resource_version.load(Ordering::SeqCst).max(since);
-    let backlog: Vec<Value> = if since == 0 {
-        guard
-            .iter()
-            .filter(|((c, ns, _), _)| {
-                *c == target.collection()
-                    && (target.namespace.is_empty() || *ns == target.namespace)
-            })
-            .map(|(_, v)| v)
-            .filter(|v| selector_matches(v, query))
-            .map(|v| json!({"type": "ADDED", "object": v}))
-            .collect()
-    } else {
-        let log = store.events.lock().map(|l| l.clone()).unwrap_or_default();
-        log.iter()
-            .filter(|e| e.rv > since && matches(e))
-            .map(|e| json!({"type": e.kind, "object": e.object}))
-            .collect()
-    };
-    drop(guard);
-    let timeout = query_param(query, "timeoutSeconds")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300u64);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
-    tokio::spawn(async move {
-        let line = |v: &Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
-        for v in &backlog {
-            if tx.send(line(v)).await.is_err() {
-                return;
-            }
-        }
-        let deadline = tokio::time::sleep(std::time::Duration::from_secs(timeout));
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                () = &mut deadline => return,
-                event = live.recv() => match event {
-                    Ok(e) if e.rv > last && matches(&e) => {
-                        last = e.rv;
-                        if tx.send(line(&json!({"type": e.kind, "object": e.object}))).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-            }
-        }
-    });
-    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let mut resp = Response::new(BodyExt::boxed(body));
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    resp
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
@@ -476,120 +426,6 @@ impl Store {
 
 type Objects = BTreeMap<(String, String, String), Value>;
 
-/// Copies the metadata fields a client may write (labels, annotations, finalizers, owner
-/// references) from `from` into `obj`, whose other metadata stays the server's.
-fn take_writable_metadata(obj: &mut Value, from: &Value) {
-    for key in ["labels", "annotations", "finalizers", "ownerReferences"] {
-        match from.get(key) {
-            Some(v) if !v.is_null() => obj["metadata"][key] = v.clone(),
-            _ => {
-                if let Some(m) = obj["metadata"].as_object_mut() {
-                    m.remove(key);
-                }
-            }
-        }
-    }
-}
-
-fn has_finalizers(obj: &Value) -> bool {
-    field(obj, "metadata.finalizers")
-        .and_then(Value::as_array)
-        .is_some_and(|f| !f.is_empty())
-}
-
-/// Finishes an update of the object at `key` whose state before was `before`: a no-op stays one
-/// (same resourceVersion, no event); otherwise the generation moves when anything outside
-/// metadata and status changed, a deleting object whose last finalizer went is removed
-/// (DELETED), and anything else is MODIFIED.
-fn commit(
-    store: &Store,
-    objects: &mut Objects,
-    key: &(String, String, String),
-    target: &Target,
-    before: &Value,
-) -> Response<Body> {
-    let Some(obj) = objects.get_mut(key) else {
-        return status(StatusCode::NOT_FOUND, "NotFound", "vanished".into());
-    };
-    if obj == before {
-        return respond(StatusCode::OK, obj);
-    }
-    // Like the real apiserver: a claim's and a claim template's spec never change.
-    if matches!(
-        target.resource.as_str(),
-        "resourceclaims" | "resourceclaimtemplates"
-    ) && target.subresource.is_none()
-        && obj.get("spec") != before.get("spec")
-    {
-        let name = field(before, "metadata.name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        *obj = before.clone();
-        let kind = if target.resource == "resourceclaims" {
-            "ResourceClaim"
-        } else {
-            "ResourceClaimTemplate"
-        };
-        return status(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            format!(
-                "{kind}.resource.k8s.io \"{name}\" is invalid: spec: Invalid value: field is immutable"
-            ),
-        );
-    }
-    let body = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(m) = v.as_object_mut() {
-            m.remove("metadata");
-            m.remove("status");
-        }
-        v
-    };
-    if body(obj) != body(before) {
-        let generation = field(obj, "metadata.generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        obj["metadata"]["generation"] = json!(generation + 1);
-    }
-    obj["metadata"]["resourceVersion"] = json!(store.next_rv());
-    if field(obj, "metadata.deletionTimestamp").is_some() && !has_finalizers(obj) {
-        let removed = objects.remove(key).unwrap_or(Value::Null);
-        store.emit(target, "DELETED", &removed);
-        return respond(StatusCode::OK, &removed);
-    }
-    store.emit(target, "MODIFIED", obj);
-    respond(StatusCode::OK, obj)
-}
-
-/// Deletes the object at `key`, or, when it has finalizers, marks it deleting (once) and keeps
-/// it until they are removed. Returns the object as the response shows it.
-fn delete_or_mark(
-    store: &Store,
-    objects: &mut Objects,
-    key: &(String, String, String),
-    target: &Target,
-) -> Option<Value> {
-    let obj = objects.get_mut(key)?;
-    if has_finalizers(obj) {
-        if field(obj, "metadata.deletionTimestamp").is_none() {
-            obj["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
-            let generation = field(obj, "metadata.generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            obj["metadata"]["generation"] = json!(generation + 1);
-            obj["metadata"]["resourceVersion"] = json!(store.next_rv());
-            store.emit(target, "MODIFIED", obj);
-        }
-        return Some(obj.clone());
-    }
-    let mut removed = objects.remove(key)?;
-    removed["metadata"]["resourceVersion"] = json!(store.next_rv());
-    store.emit(target, "DELETED", &removed);
-    Some(removed)
-}
-
 async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -734,6 +570,9 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     format!("{} \"{name}\" already exists", target.resource),
                 );
             }
+            if let Some(message) = crate::admission::refusal(&target.resource, &obj) {
+                return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+            }
             store.stamp_new(&mut obj, &target, &name);
             objects.insert(key(&name), obj.clone());
             store.emit(&target, "ADDED", &obj);
@@ -804,6 +643,9 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                         return not_found(&name);
                     }
                     let mut obj = patch.clone();
+                    if let Some(message) = crate::admission::refusal(&target.resource, &obj) {
+                        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+                    }
                     store.stamp_new(&mut obj, &target, &name);
                     e.insert(obj.clone());
                     store.emit(&target, "ADDED", &obj);
@@ -867,47 +709,12 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+mod objects;
+mod watch;
+
+use objects::{commit, delete_or_mark, take_writable_metadata};
+pub use watch::WatchFault;
+use watch::watch;
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_parse_namespaced_cluster_and_subresources() {
-        let t =
-            parse_path("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status").unwrap();
-        assert_eq!(
-            (t.collection().as_str(), t.namespace.as_str()),
-            ("apis/resource.k8s.io/v1/resourceclaims", "ns")
-        );
-        assert_eq!(
-            (t.name.as_deref(), t.subresource.as_deref()),
-            (Some("c"), Some("status"))
-        );
-        let t = parse_path("/api/v1/namespaces/ns").unwrap();
-        assert_eq!(
-            (t.resource.as_str(), t.name.as_deref(), t.namespace.as_str()),
-            ("namespaces", Some("ns"), "")
-        );
-        let t = parse_path("/apis/resource.k8s.io/v1/resourceslices").unwrap();
-        assert_eq!((t.resource.as_str(), t.name), ("resourceslices", None));
-    }
-
-    #[test]
-    fn merge_patch_follows_rfc7386() {
-        let mut v = json!({"a": {"b": 1, "c": 2}, "l": [1, 2]});
-        merge_patch(&mut v, &json!({"a": {"b": null, "d": 3}, "l": [3]}));
-        assert_eq!(v, json!({"a": {"c": 2, "d": 3}, "l": [3]}));
-    }
-
-    #[test]
-    fn selectors_and_dates() {
-        let obj = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "n1", "driver": "knic.dev"}});
-        assert!(selector_matches(
-            &obj,
-            "fieldSelector=spec.nodeName%3Dn1%2Cspec.driver%3Dknic.dev"
-        ));
-        assert!(!selector_matches(&obj, "fieldSelector=spec.nodeName%3Dn2"));
-        assert!(selector_matches(&obj, "labelSelector=app%3Dx"));
-        assert_eq!(now_rfc3339().len(), 20);
-    }
-}
+mod tests;

@@ -55,6 +55,27 @@ pub async fn dial(path: &Path) -> anyhow::Result<Channel> {
     Ok(knic_driver::kubelet::dial(path).await?)
 }
 
+/// Dials a unix socket sending exactly `authority` in every request, as grpc-go does: the
+/// kubelet's plugin watcher dials the registration socket by its bare path, so its requests
+/// carry the percent-encoded path ([`crate::grpcwire::grpc_go_authority`]), which HTTP/2
+/// servers built on `h2` refuse unless knic's shim repairs it.
+pub async fn dial_with_authority(path: &Path, authority: String) -> anyhow::Result<Channel> {
+    let path = path.to_path_buf();
+    Ok(tonic::transport::Endpoint::try_from("http://[::]:50051")?
+        .connect_timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            let authority = authority.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    crate::grpcwire::SendsAuthority::new(stream, &authority),
+                ))
+            }
+        }))
+        .await?)
+}
+
 /// Waits for a registration socket to appear in `registry_dir`, ignoring dot files as the
 /// plugin watcher does.
 pub async fn discover(registry_dir: &Path, timeout: Duration) -> anyhow::Result<PathBuf> {
@@ -108,7 +129,12 @@ pub async fn register(registry_dir: &Path) -> anyhow::Result<Plugin> {
 
 async fn register_once(registry_dir: &Path) -> anyhow::Result<Plugin> {
     let socket = discover(registry_dir, Duration::from_secs(20)).await?;
-    let mut reg = reg::registration_client::RegistrationClient::new(dial(&socket).await?);
+    // As the real kubelet: the registration socket by its bare path (grpc-go's percent-encoded
+    // authority), the DRA endpoint as a `unix:` target (grpc-go sends "localhost").
+    let authority = crate::grpcwire::grpc_go_authority(&socket);
+    let mut reg = reg::registration_client::RegistrationClient::new(
+        dial_with_authority(&socket, authority).await?,
+    );
     let mut request = tonic::Request::new(reg::InfoRequest {});
     request.set_timeout(Duration::from_secs(1));
     let info = reg.get_info(request).await.context("GetInfo")?.into_inner();
@@ -125,7 +151,7 @@ async fn register_once(registry_dir: &Path) -> anyhow::Result<Plugin> {
             info.supported_versions
         );
     }
-    let channel = dial(Path::new(&info.endpoint)).await?;
+    let channel = dial_with_authority(Path::new(&info.endpoint), "localhost".into()).await?;
     reg.notify_registration_status(reg::RegistrationStatus {
         plugin_registered: true,
         error: String::new(),

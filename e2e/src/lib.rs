@@ -2,8 +2,10 @@
 //! the tests run against (an in-process fake in CI, a real cluster when `KNIC_E2E_KUBECONFIG`
 //! is set).
 
+pub mod admission;
 pub mod cluster;
 pub mod driver;
 pub mod fakeapi;
+pub mod grpcwire;
 pub mod harness;
 pub mod kubelet;

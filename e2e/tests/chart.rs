@@ -76,13 +76,15 @@ const DRIVER: &[Need] = &[
         "resource.k8s.io",
         "resourceclaims",
         &["get"],
-        Why::Used("driver/src/claims.rs KubeClaims::get: prepare reads the claim"),
+        Why::Used("driver/src/api/claims.rs KubeClaims::get: prepare reads the claim"),
     ),
     cluster(
         "resource.k8s.io",
         "resourceclaims/status",
         &["patch"],
-        Why::Used("driver/src/pods.rs KubeStatus::write: server-side apply of status.devices"),
+        Why::Used(
+            "driver/src/api/status.rs KubeStatus::write: server-side apply of status.devices",
+        ),
     ),
     Need {
         name: Some("knic.dev"),
@@ -91,7 +93,7 @@ const DRIVER: &[Need] = &[
             "resourceclaims/driver",
             &["associated-node:patch"],
             Why::Used(
-                "driver/src/pods.rs KubeStatus::write: the same apply, authorized on 1.36+ \
+                "driver/src/api/status.rs KubeStatus::write: the same apply, authorized on 1.36+ \
                  through this synthetic subresource (shared/spec §3.6)",
             ),
         )
@@ -101,7 +103,7 @@ const DRIVER: &[Need] = &[
         "resourceslices",
         &["list", "watch", "create", "update", "delete"],
         Why::Used(
-            "driver/src/slices/publisher.rs: list by node and driver, watch_slices, create, \
+            "driver/src/api/slices.rs: list by node and driver, watch_slices, create, \
              replace, delete",
         ),
     ),
@@ -109,38 +111,42 @@ const DRIVER: &[Need] = &[
         "",
         "nodes",
         &["get"],
-        Why::Used("driver/src/slices/publisher.rs: the Node owns the slices (its uid)"),
+        Why::Used("driver/src/api/slices.rs: the Node owns the slices (its uid)"),
     ),
     cluster(
         "knic.dev",
         "networks",
         &["get"],
-        Why::Used("driver/src/ipam.rs KubeAddressBook::network: the Network of `ipam.network`"),
+        Why::Used(
+            "driver/src/api/addresses.rs KubeAddressBook::network: the Network of `ipam.network`",
+        ),
     ),
     cluster(
         "knic.dev",
         "networks",
         &["list", "watch"],
-        Why::Used("driver/src/exhaustion.rs: a reflector over Networks (exhaustion status)"),
+        Why::Used("driver/src/api/networks.rs: a reflector over Networks (exhaustion status)"),
     ),
     cluster(
         "knic.dev",
         "networkaddresses",
         &["create", "list", "delete"],
-        Why::Used("driver/src/ipam.rs KubeAddressBook::{create, list, delete}"),
+        Why::Used("driver/src/api/addresses.rs KubeAddressBook::{create, list, delete}"),
     ),
     cluster(
         "",
         "pods",
         &["get"],
-        Why::Used("driver/src/ipam.rs KubeAddressBook::pod_labels: stableAddresses by label"),
+        Why::Used(
+            "driver/src/api/addresses.rs KubeAddressBook::pod_labels: stableAddresses by label",
+        ),
     ),
     cluster(
         "",
         "namespaces",
         &["get"],
         Why::Used(
-            "driver/src/ipam.rs KubeAddressBook::namespace_labels: a Network offered by \
+            "driver/src/api/addresses.rs KubeAddressBook::namespace_labels: a Network offered by \
              namespace selector",
         ),
     ),

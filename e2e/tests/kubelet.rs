@@ -220,6 +220,103 @@ async fn prepare_other_driver(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Both sockets answer whatever `:authority` real clients send: grpc-go's percent-encoded path
+/// (the kubelet's plugin watcher), the raw path, none at all, and Python grpcio's (gRPC C-core)
+/// for `unix:` targets; each got `RST_STREAM(PROTOCOL_ERROR)` from h2 before the shim.
+async fn real_client_authorities(env: &mut Env) -> anyhow::Result<()> {
+    use knic_e2e::grpcwire::{grpc_go_authority, python_call, raw_call};
+    use knic_proto::pluginregistration as reg;
+    use prost::Message;
+    const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
+    const NOTIFY: &str = "/pluginregistration.Registration/NotifyRegistrationStatus";
+    const PREPARE: &str = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources";
+    let reg_socket = env.plugin.registration_socket.clone();
+    let dra = env.config.plugin_dir.join("dra.sock");
+    let notify = reg::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    }
+    .encode_to_vec();
+    let kubelet_authority = grpc_go_authority(&reg_socket);
+    ensure!(
+        kubelet_authority.starts_with("%2F") && kubelet_authority.ends_with("%2Fknic.dev-reg.sock"),
+        "{kubelet_authority}"
+    );
+    let raw_path = reg_socket.to_string_lossy().into_owned();
+    for authority in [kubelet_authority.as_str(), raw_path.as_str(), ""] {
+        let info = raw_call(&reg_socket, authority.as_bytes(), GET_INFO, &[]).await?;
+        ensure!(
+            info.status.as_deref() == Some("0") && info.reset.is_none(),
+            "GetInfo with :authority {authority:?}: {info:?}"
+        );
+        let info = reg::PluginInfo::decode(info.body.as_slice())?;
+        ensure!(info.name == "knic.dev", "{info:?}");
+        let reply = raw_call(&reg_socket, authority.as_bytes(), NOTIFY, &notify).await?;
+        ensure!(
+            reply.status.as_deref() == Some("0"),
+            "NotifyRegistrationStatus with :authority {authority:?}: {reply:?}"
+        );
+    }
+
+    let claim = env
+        .cluster
+        .create_claim("authority", Some(&[("knic.dev", vf_device(0).as_str())]))
+        .await?;
+    let prepare = knic_proto::dra::v1::NodePrepareResourcesRequest {
+        claims: vec![knic_proto::dra::v1::Claim {
+            namespace: env.cluster.namespace.clone(),
+            uid: claim.uid.clone(),
+            name: claim.name.clone(),
+        }],
+    }
+    .encode_to_vec();
+    let check_prepared = |body: &[u8], how: &str| -> anyhow::Result<()> {
+        let answer = knic_proto::dra::v1::NodePrepareResourcesResponse::decode(body)?;
+        let got = answer
+            .claims
+            .get(&claim.uid)
+            .context("no entry for the claim")?;
+        ensure!(
+            got.error.is_empty()
+                && got.devices.len() == 1
+                && got.devices[0].device_name == vf_device(0),
+            "{how}: {got:?}"
+        );
+        Ok(())
+    };
+    let reply = raw_call(&dra, grpc_go_authority(&dra).as_bytes(), PREPARE, &prepare).await?;
+    ensure!(
+        reply.status.as_deref() == Some("0"),
+        "prepare, raw: {reply:?}"
+    );
+    check_prepared(&reply.body, "prepare, raw")?;
+
+    // gRPC C-core, through Python: one that sends the percent-encoded path as :authority.
+    let grpcio = knic_e2e::grpcwire::python_grpcio_version()?;
+    ensure!(
+        grpcio >= (1, 57),
+        "grpcio {grpcio:?} predates the percent-encoded unix authority; use >= 1.57"
+    );
+    let reg_target = format!("unix:{}", reg_socket.display());
+    let body = python_call(&reg_target, GET_INFO, &[])?
+        .map_err(|e| anyhow::anyhow!("grpcio GetInfo: {e}"))?;
+    ensure!(reg::PluginInfo::decode(body.as_slice())?.name == "knic.dev");
+    python_call(&reg_target, NOTIFY, &notify)?
+        .map_err(|e| anyhow::anyhow!("grpcio NotifyRegistrationStatus: {e}"))?;
+    let body = python_call(&format!("unix:{}", dra.display()), PREPARE, &prepare)?
+        .map_err(|e| anyhow::anyhow!("grpcio prepare: {e}"))?;
+    check_prepared(&body, "prepare, grpcio")?;
+
+    // tonic's own dial (valid authority) still works.
+    let mut client =
+        reg::registration_client::RegistrationClient::new(kubelet::dial(&reg_socket).await?);
+    client
+        .get_info(reg::InfoRequest {})
+        .await
+        .context("GetInfo, tonic")?;
+    Ok(())
+}
+
 async fn prepare_repeated(env: &mut Env) -> anyhow::Result<()> {
     let claim = env
         .cluster
@@ -460,6 +557,7 @@ fn main() {
     let all = scenarios![
         registration: false,
         health_stream: false,
+        real_client_authorities: false,
         prepare_allocated: true,
         prepare_unallocated: true,
         prepare_uid_changed: true,

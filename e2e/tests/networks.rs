@@ -587,6 +587,140 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
 
 type Scenario = knic_e2e::harness::Scenario<Env>;
 
+/// The API refuses a template whose selector a real v1.36 apiserver finds too costly (the form
+/// knic once generated for every Network), with the apiserver's message, and accepts the form
+/// knic generates now; a Network whose own selector has that form is `Invalid` before anything
+/// is generated.
+async fn unbounded_selectors_are_refused(env: &mut Env) -> anyhow::Result<()> {
+    let ns = env.namespace("cel", true).await?;
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(env.cluster.client.clone(), &ns);
+    let template = |name: &str, expression: &str| -> anyhow::Result<ResourceClaimTemplate> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "network", "exactly": {
+                "deviceClassName": "knic.dev",
+                "selectors": [{"cel": {"expression": expression}}]}}]}}},
+        }))?)
+    };
+    let legacy =
+        r#"!device.attributes["knic.dev"].?exhaustedNetworks.orValue("").contains(",ab12cd34,")"#;
+    match api
+        .create(&PostParams::default(), &template("legacy", legacy)?)
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            ensure!(status.code == 422, "{status:?}");
+            ensure!(
+                status.message.ends_with(
+                    "\"legacy\" is invalid: spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: Forbidden: too complex, exceeds cost limit"
+                ),
+                "{}",
+                status.message
+            );
+        }
+        other => anyhow::bail!("the legacy exhaustion selector was not refused: {other:?}"),
+    }
+    api.create(
+        &PostParams::default(),
+        &template("current", &exhaustion_selector("blue"))?,
+    )
+    .await
+    .context("the exhaustion selector knic generates must be accepted")?;
+
+    let name = env.name("costly");
+    let network: Network = serde_json::from_value(json!({
+        "apiVersion": "knic.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {"deviceClassName": "knic.dev", "selectors": [
+                "device.attributes[\"knic.dev\"].?ifName.orValue(\"\").contains(\"f0\")"]},
+            "ipam": {"subnets": [{"cidr": "10.120.0.0/24", "gateway": "10.120.0.1"}]},
+            "namespaces": {"names": [ns.clone()]},
+        },
+    }))?;
+    env.networks()
+        .create(&PostParams::default(), &network)
+        .await?;
+    env.networks.push(name.clone());
+    let n = env.wait_condition(&name, CONDITION_INVALID, "True").await?;
+    let message = message(&n, CONDITION_INVALID);
+    ensure!(
+        message.contains("spec.devices.selectors[0]: Kubernetes refuses this selector (Forbidden: too complex, exceeds cost limit)"),
+        "{message}"
+    );
+    ensure!(
+        api.get_opt(&name).await?.is_none(),
+        "a template was generated"
+    );
+    Ok(())
+}
+
+/// Upgrade: a template an older knic generated with the exhaustion selector a v1.36 apiserver
+/// refuses (stored by an apiserver that accepted it) is replaced by one with today's selector.
+/// Fake API only: a real v1.36 apiserver cannot hold such a template.
+async fn legacy_templates_are_replaced(env: &mut Env) -> anyhow::Result<()> {
+    if env.cluster.fake.is_none() {
+        eprintln!("skipped: a real v1.36 apiserver refuses the legacy template this starts from");
+        return Ok(());
+    }
+    let ns = env.namespace("up", true).await?;
+    let fake = env.cluster.fake.as_ref().context("fake API")?;
+    let name = env.name("up");
+    let legacy = format!(
+        r#"!device.attributes["knic.dev"].?exhaustedNetworks.orValue("").contains(",{},")"#,
+        knic_proto::network::exhaustion_token(&name)
+    );
+    fake.seed(
+        &format!("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}"),
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns, "labels": {NETWORK_LABEL: name}},
+            "spec": {"spec": {"devices": {"requests": [{"name": "network", "exactly": {
+                "deviceClassName": "vf.knic.dev",
+                "selectors": [
+                    {"cel": {"expression": "device.attributes[\"knic.dev\"].kind == \"vf\""}},
+                    {"cel": {"expression": legacy}},
+                ],
+                "allocationMode": "ExactCount", "count": 1}}]}}},
+        }),
+    )?;
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(env.cluster.client.clone(), &ns);
+    let old_uid = api.get(&name).await?.metadata.uid;
+    let created = env.create("up", 102, "10.102.0.0/24", "10.102.0.1").await?;
+    ensure!(created == name);
+    let want = exhaustion_selector(&name);
+    let template = eventually(
+        "the legacy template is replaced",
+        Duration::from_secs(20),
+        || {
+            let api = api.clone();
+            let want = want.clone();
+            let name = name.clone();
+            async move {
+                let t = api.get(&name).await?;
+                let selectors: Vec<String> = t
+                    .spec
+                    .spec
+                    .devices
+                    .iter()
+                    .flat_map(|d| d.requests.iter().flatten())
+                    .filter_map(|r| r.exactly.as_ref()?.selectors.clone())
+                    .flatten()
+                    .filter_map(|s| Some(s.cel?.expression))
+                    .collect();
+                Ok(selectors.contains(&want).then_some(t))
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        template.metadata.uid != old_uid,
+        "replaced, not patched (specs are immutable)"
+    );
+    Ok(())
+}
+
 fn main() {
     let args = knic_e2e::harness::arguments();
     let real = real_cluster();
@@ -598,6 +732,12 @@ fn main() {
             Box::pin(overlap_is_invalid_until_fixed(e))
         }),
         ("deletion_cleans_up", |e| Box::pin(deletion_cleans_up(e))),
+        ("legacy_templates_are_replaced", |e| {
+            Box::pin(legacy_templates_are_replaced(e))
+        }),
+        ("unbounded_selectors_are_refused", |e| {
+            Box::pin(unbounded_selectors_are_refused(e))
+        }),
         ("orphaned_addresses_collected", |e| {
             Box::pin(orphaned_addresses_collected(e))
         }),

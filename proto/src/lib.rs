@@ -60,5 +60,11 @@ pub mod ttrpc {
 /// make the kubelet, the scheduler and the driver disagree about who owns a device.
 pub const DRIVER_NAME: &str = "knic.dev";
 
+pub mod backoff;
+pub mod error;
+pub mod ipam;
+pub mod names;
 pub mod netconfig;
 pub mod network;
+
+pub use error::{Error, Result};

@@ -107,10 +107,16 @@ pub fn exhausted_attribute<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Opt
 /// The selector every generated template carries: "this device does not list the network as
 /// exhausted". A device without the attribute (every device while no network is full, and
 /// devices of drivers too old to publish it) matches.
+///
+/// The attribute is read only behind `has()`: a real apiserver (1.36) refuses
+/// `.?exhaustedNetworks.orValue("").contains(…)` as "too complex, exceeds cost limit", because
+/// an optional read loses the attribute's 64-byte bound in the CEL cost estimate and
+/// `contains` is priced by length; a guarded plain read keeps the bound and is accepted
+/// (`shared/fixtures/apiserver/cel-selector-verdicts-1.36.json`).
 pub fn exhaustion_selector(network: &str) -> String {
+    let attrs = format!("device.attributes[\"{}\"]", crate::DRIVER_NAME);
     format!(
-        "!device.attributes[\"{}\"].?{EXHAUSTED_ATTRIBUTE}.orValue(\"\").contains(\",{},\")",
-        crate::DRIVER_NAME,
+        "!has({attrs}.{EXHAUSTED_ATTRIBUTE}) || !{attrs}.{EXHAUSTED_ATTRIBUTE}.contains(\",{},\")",
         exhaustion_token(network)
     )
 }
@@ -196,6 +202,7 @@ pub const NETWORK_LABEL: &str = "knic.dev/network";
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[schemars(transform = kubernetes_integer_formats)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkSpec {
     /// Which devices carry this network.
@@ -386,6 +393,45 @@ pub struct Ipam {
 #[schemars(transform = allow_empty_object)]
 pub struct StaticIpam {}
 
+/// Rewrites the integer formats schemars writes for Rust's unsigned and small types (`uint32`,
+/// `uint16`, …), which Kubernetes does not know (applying the CRD warns `unrecognized format
+/// "uint32"`), into the two it does, `int32` and `int64`, keeping the type's range as
+/// `minimum`/`maximum` so the apiserver still refuses what the Rust type cannot hold. Applied
+/// at the top-level types; their schemas hold every nested one inline, so this reaches all.
+fn kubernetes_integer_formats(schema: &mut schemars::Schema) {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                let range = match map.get("format").and_then(serde_json::Value::as_str) {
+                    Some("uint8") => Some(("int32", 0, Some(u64::from(u8::MAX)))),
+                    Some("uint16") => Some(("int32", 0, Some(u64::from(u16::MAX)))),
+                    Some("uint32") => Some(("int64", 0, Some(u64::from(u32::MAX)))),
+                    Some("uint64" | "uint") => Some(("int64", 0, None)),
+                    _ => None,
+                };
+                if let Some((format, min, max)) = range {
+                    map.insert("format".into(), format.into());
+                    // A tighter bound the type's attributes set stays.
+                    map.entry("minimum").or_insert(min.into());
+                    if let Some(max) = max {
+                        map.entry("maximum").or_insert(max.into());
+                    }
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        let mut value = serde_json::Value::Object(std::mem::take(map));
+        walk(&mut value);
+        if let serde_json::Value::Object(rewritten) = value {
+            *map = rewritten;
+        }
+    }
+}
+
 /// Drops the `additionalProperties: false` that `deny_unknown_fields` puts on a struct without
 /// fields: Kubernetes refuses it in a CRD schema, and the apiserver prunes (and `kubectl`'s
 /// strict field validation reports) unknown fields of an object without properties anyway.
@@ -504,6 +550,7 @@ impl Namespaces {
 /// Unknown fields are tolerated (unlike in the spec): status is written by the controller, and
 /// an older controller reading a newer one's status must not fail on it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = kubernetes_integer_formats)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkStatus {
     /// The `metadata.generation` this status describes, so a reader can tell a stale status
@@ -611,7 +658,7 @@ mod decimal {
 /// The record that one address of a Network belongs to one claim.
 ///
 /// **Create-by-unique-name.** The object's name is `allocation_name(network, ip)` from
-/// `knic_controller::ipam` (`blue-192-0-2-10`, `blue-2001-0db8-…-000a`): one name per
+/// [`crate::ipam`] (`blue-192-0-2-10`, `blue-2001-0db8-…-000a`): one name per
 /// address, so the apiserver's guarantee that exactly one create of a name succeeds is what
 /// makes an address unique, even with every node allocating at once. An allocator proposes an
 /// address, creates its object, and on `AlreadyExists` treats the address as taken and
@@ -654,6 +701,7 @@ mod decimal {
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[schemars(transform = kubernetes_integer_formats)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self == oldSelf",
@@ -691,132 +739,4 @@ pub struct ClaimRef {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exhaustion_tokens_are_stable_short_and_distinct() {
-        // Pinned: controller and drivers of different versions must agree on every token.
-        let blue = exhaustion_token("blue");
-        assert_eq!(blue, "2ua2ki4v");
-        assert_eq!(blue.len(), TOKEN_LEN);
-        assert!(
-            blue.chars()
-                .all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c))
-        );
-        let tokens: std::collections::BTreeSet<String> = (0..10_000)
-            .map(|i| exhaustion_token(&format!("net-{i}")))
-            .collect();
-        assert_eq!(
-            tokens.len(),
-            10_000,
-            "40-bit tokens collided among 10,000 names"
-        );
-    }
-
-    #[test]
-    fn exhausted_attribute_fits_a_string_attribute_and_lists_the_first_seven() {
-        assert_eq!(MAX_EXHAUSTED_LISTED, 7);
-        assert_eq!(exhausted_attribute([]), None);
-        assert_eq!(
-            exhausted_attribute(["aaaaaaaa"]).as_deref(),
-            Some(",aaaaaaaa,")
-        );
-        let names: Vec<String> = (0..9).map(|i| exhaustion_token(&format!("n{i}"))).collect();
-        let value = exhausted_attribute(names.iter().map(String::as_str)).unwrap();
-        assert!(value.len() <= 64, "{} bytes", value.len());
-        assert!(value.contains(&format!(",{},", names[6])));
-        assert!(!value.contains(&names[7]));
-    }
-
-    #[test]
-    fn exhaustion_selector_tests_the_delimited_token() {
-        let token = exhaustion_token("blue");
-        assert_eq!(
-            exhaustion_selector("blue"),
-            format!(
-                r#"!device.attributes["knic.dev"].?exhaustedNetworks.orValue("").contains(",{token},")"#
-            )
-        );
-    }
-
-    #[test]
-    fn conditions_of_an_older_generation_do_not_count() {
-        let mut network = Network::new("blue", NetworkSpec::default());
-        network.metadata.generation = Some(2);
-        let condition = |generation: Option<i64>| Condition {
-            type_: CONDITION_EXHAUSTED.into(),
-            status: "True".into(),
-            observed_generation: generation,
-            reason: "NoFreeAddress".into(),
-            message: String::new(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        };
-        assert!(!network.condition_is_true(CONDITION_EXHAUSTED));
-        for (generation, counts) in [(Some(2), true), (None, true), (Some(1), false)] {
-            network.status = Some(NetworkStatus {
-                conditions: vec![condition(generation)],
-                ..NetworkStatus::default()
-            });
-            assert_eq!(
-                network.condition_is_true(CONDITION_EXHAUSTED),
-                counts,
-                "{generation:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn devices_summary_names_the_form() {
-        let raw = Devices {
-            device_class_name: Some("vf.knic.dev".into()),
-            selectors: vec!["a".into(), "b".into()],
-            ..Devices::default()
-        };
-        assert_eq!(raw.summary(), "vf.knic.dev +2 selectors");
-        let friendly = Devices {
-            kind: Some(DeviceKind::Vf),
-            vendor: Some("8086".into()),
-            pf_name: Some("ens1f0".into()),
-            min_speed: Some(25_000),
-            numa_node: Some(0),
-            rdma: Some(false),
-            ..Devices::default()
-        };
-        assert_eq!(
-            friendly.summary(),
-            "vf vendor=8086 pf=ens1f0 speed>=25000 numa=0 no-rdma"
-        );
-    }
-
-    #[test]
-    fn address_count_is_exact_decimal_strings() {
-        let count = AddressCount {
-            free: (1u128 << 64) - 3,
-            total: (1u128 << 64) - 2,
-        };
-        let json = serde_json::to_value(count).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({"free": "18446744073709551613", "total": "18446744073709551614"})
-        );
-        assert_eq!(serde_json::from_value::<AddressCount>(json).unwrap(), count);
-        assert_eq!(
-            AddressCount {
-                free: 250,
-                total: 253
-            }
-            .summary(),
-            "250/253"
-        );
-        for bad in [
-            serde_json::json!({"free": 1, "total": "2"}),
-            serde_json::json!({"free": "01", "total": "2"}),
-            serde_json::json!({"free": "-1", "total": "2"}),
-        ] {
-            assert!(serde_json::from_value::<AddressCount>(bad).is_err());
-        }
-    }
-}
+mod tests;

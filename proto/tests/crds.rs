@@ -218,6 +218,83 @@ fn schemas_are_structural() {
     }
 }
 
+/// Formats kube-apiserver recognises in a CRD schema (apiextensions' supported formats); any
+/// other makes `kubectl apply` of the CRD warn `unrecognized format`.
+const KUBERNETES_FORMATS: [&str; 21] = [
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+];
+const KUBERNETES_NUMERIC_AND_TIME_FORMATS: [&str; 7] = [
+    "int32",
+    "int64",
+    "float",
+    "double",
+    "date",
+    "date-time",
+    "duration",
+];
+
+fn unknown_formats(path: &str, s: &JSONSchemaProps, out: &mut Vec<String>) {
+    if let Some(format) = &s.format
+        && !KUBERNETES_FORMATS.contains(&format.as_str())
+        && !KUBERNETES_NUMERIC_AND_TIME_FORMATS.contains(&format.as_str())
+    {
+        out.push(format!("{path}: format {format:?}"));
+    }
+    for (name, prop) in s.properties.iter().flatten() {
+        unknown_formats(&format!("{path}.{name}"), prop, out);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(items)) = &s.items {
+        unknown_formats(&format!("{path}[]"), items, out);
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(extra)) = &s.additional_properties {
+        unknown_formats(&format!("{path}{{}}"), extra, out);
+    }
+}
+
+#[test]
+fn schemas_use_only_formats_kubernetes_knows() {
+    for (file, crd) in crds() {
+        let mut problems = Vec::new();
+        unknown_formats("", schema(&crd), &mut problems);
+        assert!(problems.is_empty(), "{file}: {problems:#?}");
+    }
+}
+
+#[test]
+fn unsigned_fields_keep_their_range() {
+    let (_, crd) = &crds()[0];
+    let spec = &schema(crd).properties.as_ref().expect("properties")["spec"];
+    let vlan = &spec.properties.as_ref().expect("spec properties")["vlan"];
+    assert_eq!(vlan.format.as_deref(), Some("int32"));
+    assert_eq!((vlan.minimum, vlan.maximum), (Some(0.0), Some(65535.0)));
+    let min_speed = &spec.properties.as_ref().expect("spec properties")["devices"]
+        .properties
+        .as_ref()
+        .expect("devices properties")["minSpeed"];
+    assert_eq!(min_speed.format.as_deref(), Some("int64"));
+    assert_eq!(min_speed.maximum, Some(f64::from(u32::MAX)));
+}
+
 /// Every field of `value` is declared by `schema`, i.e. the apiserver would keep it rather than
 /// prune it silently; returns the undeclared paths.
 fn undeclared(path: &str, value: &Value, s: &JSONSchemaProps, out: &mut Vec<String>) {

@@ -289,8 +289,9 @@ fn parse_vendor(text: &str) -> Result<Vendor, String> {
     Ok(Vendor::Name(text.to_owned()))
 }
 
-/// A cheap syntax check of a CEL selector: not empty, within Kubernetes' size limit, string
-/// literals closed, and `()`, `[]`, `{}` balanced outside them.
+/// A cheap syntax check of a CEL selector: not empty, within Kubernetes' size limit, tokens
+/// that are CEL (string literals closed), `()`, `[]`, `{}` balanced, and no form the
+/// apiserver's cost limit refuses.
 ///
 /// Full CEL compilation (names, types, functions) is not available in Rust: the apiserver
 /// compiles every selector when the reconciler applies the generated ResourceClaimTemplate and
@@ -307,110 +308,22 @@ pub fn lint_cel(expression: &str) -> Result<(), String> {
             expression.len()
         ));
     }
-    let bytes = expression.as_bytes();
-    let mut open: Vec<(u8, usize)> = Vec::new();
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        match b {
-            b'"' | b'\'' => {
-                i = skip_string(bytes, i)?;
-                continue;
-            }
-            b'(' | b'[' | b'{' => open.push((b, i)),
-            b')' | b']' | b'}' => {
-                let want = match b {
-                    b')' => b'(',
-                    b']' => b'[',
-                    _ => b'{',
-                };
-                match open.pop() {
-                    Some((o, _)) if o == want => {}
-                    Some((o, at)) => {
-                        return Err(format!(
-                            "unbalanced: '{}' at byte {i} closes '{}' opened at byte {at}",
-                            char::from(b),
-                            char::from(o)
-                        ));
-                    }
-                    None => {
-                        return Err(format!(
-                            "unbalanced: '{}' at byte {i} has no matching '{}'",
-                            char::from(b),
-                            char::from(want)
-                        ));
-                    }
-                }
-            }
-            _ => {}
-        }
-        i += 1;
+    if let Some(problem) = crate::cel::syntax_problem(expression) {
+        return Err(problem);
     }
-    if let Some((o, at)) = open.pop() {
+    if crate::cel::exceeds_cost_limit(expression) == Ok(true) {
         return Err(format!(
-            "unbalanced: '{}' at byte {at} is never closed",
-            char::from(o)
+            "Kubernetes refuses this selector ({}): contains() or matches() on an optional read \
+             .?NAME.orValue(…) has no length bound in the apiserver's cost estimate; read the \
+             attribute behind a guard instead, e.g. !has(device.attributes[\"DOMAIN\"].NAME) || \
+             !device.attributes[\"DOMAIN\"].NAME.contains(\"…\")",
+            crate::cel::COST_LIMIT_MESSAGE
         ));
     }
     Ok(())
 }
 
-/// Skips the string literal whose quote is at `start` and returns the index after it. Handles
-/// CEL's triple quotes, raw strings (`r"..."`, no escapes) and backslash escapes.
-fn skip_string(bytes: &[u8], start: usize) -> Result<usize, String> {
-    let quote = bytes.get(start).copied().unwrap_or(b'"');
-    // A raw-string prefix is an `r`/`R` (optionally with `b`/`B`) directly before the quote
-    // that does not end a longer identifier.
-    let mut p = start;
-    let mut raw = false;
-    for _ in 0..2 {
-        match p.checked_sub(1).and_then(|q| bytes.get(q)) {
-            Some(b'r' | b'R') => {
-                raw = true;
-                p -= 1;
-            }
-            Some(b'b' | b'B') => p -= 1,
-            _ => break,
-        }
-    }
-    let prefix_ok = p
-        .checked_sub(1)
-        .and_then(|q| bytes.get(q))
-        .is_none_or(|&c| !(c.is_ascii_alphanumeric() || c == b'_'));
-    let raw = raw && prefix_ok;
-    let triple = bytes.get(start + 1) == Some(&quote) && bytes.get(start + 2) == Some(&quote);
-    let mut i = start + if triple { 3 } else { 1 };
-    while let Some(&b) = bytes.get(i) {
-        if b == b'\\' && !raw {
-            i += 2;
-            continue;
-        }
-        if b == quote {
-            if !triple {
-                return Ok(i + 1);
-            }
-            if bytes.get(i + 1) == Some(&quote) && bytes.get(i + 2) == Some(&quote) {
-                return Ok(i + 3);
-            }
-        }
-        i += 1;
-    }
-    Err(format!(
-        "string literal starting at byte {start} is never closed"
-    ))
-}
-
-/// Kubernetes' `IsDNS1123Subdomain`, the rule for DeviceClass names.
-pub(super) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            let b = label.as_bytes();
-            let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-            b.first().is_some_and(edge)
-                && b.last().is_some_and(edge)
-                && b.iter().all(|c| edge(c) || *c == b'-')
-        })
-}
+pub(super) use knic_proto::names::is_dns_subdomain;
 
 /// A network's devices in the form overlap is decided on.
 #[derive(Debug, Clone)]

@@ -12,7 +12,8 @@
 //!
 //! This module holds what needs controller logic: validation ([`validate_network`],
 //! [`validate_against`]) and the translations the reconciler needs
-//! ([`DeviceRequestOf::device_request`], [`SubnetPool::pool`], [`template_config`]); the pure
+//! ([`DeviceRequestOf::device_request`], [`template_config`]; a subnet's pool is
+//! `knic_proto::network::Subnet::pool`, shared with the driver); the pure
 //! data helpers ([`Namespaces::selects`], [`StableAddresses::identity`]) moved with the types.
 //! Addresses, gateways and exclusions stay strings in the spec, like in the driver's
 //! `NetworkConfig`, so validation can report every malformed value with its path instead of
@@ -24,10 +25,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-use knic_proto::netconfig::{self, Cidr, InterfaceConfig, IpamConfig, NetworkConfig, VlanConfig};
-
-use crate::ipam::{Exclusion, Pool};
-use crate::{Error, Result};
+use knic_proto::netconfig::{self, InterfaceConfig, IpamConfig, NetworkConfig, VlanConfig};
 
 pub use devices::lint_cel;
 pub use validate::{validate_against, validate_network};
@@ -47,38 +45,9 @@ pub const MAX_INTERFACES_PER_POD: u32 = 32;
 
 pub use knic_proto::network::*;
 
-/// The allocation pool of a [`Subnet`]. An extension trait because the spec types live in
-/// `knic-proto` (they are the CRD's contract) while address arithmetic is controller logic.
-pub trait SubnetPool {
-    /// The allocation pool of this subnet; the error is the first problem
-    /// [`validate_network`] would report (validate first to get all of them with paths).
-    fn pool(&self) -> Result<Pool>;
-}
-
-impl SubnetPool for Subnet {
-    fn pool(&self) -> Result<Pool> {
-        let cidr: Cidr = self
-            .cidr
-            .parse()
-            .map_err(|e| Error::Invalid(format!("{e}")))?;
-        let gateway = self
-            .gateway
-            .as_deref()
-            .map(knic_proto::netconfig::parse_ip)
-            .transpose()
-            .map_err(Error::Invalid)?;
-        let exclude = self
-            .exclude
-            .iter()
-            .map(|e| e.parse::<Exclusion>())
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(Error::Invalid)?;
-        Pool::new(cidr, gateway, &exclude)
-    }
-}
-
-/// The DRA request a [`NetworkSpec`] compiles to. An extension trait for the same reason as
-/// [`SubnetPool`]: compiling the friendly device form into CEL is controller logic.
+/// The DRA request a [`NetworkSpec`] compiles to. An extension trait because the spec types
+/// live in `knic-proto` (they are the CRD's contract) while compiling the friendly device form
+/// into CEL is controller logic.
 pub trait DeviceRequestOf {
     /// The device request of the generated claim template: the given class and selectors, or
     /// the friendly fields compiled into one CEL expression against [`FRIENDLY_DEVICE_CLASS`].

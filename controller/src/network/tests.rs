@@ -243,6 +243,15 @@ rejects! {
     network_reject_selector_crossed_brackets: {
         "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": ["size(x]"] }
     } => ["spec.devices.selectors[0]: unbalanced: ']' at byte 6 closes '(' opened at byte 4"];
+    network_reject_selector_over_the_cost_limit: {
+        "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": [
+            "device.attributes[\"knic.dev\"].?ifName.orValue(\"\").startsWith(\"ens\")",
+            "device.attributes[\"knic.dev\"].?ifName.orValue(\"\").contains(\"f0\")"
+        ] }
+    } => ["spec.devices.selectors[1]: Kubernetes refuses this selector (Forbidden: too complex, exceeds cost limit): contains() or matches() on an optional read .?NAME.orValue(…) has no length bound in the apiserver's cost estimate; read the attribute behind a guard instead, e.g. !has(device.attributes[\"DOMAIN\"].NAME) || !device.attributes[\"DOMAIN\"].NAME.contains(\"…\")"];
+    network_reject_selector_that_is_not_cel: {
+        "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": ["device.driver = \"knic.dev\" && 1.5 > 1"] }
+    } => ["spec.devices.selectors[0]: CEL syntax error at byte 14: '=' is not an operator; compare with '=='"];
     network_reject_selector_unclosed_string: {
         "devices": { "kind": null, "deviceClassName": "knic.dev", "selectors": ["device.driver == \"knic.dev"] }
     } => ["spec.devices.selectors[0]: string literal starting at byte 17 is never closed"];
@@ -454,6 +463,8 @@ fn network_lint_cel_accepts_brackets_inside_strings() {
         "device.attributes[\"knic.dev\"].ifName == r\"a\\\"",
         "device.attributes[\"knic.dev\"].ifName == \"\"\"a\"b(\"\"\"",
         "{'a': [1, (2)]}.size() == 1",
+        // Valid CEL knic does not evaluate is still CEL.
+        "device.attributes[\"x\"].speed > 2.5e3 && b\"(\" != b'''y)''' && 1u < .5",
     ] {
         assert_eq!(lint_cel(ok), Ok(()), "{ok}");
     }

@@ -9,7 +9,6 @@ use knic_proto::netconfig::{
 
 use super::devices::{self, DeviceSet};
 use super::{MAX_INTERFACES_PER_POD, NetworkSpec, StableBy, Subnet, template_config};
-use crate::Error;
 use crate::ipam::{Exclusion, Pool, check_exclusion, check_gateway, check_subnet, family};
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU.
@@ -304,7 +303,7 @@ impl Validator {
         let pool = if ok {
             match Pool::new(cidr, gateway, &exclusions) {
                 Ok(pool) => Some(pool),
-                Err(Error::Invalid(message)) => {
+                Err(knic_proto::Error::Invalid(message)) => {
                     self.error(path, message);
                     None
                 }

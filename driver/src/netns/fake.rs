@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use knic_proto::netconfig::{Cidr, Route};
 
-use super::{Kernel, LinkChange, LinkState, Ns, Session};
+use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Session};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -21,6 +21,30 @@ struct State {
     log: Vec<String>,
     fail: Vec<(String, String)>,
     next_index: u32,
+}
+
+/// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
+/// pod as `pod_ifname` with MTU 9000 and `addresses`: the one plan builder of the executor's and
+/// the hooks' tests, which change what they need with struct update syntax.
+pub(crate) fn plan(
+    device: &str,
+    host_ifname: &str,
+    pod_ifname: &str,
+    addresses: &[&str],
+) -> AttachPlan {
+    AttachPlan {
+        pool: "node-a".into(),
+        device: device.into(),
+        request: "nic".into(),
+        host_ifname: host_ifname.into(),
+        mode: AttachMode::Move,
+        pod_ifname: pod_ifname.into(),
+        mtu: Some(9000),
+        mac: None,
+        addresses: addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+        routes: vec![],
+        sysctls: BTreeMap::new(),
+    }
 }
 
 /// The fake; clones share state.
@@ -178,10 +202,11 @@ impl FakeSession {
     }
 
     fn missing(&self, name: &str) -> Error {
-        Error::Setting {
-            setting: "device",
-            reason: format!("interface {name} does not exist in namespace {}", self.ns),
-        }
+        Error::kernel(
+            &self.ns,
+            format!("looking up {name}"),
+            format!("interface {name} does not exist"),
+        )
     }
 }
 
@@ -240,10 +265,11 @@ impl Session for FakeSession {
             return Err(self.missing(name));
         };
         let Some(target) = s.links.get(to) else {
-            return Err(Error::Setting {
-                setting: "netns",
-                reason: format!("network namespace {to} does not exist"),
-            });
+            return Err(Error::kernel(
+                to,
+                "entering the network namespace",
+                "it does not exist",
+            ));
         };
         let new_name = change.name.clone().unwrap_or_else(|| name.to_string());
         if target.iter().any(|l| l.name == new_name) {

@@ -2,12 +2,14 @@
 //! its name, MTU, MAC, addresses, routes and sysctls, and putting it back exactly as it was.
 //!
 //! Layout follows youki's network code: the kernel sits behind the small [`Kernel`] /
-//! [`Session`] traits (an rtnetlink implementation in [`rtnl`], a recording fake in [`fake`]),
+//! [`Session`] traits (an rtnetlink implementation in [`rtnl`], a recording fake in `fake` that
+//! only tests compile),
 //! and [`attach`] / [`detach`] are written once against them. Attach is two-phase so a crash
 //! can never lose a device: [`capture`] reads what must be restored (the caller checkpoints it)
 //! before [`attach`] changes anything, and a failing attach undoes every step it did.
 
-pub mod fake;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod rtnl;
 
 use std::collections::BTreeMap;
@@ -188,24 +190,24 @@ pub struct Restore {
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
 pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore> {
     let mut host = open(kernel, &Ns::Host).await?;
-    let link = host
-        .link(&plan.host_ifname)
-        .await?
-        .ok_or_else(|| Error::Setting {
-            setting: "device",
-            reason: format!(
-                "{}/{}: interface {} is not in the host namespace",
-                plan.pool, plan.device, plan.host_ifname
+    let link = host.link(&plan.host_ifname).await?.ok_or_else(|| {
+        Error::kernel(
+            Ns::Host,
+            format!("reading device {}/{}", plan.pool, plan.device),
+            format!(
+                "interface {} is not in the host namespace",
+                plan.host_ifname
             ),
-        })?;
+        )
+    })?;
     Ok(Restore { host: link })
 }
 
 async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
-    kernel.open(ns).await?.ok_or_else(|| Error::Setting {
-        setting: "netns",
-        reason: format!("network namespace {ns} does not exist"),
-    })
+    kernel
+        .open(ns)
+        .await?
+        .ok_or_else(|| Error::kernel(ns, "entering the network namespace", "it does not exist"))
 }
 
 /// Whether `link` (in the pod) is the plan's device: ifindexes are per namespace and can
@@ -244,24 +246,25 @@ pub async fn attach<K: Kernel>(
         };
         if ours && resume {
             configure_in_pod(plan, &mut pod).await?;
-            return pod
-                .link(&plan.pod_ifname)
-                .await?
-                .ok_or_else(|| Error::Setting {
-                    setting: "device",
-                    reason: format!("{} vanished from the pod while resuming", plan.pod_ifname),
-                });
+            return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
+                Error::kernel(
+                    netns,
+                    format!("resuming {}", plan.pod_ifname),
+                    "the interface vanished from the pod",
+                )
+            });
         }
         if ours {
             return Ok(existing);
         }
-        return Err(Error::Setting {
-            setting: "interface.name",
-            reason: format!(
-                "interface {} already exists in the pod ({netns}); choose another name",
+        return Err(Error::kernel(
+            netns,
+            format!("attaching {}/{}", plan.pool, plan.device),
+            format!(
+                "interface {} already exists in the pod; choose another name (interface.name)",
                 plan.pod_ifname
             ),
-        });
+        ));
     }
     let mut done = Vec::new();
     let result = attach_steps(kernel, plan, netns, &mut pod, &mut done).await;
@@ -273,15 +276,13 @@ pub async fn attach<K: Kernel>(
         }
         return Err(e);
     }
-    pod.link(&plan.pod_ifname)
-        .await?
-        .ok_or_else(|| Error::Setting {
-            setting: "device",
-            reason: format!(
-                "{} vanished from the pod right after attach",
-                plan.pod_ifname
-            ),
-        })
+    pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
+        Error::kernel(
+            netns,
+            format!("attaching {}", plan.pod_ifname),
+            "the interface vanished from the pod right after attach",
+        )
+    })
 }
 
 async fn attach_steps<K: Kernel>(

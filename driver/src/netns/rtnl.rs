@@ -173,12 +173,12 @@ impl RtnlSession {
         self.find(name)
             .await?
             .map(|l| l.header.index)
-            .ok_or_else(|| Error::Setting {
-                setting: "device",
-                reason: format!(
-                    "interface {name} does not exist in namespace {}",
-                    self.describe()
-                ),
+            .ok_or_else(|| {
+                Error::kernel(
+                    self.describe(),
+                    format!("looking up {name}"),
+                    format!("interface {name} does not exist"),
+                )
             })
     }
 
@@ -383,10 +383,11 @@ impl Session for RtnlSession {
                 .find(|p| **p == "ipv4" || **p == "ipv6")
                 .copied();
             let (Some(family), Some(leaf)) = (family, parts.last()) else {
-                return Err(Error::Setting {
-                    setting: "sysctls",
-                    reason: format!("{key}: not a per-interface sysctl"),
-                });
+                return Err(Error::kernel(
+                    self.describe(),
+                    format!("setting sysctls of {name}"),
+                    format!("{key} is not a per-interface sysctl"),
+                ));
             };
             files.push((
                 PathBuf::from(format!("/proc/sys/net/{family}/conf/{name}/{leaf}")),
@@ -413,12 +414,16 @@ impl Session for RtnlSession {
         self.handle.link().add(msg).execute().await.map_err(|e| {
             let text = e.to_string();
             if text.contains("Operation not supported") || text.contains("-95") {
-                Error::Setting {
-                    setting: "vlan",
-                    reason: format!("cannot create VLAN {id} on {parent}: the kernel has no 8021q (VLAN) support"),
-                }
+                Error::kernel(
+                    self.describe(),
+                    format!("creating VLAN {id} on {parent}"),
+                    "the kernel has no 8021q (VLAN) support",
+                )
             } else {
-                Error::io(format!("creating VLAN {id} on {parent}"), std::io::Error::other(text))
+                Error::io(
+                    format!("creating VLAN {id} on {parent}"),
+                    std::io::Error::other(text),
+                )
             }
         })
     }

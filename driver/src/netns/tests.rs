@@ -17,15 +17,8 @@ fn plan(mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
-        pool: "node-a".into(),
-        device: "pci-0000-a2-01-0".into(),
-        request: "nic".into(),
-        host_ifname: "ens1f0v0".into(),
         mode,
-        pod_ifname: "net1".into(),
-        mtu: Some(9000),
         mac: Some([0x02, 0, 0, 0, 0, 0x10]),
-        addresses: vec![cidr("192.0.2.10/24"), cidr("2001:db8::10/64")],
         routes: vec![Route {
             destination: cidr("203.0.113.0/24"),
             gateway: Some("192.0.2.1".parse().unwrap()),
@@ -34,6 +27,12 @@ fn plan(mode: AttachMode) -> AttachPlan {
             table: None,
         }],
         sysctls,
+        ..super::fake::plan(
+            "pci-0000-a2-01-0",
+            "ens1f0v0",
+            "net1",
+            &["192.0.2.10/24", "2001:db8::10/64"],
+        )
     }
 }
 
@@ -78,6 +77,10 @@ async fn attach_moves_with_one_message_and_configures_in_order() {
             "/var/run/netns/cni-1: link set net1 up",
             "/var/run/netns/cni-1: route add 203.0.113.0/24 via 192.0.2.1 dev net1",
         ]
+    );
+    assert_eq!(
+        k.sysctl(&pod(), "net1", "ipv4.arp_ignore").as_deref(),
+        Some("1")
     );
     // A repeated hook is a no-op.
     let before = k.log().len();
@@ -172,7 +175,7 @@ async fn name_clash_in_the_pod_is_refused_before_anything_moves() {
         .to_string();
     assert_eq!(
         err,
-        "invalid setting interface.name: interface net1 already exists in the pod (/var/run/netns/cni-1); choose another name"
+        "/var/run/netns/cni-1: attaching node-a/pci-0000-a2-01-0: interface net1 already exists in the pod; choose another name (interface.name)"
     );
     assert!(k.log().is_empty(), "nothing was attempted: {:?}", k.log());
 }
@@ -304,6 +307,6 @@ async fn missing_pod_namespace_is_an_error_naming_it() {
     .to_string();
     assert_eq!(
         err,
-        "invalid setting netns: network namespace /var/run/netns/gone does not exist"
+        "/var/run/netns/gone: entering the network namespace: it does not exist"
     );
 }

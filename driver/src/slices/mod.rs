@@ -4,9 +4,7 @@
 //! split into slices); [`plan`] compares that with what the API holds and decides the fewest
 //! writes, the pool generation and the slice names, following the Go `resourceslice` controller
 //! (shared/spec §4.2) so schedulers see the same pool semantics as with any Go driver. The
-//! publisher in [`publisher`] is the only place that performs writes.
-
-pub mod publisher;
+//! publisher in [`crate::api::slices`] is the only place that performs writes.
 
 use std::collections::BTreeMap;
 
@@ -205,7 +203,7 @@ fn spec(
 }
 
 /// Compares specs the way the apiserver stores them: an empty device list is the same as none.
-fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
+pub(crate) fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
     let norm = |s: &ResourceSliceSpec| {
         let mut s = s.clone();
         if s.devices.as_ref().is_some_and(Vec::is_empty) {

@@ -139,17 +139,7 @@ fn family_name(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
-/// RFC 1123 label: what Kubernetes accepts as an object name (Networks, device names); one
-/// definition for every crate, so the driver, the controller and the contract agree.
-pub fn is_dns_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
-        && bytes.first().copied().is_some_and(edge_ok)
-        && bytes.last().copied().is_some_and(edge_ok)
-}
+pub use crate::names::is_dns_label;
 
 pub(super) fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let malformed = || {

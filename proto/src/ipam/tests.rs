@@ -8,7 +8,7 @@ use std::sync::{Barrier, Mutex};
 
 use super::*;
 use crate::Error;
-use knic_proto::netconfig::Cidr;
+use crate::netconfig::Cidr;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
@@ -878,7 +878,7 @@ fn ipam_concurrent_allocators_without_gateway_get_254_unique() {
 /// built the documented way must name exactly its network and address.
 #[test]
 fn network_address_object_is_named_by_allocation_name() {
-    use knic_proto::network::{ClaimRef, NetworkAddress, NetworkAddressSpec};
+    use crate::network::{ClaimRef, NetworkAddress, NetworkAddressSpec};
     for (network, address) in [("blue", "192.0.2.10/24"), ("blue-v6", "2001:db8::a/64")] {
         let ip = ip(address.split('/').next().expect("interface form"));
         let object = NetworkAddress::new(

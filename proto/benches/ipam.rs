@@ -15,7 +15,7 @@
 //! Memory is the process's peak resident set (`VmHWM` from `/proc/self/status`) before any
 //! allocation and at the end; the pool itself is a few dozen bytes plus its exclusions.
 //!
-//! Run: `cargo bench -p knic-controller --bench ipam`. Without cargo bench's `--bench`
+//! Run: `cargo bench -p knic-proto --bench ipam`. Without cargo bench's `--bench`
 //! argument (as `cargo test --all-targets` runs it) it does a small smoke run instead.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use knic_controller::ipam::{Pool, allocation_name, choose, stable_offset};
+use knic_proto::ipam::{Pool, allocation_name, choose, stable_offset};
 
 fn to_u128(ip: IpAddr) -> u128 {
     match ip {

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use knic_proto::netconfig::Cidr;
+use crate::netconfig::Cidr;
 
 use crate::{Error, Result};
 
@@ -318,7 +318,7 @@ impl Pool {
 
 /// Rules a subnet must meet before it can be a pool; shared with `validate_network` so the
 /// spec and the allocator can never disagree.
-pub(crate) fn check_subnet(subnet: Cidr) -> std::result::Result<(), String> {
+pub fn check_subnet(subnet: Cidr) -> std::result::Result<(), String> {
     if subnet.network() != subnet {
         return Err(format!(
             "{subnet} has host bits set; did you mean {}?",
@@ -339,7 +339,7 @@ pub(crate) fn check_subnet(subnet: Cidr) -> std::result::Result<(), String> {
 }
 
 /// Rules for a subnet's gateway (see [`Pool`] for which addresses are reserved and why).
-pub(crate) fn check_gateway(subnet: Cidr, gateway: IpAddr) -> std::result::Result<(), String> {
+pub fn check_gateway(subnet: Cidr, gateway: IpAddr) -> std::result::Result<(), String> {
     if gateway.is_ipv4() != subnet.is_ipv4() {
         return Err(format!(
             "{gateway} is {} but subnet {subnet} is {}",
@@ -368,10 +368,7 @@ pub(crate) fn check_gateway(subnet: Cidr, gateway: IpAddr) -> std::result::Resul
 
 /// An exclusion must lie wholly inside its subnet: one that reaches outside is almost always a
 /// typo (a wrong octet), and silently clipping it would hide that.
-pub(crate) fn check_exclusion(
-    subnet: Cidr,
-    exclusion: &Exclusion,
-) -> std::result::Result<(), String> {
+pub fn check_exclusion(subnet: Cidr, exclusion: &Exclusion) -> std::result::Result<(), String> {
     let (start, end) = exclusion.bounds();
     if start.is_ipv4() != subnet.is_ipv4() {
         return Err(format!(
@@ -387,7 +384,7 @@ pub(crate) fn check_exclusion(
 }
 
 /// "IPv4" or "IPv6", for messages.
-pub(crate) fn family(ip: IpAddr) -> &'static str {
+pub fn family(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Pool;
 use crate::Result;
-use knic_proto::netconfig::is_dns_label;
+use crate::netconfig::is_dns_label;
 
 /// Proposes a free address of `pool`, probing from usable index `hint % size` and walking
 /// forward (wrapping) until `is_taken` says no; `None` when every usable address is taken.

@@ -26,4 +26,33 @@ mod tests;
 pub use alloc::{allocate, allocation_name, choose, parse_allocation_name, stable_offset};
 pub use pool::{Exclusion, Pool};
 
-pub(crate) use pool::{check_exclusion, check_gateway, check_subnet, family};
+pub use pool::{check_exclusion, check_gateway, check_subnet, family};
+
+use crate::network::Subnet;
+use crate::{Error, Result};
+
+impl Subnet {
+    /// The allocation pool of this subnet; the error is the first problem Network validation
+    /// would report (validate first to get all of them with paths). Both binaries compute
+    /// pools from the same spec, so the controller's counts and the driver's allocations
+    /// always agree.
+    pub fn pool(&self) -> Result<Pool> {
+        let cidr: crate::netconfig::Cidr = self
+            .cidr
+            .parse()
+            .map_err(|e| Error::Invalid(format!("{e}")))?;
+        let gateway = self
+            .gateway
+            .as_deref()
+            .map(crate::netconfig::parse_ip)
+            .transpose()
+            .map_err(Error::Invalid)?;
+        let exclude = self
+            .exclude
+            .iter()
+            .map(|e| e.parse::<Exclusion>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::Invalid)?;
+        Pool::new(cidr, gateway, &exclude)
+    }
+}

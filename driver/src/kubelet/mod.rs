@@ -1,6 +1,8 @@
 //! The kubelet plugin: the registration socket the kubelet's plugin watcher finds, and the DRA
 //! socket it then calls for prepare/unprepare.
 //!
+//! Both sockets accept every `:authority` real clients send (see [`authority`]).
+//!
 //! Order matters and is the Go helper's: the DRA service listens first, registration second,
 //! because the kubelet may call prepare right after `GetInfo`. On shutdown the registration
 //! socket goes first (the kubelet deregisters the plugin) and the DRA socket last.
@@ -14,13 +16,18 @@ use std::time::Duration;
 
 use knic_proto::dra::{v1, v1beta1};
 use knic_proto::pluginregistration as reg;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::claims::{ClaimRef, ClaimSource, PreparedAnswer, Preparer};
+use self::authority::AuthorityShim;
+use crate::claims::{ClaimRef, PreparedAnswer, Preparer};
 use crate::error::{Error, Result};
+
+pub mod authority;
+pub mod hpack;
 
 /// The gRPC services advertised in `GetInfo`, most preferred first: kubelets ≥ 1.34 take the
 /// first DRAPlugin entry they support, so v1 must lead; the health services follow (1.37+
@@ -81,6 +88,16 @@ struct RegistrationService {
     status: watch::Sender<Registration>,
 }
 
+#[cfg(test)]
+impl RegistrationService {
+    fn for_tests() -> Self {
+        RegistrationService {
+            endpoint: "/dra.sock".into(),
+            status: watch::channel(Registration::Pending).0,
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl reg::registration_server::Registration for RegistrationService {
     async fn get_info(
@@ -118,21 +135,14 @@ impl reg::registration_server::Registration for RegistrationService {
 }
 
 /// Serves both DRA API versions from one [`Preparer`].
-pub struct DraService<S> {
-    preparer: Arc<Preparer<S>>,
+#[derive(Clone)]
+pub struct DraService {
+    preparer: Arc<Preparer>,
 }
 
-impl<S> Clone for DraService<S> {
-    fn clone(&self) -> Self {
-        DraService {
-            preparer: self.preparer.clone(),
-        }
-    }
-}
-
-impl<S: ClaimSource> DraService<S> {
+impl DraService {
     /// One handler for every API version.
-    pub fn new(preparer: Arc<Preparer<S>>) -> Self {
+    pub fn new(preparer: Arc<Preparer>) -> Self {
         DraService { preparer }
     }
 
@@ -238,7 +248,7 @@ fn claims_from_v1beta1(claims: Vec<v1beta1::Claim>) -> Vec<v1::Claim> {
 }
 
 #[tonic::async_trait]
-impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
+impl v1::dra_plugin_server::DraPlugin for DraService {
     async fn node_prepare_resources(
         &self,
         request: Request<v1::NodePrepareResourcesRequest>,
@@ -259,7 +269,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
 }
 
 #[tonic::async_trait]
-impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
+impl v1beta1::dra_plugin_server::DraPlugin for DraService {
     async fn node_prepare_resources(
         &self,
         request: Request<v1beta1::NodePrepareResourcesRequest>,
@@ -383,6 +393,13 @@ fn bind_socket(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// The connections a listener accepts, each behind the authority shim.
+fn incoming(
+    listener: UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityShim<UnixStream>>> {
+    UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityShim::new))
+}
+
 fn remove_socket(path: &Path) {
     match std::fs::remove_file(path) {
         Ok(()) => tracing::info!(socket = %path.display(), "socket removed"),
@@ -393,9 +410,9 @@ fn remove_socket(path: &Path) {
 
 /// Serves the DRA and registration sockets until `shutdown` completes, then deregisters and
 /// removes both sockets. `registration` reports what the kubelet said.
-pub async fn serve<S: ClaimSource>(
+pub async fn serve(
     paths: &PluginPaths,
-    service: DraService<S>,
+    service: DraService,
     health: crate::health::HealthService,
     registration: watch::Sender<Registration>,
     shutdown: impl Future<Output = ()>,
@@ -424,10 +441,7 @@ pub async fn serve<S: ClaimSource>(
                 health,
             ),
         )
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(dra_listener),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(incoming(dra_listener), stopped(stop_rx.clone()));
     let mut dra_task = tokio::spawn(dra_server);
     tracing::info!(socket = %dra_path.display(), "DRA service listening (v1, v1beta1)");
 
@@ -448,7 +462,7 @@ pub async fn serve<S: ClaimSource>(
         .add_service(reg::registration_server::RegistrationServer::new(
             reg_service,
         ))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), stopped(stop_rx));
+        .serve_with_incoming_shutdown(incoming(reg_listener), stopped(stop_rx));
     let mut reg_task = tokio::spawn(reg_server);
     tracing::info!(socket = %reg_path.display(), "registration socket listening");
 

@@ -1,6 +1,6 @@
 //! Keeps the node's ResourceSlices equal to the inventory: the one place that writes slices.
 //!
-//! A sync lists this driver's slices for the node, asks the pure [`super::plan`] for the writes
+//! A sync lists this driver's slices for the node, asks the pure [`crate::slices::plan`] for the writes
 //! and performs them (deletes with preconditions, then updates guarded by resourceVersion, then
 //! creates). Syncs are triggered by a new inventory, by any slice event not caused by our own
 //! writes (the kubelet wipes a node's slices when it restarts or loses the plugin for 30 s), and
@@ -18,8 +18,8 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
 use tokio::sync::{mpsc, watch};
 
-use super::{PoolOwner, plan, split};
 use crate::error::Result;
+use crate::slices::{PoolOwner, plan, split};
 
 /// Timing knobs; tests shorten them.
 #[derive(Debug, Clone)]
@@ -28,6 +28,9 @@ pub struct PublisherSettings {
     pub coalesce: Duration,
     /// Resync even without triggers this often.
     pub resync: Duration,
+    /// Resync this often while the slice watch is failing, so a slice someone deleted is put
+    /// back within seconds even when no watch event says so.
+    pub unhealthy_resync: Duration,
     /// First retry delay after a failed sync; doubles up to `max_backoff`.
     pub min_backoff: Duration,
     /// Largest retry delay.
@@ -39,6 +42,7 @@ impl Default for PublisherSettings {
         PublisherSettings {
             coalesce: Duration::from_millis(200),
             resync: Duration::from_secs(600),
+            unhealthy_resync: Duration::from_secs(5),
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(60),
         }
@@ -111,7 +115,7 @@ impl Publisher {
     }
 
     fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) {
-        if !super::same(sent, &stored.spec) {
+        if !crate::slices::same(sent, &stored.spec) {
             tracing::warn!(slice = ?stored.metadata.name,
                 "the apiserver dropped fields of a ResourceSlice (a DRA feature gate is off); \
                  accepting the stored form");
@@ -185,10 +189,12 @@ impl Publisher {
         settings: PublisherSettings,
     ) {
         let (events_tx, mut events) = mpsc::channel::<String>(64);
+        let (healthy_tx, healthy) = watch::channel(true);
         let watcher = tokio::spawn(watch_slices(
             self.slices.clone(),
             selector(&self.driver, &self.node),
             events_tx,
+            healthy_tx,
         ));
         let mut backoff = settings.min_backoff;
         let mut dirty = true;
@@ -225,7 +231,11 @@ impl Publisher {
                         dirty = true;
                     }
                 }
-                () = tokio::time::sleep(settings.resync) => dirty = true,
+                () = tokio::time::sleep(if *healthy.borrow() {
+                    settings.resync
+                } else {
+                    settings.unhealthy_resync
+                }) => dirty = true,
             }
         }
         watcher.abort();
@@ -233,12 +243,21 @@ impl Publisher {
 }
 
 /// Watches this node's slices and forwards each event's resourceVersion ("" for a deletion, so
-/// it is never mistaken for our own write). Reconnects forever.
-async fn watch_slices(api: Api<ResourceSlice>, fields: String, events: mpsc::Sender<String>) {
+/// it is never mistaken for our own write), and says in `healthy` whether the watch works.
+/// Reconnects forever: the client paces watches that end early (see `api::client`), an error
+/// event or a closed stream marks the watch unhealthy (the publisher then resyncs on a short
+/// timer), and a 410 (the resource version expired) starts over from a fresh list.
+async fn watch_slices(
+    api: Api<ResourceSlice>,
+    fields: String,
+    events: mpsc::Sender<String>,
+    healthy: watch::Sender<bool>,
+) {
     let mut version = "0".to_string();
     let mut seen = BTreeSet::new();
     loop {
         let params = WatchParams::default().fields(&fields).timeout(290);
+        let started = tokio::time::Instant::now();
         match api.watch(&params, &version).await {
             Ok(stream) => {
                 let mut stream = std::pin::pin!(stream);
@@ -252,16 +271,24 @@ async fn watch_slices(api: Api<ResourceSlice>, fields: String, events: mpsc::Sen
                         }
                         Ok(WatchEvent::Bookmark(b)) => {
                             version = b.metadata.resource_version;
+                            healthy.send_replace(true);
                             continue;
                         }
                         Ok(WatchEvent::Error(e)) => {
+                            tracing::debug!(code = e.code, message = %e.message, "ResourceSlice watch ended with an error event");
                             if e.code == 410 {
                                 version = "0".into();
                             }
+                            healthy.send_replace(false);
                             break;
                         }
-                        Err(_) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "ResourceSlice watch stream failed");
+                            healthy.send_replace(false);
+                            break;
+                        }
                     };
+                    healthy.send_replace(true);
                     if !rv.is_empty() {
                         version = rv.clone();
                     }
@@ -275,11 +302,20 @@ async fn watch_slices(api: Api<ResourceSlice>, fields: String, events: mpsc::Sen
                         seen.clear();
                     }
                 }
+                // A healthy watch lasts until its timeout; one that ends early is not.
+                if started.elapsed() < knic_proto::backoff::HEALTHY_WATCH {
+                    healthy.send_replace(false);
+                }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "watching ResourceSlices failed; retrying");
+                healthy.send_replace(false);
+                // Unpaced clients (tests) still must not spin.
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        }
+        if events.is_closed() {
+            return;
         }
     }
 }

@@ -1,0 +1,71 @@
+//! The Networks watch: which networks are full, for [`crate::exhaustion`] to mark the
+//! node's devices with.
+
+use futures::{FutureExt, StreamExt};
+use knic_proto::network::{MAX_EXHAUSTED_LISTED, Network};
+use kube::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::sync::watch;
+
+use crate::exhaustion::{attribute_value, exhausted_names};
+
+/// Watches every Network and sends [`attribute_value`] to `out` whenever it changes, and
+/// signals `synced` once the first full list is in, so slices are not published before the
+/// full networks are known (a restarting driver would otherwise briefly offer them). Runs until
+/// `out` has no receiver. A cluster without the Network CRD (the driver deployed alone) only
+/// costs a retried watch and one warning.
+pub async fn watch_networks(
+    client: kube::Client,
+    out: watch::Sender<Option<String>>,
+    synced: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut synced = Some(synced);
+    let api: Api<Network> = Api::all(client);
+    let (store, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                None => return,
+                Some(Err(e)) => {
+                    if !warned {
+                        tracing::warn!(error = %e, "watching Networks failed (is the knic CRD \
+                            installed?); full networks are refused at prepare only until it works");
+                        warned = true;
+                    }
+                }
+                Some(Ok(watcher::Event::InitDone | watcher::Event::Apply(_)
+                    | watcher::Event::Delete(_))) => {
+                    warned = false;
+                    let networks: Vec<Network> =
+                        store.state().iter().map(|n| n.as_ref().clone()).collect();
+                    let value = attribute_value(&networks);
+                    out.send_if_modified(|current| {
+                        let changed = *current != value;
+                        if changed {
+                            let names = exhausted_names(&networks);
+                            tracing::info!(exhausted = ?names, "exhausted networks changed");
+                            if names.len() > MAX_EXHAUSTED_LISTED {
+                                tracing::warn!(left_out = ?&names[MAX_EXHAUSTED_LISTED..],
+                                    "more networks are exhausted than one device attribute can \
+                                     list; pods of the others are kept out by a prepare error \
+                                     instead of by the scheduler");
+                            }
+                            current.clone_from(&value);
+                        }
+                        changed
+                    });
+                    if store.wait_until_ready().now_or_never().is_some()
+                        && let Some(synced) = synced.take()
+                    {
+                        let _ = synced.send(());
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+            () = out.closed() => return,
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Claim status: what attach did, written to `status.devices` by server-side apply.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Patch, PatchParams};
+
+use crate::BoxFuture;
+use crate::checkpoint::PreparedClaim;
+use crate::error::Result;
+use crate::pods::{DeviceStatus, StatusSink};
+
+/// Writes `status.devices` with server-side apply, field manager `knic.dev`.
+pub struct KubeStatus {
+    client: kube::Client,
+}
+
+impl KubeStatus {
+    /// Uses `client` for every write.
+    pub fn new(client: kube::Client) -> Self {
+        KubeStatus { client }
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The apply body for one claim's entries: whole entries (driver, pool, device, conditions with
+/// reason and lastTransitionTime, networkData), as the apiserver validates them.
+pub fn status_patch(
+    claim: &PreparedClaim,
+    devices: &[DeviceStatus],
+    now: &str,
+) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|d| {
+            let mut entry = serde_json::json!({
+                "driver": knic_proto::DRIVER_NAME,
+                "pool": d.pool,
+                "device": d.device,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": if d.ready { "True" } else { "False" },
+                    "reason": d.reason,
+                    "message": d.message,
+                    "lastTransitionTime": now,
+                }],
+            });
+            if let Some(name) = &d.interface_name {
+                let mut data = serde_json::json!({"interfaceName": name, "ips": d.ips});
+                if let Some(mac) = &d.hardware_address {
+                    data["hardwareAddress"] = mac.clone().into();
+                }
+                entry["networkData"] = data;
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace},
+        "status": {"devices": entries},
+    })
+}
+
+impl StatusSink for KubeStatus {
+    fn write<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        devices: &'a [DeviceStatus],
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let api: kube::Api<ResourceClaim> =
+                kube::Api::namespaced(self.client.clone(), &claim.namespace);
+            let body = status_patch(claim, devices, &now_rfc3339());
+            let params = PatchParams::apply(knic_proto::DRIVER_NAME).force();
+            api.patch_status(&claim.name, &params, &Patch::Apply(&body))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_patch_carries_whole_entries() {
+        let claim = PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u".into(),
+            pod_uid: "p".into(),
+            pod_name: "pod".into(),
+            devices: vec![],
+            configs: vec![],
+            prepared_at: 0,
+            attachments: vec![],
+            allocations: vec![],
+        };
+        let ok = DeviceStatus {
+            pool: "node-a".into(),
+            device: "d0".into(),
+            ready: true,
+            reason: "InterfaceConfigured".into(),
+            message: "net1 configured".into(),
+            interface_name: Some("net1".into()),
+            ips: vec!["192.0.2.10/24".into()],
+            hardware_address: Some("02:00:00:00:00:10".into()),
+        };
+        let failed = DeviceStatus {
+            ready: false,
+            reason: "AttachFailed".into(),
+            interface_name: None,
+            ..ok.clone()
+        };
+        let patch = status_patch(&claim, &[ok, failed], "2026-11-22T00:00:00Z");
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "status": {"devices": [
+                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
+                     "conditions": [{"type": "Ready", "status": "True", "reason": "InterfaceConfigured",
+                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                     "networkData": {"interfaceName": "net1", "ips": ["192.0.2.10/24"], "hardwareAddress": "02:00:00:00:00:10"}},
+                    {"driver": "knic.dev", "pool": "node-a", "device": "d0",
+                     "conditions": [{"type": "Ready", "status": "False", "reason": "AttachFailed",
+                                     "message": "net1 configured", "lastTransitionTime": "2026-11-22T00:00:00Z"}]},
+                ]},
+            })
+        );
+        assert_eq!(now_rfc3339().len(), 20);
+    }
+}

@@ -1,0 +1,438 @@
+use super::*;
+use serde_json::json;
+use std::collections::HashMap as Map;
+use std::sync::Mutex as StdMutex;
+
+const DRIVER: &str = "knic.dev";
+
+/// A claim builder over the real JSON shape, so fixtures read like `kubectl get -o json`.
+struct ClaimBuilder(serde_json::Value);
+
+impl ClaimBuilder {
+    fn new(name: &str, uid: &str) -> Self {
+        ClaimBuilder(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}},
+        }))
+    }
+    fn allocated(mut self, results: &[(&str, &str, &str)]) -> Self {
+        let results: Vec<_> = results
+            .iter()
+            .map(|(req, driver, dev)| json!({"request": req, "driver": driver, "pool": "node-a", "device": dev}))
+            .collect();
+        self.0["status"]["allocation"] = json!({"devices": {"results": results, "config": []}});
+        self
+    }
+    fn config(mut self, source: &str, driver: &str, params: serde_json::Value) -> Self {
+        self.0["status"]["allocation"]["devices"]["config"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"source": source, "opaque": {"driver": driver, "parameters": params}}));
+        self
+    }
+    fn reserved_for(mut self, pods: &[(&str, &str)]) -> Self {
+        self.0["status"]["reservedFor"] = pods
+            .iter()
+            .map(|(n, u)| json!({"resource": "pods", "name": n, "uid": u}))
+            .collect();
+        self
+    }
+    fn build(self) -> ResourceClaim {
+        serde_json::from_value(self.0).unwrap()
+    }
+}
+
+fn wanted(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ns".into(),
+        name: "claim".into(),
+        uid: uid.into(),
+    }
+}
+
+#[test]
+fn resolve_keeps_only_this_drivers_results_and_orders_config() {
+    let claim = ClaimBuilder::new("claim", "u1")
+        .allocated(&[
+            ("nic/fast", DRIVER, "pci-0000-03-00-0"),
+            ("gpu", "gpu.example.com", "gpu-0"),
+        ])
+        .config("FromClaim", DRIVER, json!({"claim": 1}))
+        .config("FromClass", "other.example.com", json!({"other": 1}))
+        .config("FromClass", DRIVER, json!({"class": 1}))
+        .reserved_for(&[("pod-a", "pod-uid-a")])
+        .build();
+    let p = resolve(DRIVER, &wanted("u1"), &claim, 5).unwrap();
+    assert_eq!(p.pod_uid, "pod-uid-a");
+    assert_eq!(p.pod_name, "pod-a");
+    assert_eq!(p.devices.len(), 1);
+    assert_eq!(p.devices[0].device, "pci-0000-03-00-0");
+    let params: Vec<_> = p.configs.iter().map(|c| c.parameters.clone()).collect();
+    assert_eq!(params, vec![json!({"class": 1}), json!({"claim": 1})]);
+    let a = answer(&p);
+    assert_eq!(
+        a[0].request_names,
+        vec!["nic".to_string()],
+        "subrequest suffix stripped"
+    );
+}
+
+#[test]
+fn resolve_rejections_name_the_field() {
+    let unallocated = ClaimBuilder::new("claim", "u1").build();
+    assert_eq!(
+        resolve(DRIVER, &wanted("u1"), &unallocated, 0).unwrap_err(),
+        "status.allocation is not set: the claim is not allocated"
+    );
+    let replaced = ClaimBuilder::new("claim", "u2").allocated(&[]).build();
+    let err = resolve(DRIVER, &wanted("u1"), &replaced, 0).unwrap_err();
+    assert!(
+        err.starts_with("metadata.uid is \"u2\" but the kubelet asked for \"u1\""),
+        "{err}"
+    );
+    let unreserved = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "d")])
+        .build();
+    assert!(
+        resolve(DRIVER, &wanted("u1"), &unreserved, 0)
+            .unwrap_err()
+            .starts_with("status.reservedFor names no pod")
+    );
+    let shared = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "d")])
+        .reserved_for(&[("a", "1"), ("b", "2")])
+        .build();
+    let err = resolve(DRIVER, &wanted("u1"), &shared, 0).unwrap_err();
+    assert!(
+        err.starts_with("status.reservedFor names 2 pods (a, b)"),
+        "{err}"
+    );
+}
+
+#[derive(Default)]
+struct MemClaims {
+    claims: StdMutex<Map<String, ResourceClaim>>,
+    gets: std::sync::atomic::AtomicUsize,
+}
+
+impl ClaimSource for MemClaims {
+    fn get<'a>(
+        &'a self,
+        _ns: &'a str,
+        name: &'a str,
+    ) -> crate::BoxFuture<'a, Result<Option<ResourceClaim>>> {
+        Box::pin(async move {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.claims.lock().unwrap().get(name).cloned())
+        })
+    }
+}
+
+/// The node's published devices, as the inventory would give them.
+fn devices() -> watch::Receiver<Vec<Device>> {
+    let devices = ["dev-a", "dev-b"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            serde_json::from_value(
+                json!({"name": name, "attributes": {"ifName": {"string": format!("eth{i}")}}}),
+            )
+            .unwrap()
+        })
+        .collect();
+    watch::channel(devices).1
+}
+
+/// A claim store on the checkpoint in `dir`, as a restarted driver would open it.
+fn store_in(dir: &tempfile::TempDir) -> Arc<ClaimStore> {
+    Arc::new(ClaimStore::open(crate::checkpoint::CheckpointStore::new(
+        dir.path(),
+    )))
+}
+
+/// A preparer on the checkpoint in `dir` that snapshots published devices.
+fn in_dir(source: Arc<MemClaims>, dir: &tempfile::TempDir) -> Preparer {
+    Preparer::new(DRIVER, source, store_in(dir)).with_devices(devices())
+}
+
+fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
+    let name = claim.metadata.name.clone().unwrap();
+    source.claims.lock().unwrap().insert(name, claim);
+}
+
+#[tokio::test]
+async fn prepare_is_idempotent_and_unprepare_needs_no_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    let preparer = in_dir(source.clone(), &dir);
+    let first = preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap();
+    let again = preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, again);
+    assert_eq!(
+        source.gets.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "repeat must not re-read the API"
+    );
+
+    // A fresh process sees the same state from disk.
+    let reloaded = Preparer::new(DRIVER, source.clone(), store_in(&dir));
+    assert!(
+        reloaded
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .contains_key("u1")
+    );
+    source.claims.lock().unwrap().clear();
+    reloaded
+        .unprepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap();
+    assert!(
+        reloaded
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .is_empty()
+    );
+    reloaded
+        .unprepare(&[wanted("never")])
+        .await
+        .remove("never")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_device_prepared_for_one_claim_is_refused_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    let mut other = ClaimBuilder::new("other", "u2")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .reserved_for(&[("q", "qu")]);
+    other.0["metadata"]["name"] = json!("other");
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    add(&source, other.build());
+    let preparer = in_dir(source, &dir);
+    preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap();
+    let second = ClaimRef {
+        namespace: "ns".into(),
+        name: "other".into(),
+        uid: "u2".into(),
+    };
+    let err = preparer
+        .prepare(&[second])
+        .await
+        .remove("u2")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/other: device node-a/dev-a is still prepared for claim ns/claim (uid \
+         u1); it is released when that claim is unprepared"
+    );
+}
+
+fn ipam_claim(name: &str, uid: &str, device: &str) -> ResourceClaim {
+    let mut b = ClaimBuilder::new(name, uid)
+        .allocated(&[("nic", DRIVER, device)])
+        .config(
+            "FromClaim",
+            DRIVER,
+            json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig", "ipam": {"network": "blue"}}),
+        )
+        .reserved_for(&[(&format!("{name}-pod"), &format!("{uid}-pod"))]);
+    b.0["metadata"]["name"] = json!(name);
+    b.build()
+}
+
+fn claim_ref(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+#[tokio::test]
+async fn ipam_addresses_are_planned_checkpointed_and_released_by_unprepare() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(&source, ipam_claim("a", "ua", "dev-a"));
+    add(&source, ipam_claim("b", "ub", "dev-b"));
+    add(&source, ipam_claim("c", "uc", "dev-a"));
+    let book = Arc::new(crate::ipam::memory::MemBook::default());
+    // A /30 has two usable addresses.
+    book.add_network(
+        "blue",
+        json!({"devices": {"deviceClassName": "knic.dev"}, "namespaces": {"names": ["ns"]},
+               "ipam": {"subnets": [{"cidr": "192.0.2.0/30"}]}}),
+    );
+    let preparer = in_dir(source, &dir).with_address_book(book.clone(), "node-a");
+    let out = preparer
+        .prepare(&[claim_ref("a", "ua"), claim_ref("a", "ua")])
+        .await;
+    out["ua"].as_ref().unwrap();
+    let prepared = preparer.claims().claim("ua").await.unwrap().unwrap();
+    assert_eq!(
+        prepared.allocations.len(),
+        1,
+        "a repeated prepare allocates once"
+    );
+    let address = prepared.allocations[0].address;
+    assert_eq!(prepared.attachments[0].plan.addresses, [address]);
+    assert_eq!(book.addresses(), [address.to_string()]);
+
+    preparer.prepare(&[claim_ref("b", "ub")]).await["ub"]
+        .as_ref()
+        .unwrap();
+    // The subnet is full now, and "c" also wants a device "a" holds: the exhaustion text
+    // is the claim's error, and nothing stays allocated for it.
+    let err = preparer.prepare(&[claim_ref("c", "uc")]).await["uc"]
+        .as_ref()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/c: request nic: ipam.network: network blue: subnet 192.0.2.0/30 \
+         has no free address (2 in use of 2)"
+    );
+    preparer
+        .unprepare(&[claim_ref("b", "ub")])
+        .await
+        .remove("ub")
+        .unwrap()
+        .unwrap();
+    assert_eq!(book.addresses(), [address.to_string()]);
+    // Now an address is free but the device is busy: the allocation made for the failed
+    // prepare is released again.
+    let err = preparer.prepare(&[claim_ref("c", "uc")]).await["uc"]
+        .as_ref()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("device node-a/dev-a is still prepared"),
+        "{err}"
+    );
+    assert_eq!(book.addresses(), [address.to_string()]);
+
+    // A fresh process releases from the checkpoint alone.
+    let reloaded = Preparer::new(DRIVER, Arc::new(MemClaims::default()), store_in(&dir))
+        .with_address_book(book.clone(), "node-a");
+    reloaded
+        .unprepare(&[claim_ref("a", "ua")])
+        .await
+        .remove("ua")
+        .unwrap()
+        .unwrap();
+    assert!(book.addresses().is_empty());
+    assert!(
+        reloaded
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn ipam_without_an_address_book_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(&source, ipam_claim("a", "ua", "dev-a"));
+    let preparer = in_dir(source, &dir);
+    let err = preparer.prepare(&[claim_ref("a", "ua")]).await["ua"]
+        .as_ref()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/a: request nic: ipam.network: this driver runs without API access, \
+         so it cannot allocate from network \"blue\""
+    );
+}
+
+#[tokio::test]
+async fn corrupt_checkpoint_refuses_work_until_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::checkpoint::CheckpointStore::new(dir.path());
+    std::fs::write(store.path(), b"{\"version\":1,\"crc32\":\"00").unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    let preparer = in_dir(source, &dir);
+    let err = preparer
+        .unprepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is corrupt: the file is truncated"), "{err}");
+    let err = preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("prepare/unprepare are refused until it is repaired or removed"),
+        "{err}"
+    );
+    assert!(
+        store.path().exists(),
+        "the corrupt file is kept for the operator"
+    );
+    // The operator removes it: the next call works without a restart.
+    std::fs::remove_file(store.path()).unwrap();
+    preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,29 @@
+//! knic-proto's one error type.
+
+use crate::netconfig::Cidr;
+
+/// What the shared domain can refuse. Messages name the field or the numbers, because both
+/// binaries show them to operators unchanged (a Network's status, a claim's prepare error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A Network's addressing breaks a rule; the message names field and rule.
+    #[error("{0}")]
+    Invalid(String),
+    /// Every usable address of a subnet is allocated. A variant of its own, because callers
+    /// react differently (report it in the Network's status and keep new pods from scheduling)
+    /// than to an invalid Network, and the operator needs the numbers to size the subnet.
+    #[error("network {network}: subnet {subnet} has no free address ({in_use} in use of {size})")]
+    Exhausted {
+        /// The Network's name.
+        network: String,
+        /// The subnet that ran out.
+        subnet: Cidr,
+        /// Addresses found taken while looking for a free one.
+        in_use: u128,
+        /// Usable addresses of the subnet (gateway and exclusions already removed).
+        size: u128,
+    },
+}
+
+/// Result alias over [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
