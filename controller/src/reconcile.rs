@@ -98,6 +98,7 @@ pub async fn run(
     let addresses: Api<NetworkAddress> = Api::all(client.clone());
     let controller = Controller::new(networks.clone(), watcher::Config::default());
     let store = controller.store();
+    let (graceful, forceful) = shutdown_triggers(shutdown, store.clone());
     let everyone = {
         let store = store.clone();
         move || {
@@ -156,7 +157,13 @@ pub async fn run(
         let interval = config.gc_interval;
         tokio::spawn(async move {
             loop {
-                match collect_addresses(&client).await {
+                // A stop does not wait for a collection round against a slow apiserver: each
+                // deletion is complete on its own and the next replica's round redoes the rest.
+                let collected = tokio::select! {
+                    _ = &mut gc_stopped => return,
+                    collected = collect_addresses(&client) => collected,
+                };
+                match collected {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(collected = n, "released addresses of deleted claims"),
                     Err(e) => tracing::warn!(error = %e, "collecting NetworkAddress objects"),
@@ -190,8 +197,9 @@ pub async fn run(
             watcher::Config::default(),
             |a: NetworkAddress| Some(ObjectRef::new(&a.spec.network)),
         )
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(graceful)
         .run(reconcile, error_policy, context)
+        .take_until(forceful)
         .for_each(|result| async move {
             match result {
                 Ok((network, _)) => tracing::debug!(network = %network.name, "reconciled"),
@@ -203,6 +211,35 @@ pub async fn run(
     let _ = stop_availability.send(());
     let _ = gc.await;
     let _ = availability.await;
+}
+
+/// Splits one stop request into kube-runtime's two: graceful (running reconciles finish) and,
+/// only when the Network cache has not filled yet, immediate. kube-runtime holds its runner
+/// until that cache is ready, but a graceful stop also ends the watch that fills it, so a stop
+/// in the first moments after start (a replica told to stop right after winning the lease)
+/// would otherwise wait forever; before the cache is ready no reconcile has started, so
+/// nothing is cut short.
+fn shutdown_triggers(
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    store: kube::runtime::reflector::Store<Network>,
+) -> (
+    impl Future<Output = ()> + Send + Sync + 'static,
+    impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    use futures::FutureExt;
+    let shutdown = shutdown.boxed().shared();
+    let forceful = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.await;
+            if store.wait_until_ready().now_or_never().is_none() {
+                tracing::debug!("stop before the Network cache was ready: nothing is running");
+                return;
+            }
+            std::future::pending::<()>().await
+        }
+    };
+    (shutdown, forceful)
 }
 
 fn error_policy(network: Arc<Network>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -570,4 +607,35 @@ pub async fn collect_addresses(client: &Client) -> Result<usize> {
         }
     }
     Ok(collected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An apiserver that takes every request and never answers, so no cache ever fills.
+    fn silent_client() -> Client {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| {
+            futures::future::pending::<
+                std::result::Result<http::Response<kube::client::Body>, std::convert::Infallible>,
+            >()
+        });
+        Client::new(service, "default")
+    }
+
+    /// A replica told to stop right after it starts (e.g. just after winning the lease) must
+    /// exit, not wait for caches that a stopped watch will never fill.
+    #[tokio::test]
+    async fn a_stop_before_the_caches_fill_ends_the_run() {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(run(silent_client(), Config::default(), async {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.send(()).expect("the run is still waiting");
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("the run ended within 5 s of the stop")
+            .expect("the run did not panic");
+    }
 }
