@@ -3,13 +3,15 @@
 //! This crate holds the controller half of networks as a service; what the driver must compute
 //! identically (IPAM arithmetic, names, the exhaustion selector) lives in `knic-proto`:
 //!
-//! * [`network`]: the `Network` resource's spec, its validation (one network alone, and against
-//!   every other network), and the compilation of its device choice into DRA selectors;
+//! * [`network`] (from `knic-proto`): the `Network` resource's spec, its validation (one network
+//!   alone, and against every other network), and the compilation of its device choice into
+//!   DRA selectors;
 //! * [`ipam`] (from `knic-proto`, shared with the driver, which allocates at prepare time):
 //!   address arithmetic over IPv4 and IPv6 subnets without enumerating them, candidate choice,
 //!   stable addresses, and the names of allocation objects;
 //! * [`cel`]: the subset of CEL device selectors knic generates and ships, evaluated against
-//!   published devices to count the nodes a Network can use.
+//!   published devices to count the nodes a Network can use (the tokenizer and the syntax and
+//!   cost checks Network validation applies are `knic_proto::cel`).
 //!
 //! On top of them, [`reconcile`] does the I/O: the kube-runtime reconciler that turns Networks
 //! into ResourceClaimTemplates and status, and the collector of allocations whose claim is
@@ -20,7 +22,7 @@ pub mod cel;
 pub mod client;
 pub use knic_proto::ipam;
 pub mod leader;
-pub mod network;
+pub use knic_proto::network;
 pub mod plan;
 pub mod reconcile;
 pub mod status;

@@ -18,8 +18,8 @@ use kube::{Resource, ResourceExt};
 
 use crate::Result;
 use crate::network::{
-    AddressCount, CONDITION_READY, DeviceRequestOf, NETWORK_LABEL, Network, NetworkSpec,
-    NetworkStatus, TemplateRef, template_config, validate_against, validate_network,
+    AddressCount, CONDITION_READY, NETWORK_LABEL, Network, NetworkSpec, NetworkStatus, TemplateRef,
+    template_config, validate_against, validate_network,
 };
 use knic_proto::netconfig::Cidr;
 use knic_proto::network::{CONDITION_EXHAUSTED, exhaustion_selector};

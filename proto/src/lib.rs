@@ -61,6 +61,7 @@ pub mod ttrpc {
 pub const DRIVER_NAME: &str = "knic.dev";
 
 pub mod backoff;
+pub mod cel;
 pub mod error;
 pub mod ipam;
 pub mod names;

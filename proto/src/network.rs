@@ -27,6 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::netconfig::RouteConfig;
 
+mod compile;
+mod devices;
+mod validate;
+
+pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_config};
+pub use devices::lint_cel;
+pub use validate::{validate_against, validate_network};
+
 /// The API group of both resources: the driver name, so one string names everything knic owns.
 pub const GROUP: &str = crate::DRIVER_NAME;
 
@@ -740,3 +748,5 @@ pub struct ClaimRef {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod validate_tests;

@@ -29,12 +29,16 @@ use k8s_openapi::api::resource::v1 as resource;
 /// the stack of the recursive parser and evaluator.
 pub const MAX_DEPTH: usize = 64;
 
-mod cost;
 use ast::Expr;
-pub use cost::{COST_LIMIT_MESSAGE, clause_forms, exceeds_cost_limit};
 use eval::{Val, eval};
-use lexer::{Tok, Token, lex};
+use knic_proto::cel::lexer::{Tok, lex};
+pub use knic_proto::cel::{
+    COST_LIMIT_MESSAGE, CelError, clause_forms, exceeds_cost_limit, syntax_problem,
+};
+use knic_proto::cel::{syntax, unsupported};
 use parser::Parser;
+
+type Result<T, E = CelError> = std::result::Result<T, E>;
 
 /// An attribute value as ResourceSlices publish it (`DeviceAttribute` has exactly one of
 /// these set). Literals in selectors are the first three kinds; versions only come from
@@ -112,96 +116,6 @@ impl Device {
     }
 }
 
-/// Why a selector could not be compiled or evaluated. Local to this module (the caller wraps
-/// it), and comparable so tests and callers can tell the three outcomes apart: malformed text,
-/// valid CEL that knic does not evaluate (count unknown), and a selector that fails on one
-/// device (that device does not match, as in Kubernetes).
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
-pub enum CelError {
-    /// The text is not CEL (or calls a method with the wrong number of arguments).
-    #[error("CEL syntax error at byte {at}: {message}")]
-    Syntax {
-        /// Byte offset of the offending token in the source.
-        at: usize,
-        /// What was expected or what is wrong there.
-        message: String,
-    },
-    /// Valid CEL outside the subset knic evaluates; the message names the construct and where
-    /// it is.
-    #[error("unsupported CEL: {0}")]
-    Unsupported(String),
-    /// Evaluating against one device failed (missing attribute, mismatched types); Kubernetes
-    /// treats such a device as not matching.
-    #[error("CEL evaluation error: {0}")]
-    Eval(String),
-}
-
-type Result<T, E = CelError> = std::result::Result<T, E>;
-
-fn syntax(at: usize, message: impl Into<String>) -> CelError {
-    CelError::Syntax {
-        at,
-        message: message.into(),
-    }
-}
-
-fn unsupported(at: usize, what: impl std::fmt::Display) -> CelError {
-    CelError::Unsupported(format!("{what} (at byte {at})"))
-}
-
-/// What makes `source` not CEL, found without compiling it (names, types and functions are
-/// the apiserver's to check): text that does not tokenise, a string never closed, or `()`,
-/// `[]`, `{}` that do not pair up. Every literal CEL has is accepted, also those knic does not
-/// evaluate, so Network validation refuses nothing the apiserver would compile.
-pub fn syntax_problem(source: &str) -> Option<String> {
-    let (tokens, error) = lexer::scan(source);
-    if let Some(e) = error {
-        return Some(match e {
-            CelError::Syntax { at, message } if message == "unterminated string literal" => {
-                format!("string literal starting at byte {at} is never closed")
-            }
-            other => other.to_string(),
-        });
-    }
-    let mut open: Vec<(char, usize)> = Vec::new();
-    for token in &tokens {
-        let (closing, want) = match token.tok {
-            Tok::LParen => {
-                open.push(('(', token.at));
-                continue;
-            }
-            Tok::LBracket => {
-                open.push(('[', token.at));
-                continue;
-            }
-            Tok::LBrace => {
-                open.push(('{', token.at));
-                continue;
-            }
-            Tok::RParen => (')', '('),
-            Tok::RBracket => (']', '['),
-            Tok::RBrace => ('}', '{'),
-            _ => continue,
-        };
-        let i = token.at;
-        match open.pop() {
-            Some((o, _)) if o == want => {}
-            Some((o, at)) => {
-                return Some(format!(
-                    "unbalanced: '{closing}' at byte {i} closes '{o}' opened at byte {at}"
-                ));
-            }
-            None => {
-                return Some(format!(
-                    "unbalanced: '{closing}' at byte {i} has no matching '{want}'"
-                ));
-            }
-        }
-    }
-    open.pop()
-        .map(|(o, at)| format!("unbalanced: '{o}' at byte {at} is never closed"))
-}
-
 /// A compiled device selector.
 ///
 /// The subset it understands, which covers every selector knic generates and ships:
@@ -269,7 +183,6 @@ impl Selector {
 
 mod ast;
 mod eval;
-mod lexer;
 mod parser;
 
 #[cfg(test)]

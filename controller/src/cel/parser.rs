@@ -1,8 +1,8 @@
 //! Parses tokens into the supported subset, refusing anything else with its position.
 
 use super::ast::*;
-use super::lexer::{Tok, Token};
 use super::{MAX_DEPTH, Result, Value, syntax, unsupported};
+use knic_proto::cel::lexer::{Tok, Token};
 
 /// What a member chain (`device.attributes["d"].?x`) has reached so far: the `device`
 /// variable and its maps are not values of their own in the subset, only steps towards one.

@@ -313,7 +313,7 @@ fn shipped_device_classes() {
 /// The selectors the controller generates from friendly Networks.
 #[test]
 fn generated_selectors() {
-    use crate::network::{DeviceRequestOf as _, NetworkSpec};
+    use crate::network::NetworkSpec;
     let selector = |devices: serde_json::Value| -> Selector {
         let spec: NetworkSpec = serde_json::from_value(json!({
             "devices": devices,

@@ -547,7 +547,7 @@ fn network_raw_devices_pass_through() {
 fn network_template_config_is_accepted_by_the_driver() {
     let spec = with(json!({ "vlan": 100, "mtu": 9000, "interfaceName": "data0" }));
     let config = template_config("blue", &spec);
-    let valid = knic_proto::netconfig::validate(&config).expect("driver accepts it");
+    let valid = crate::netconfig::validate(&config).expect("driver accepts it");
     assert_eq!(valid.ipam_network.as_deref(), Some("blue"));
     assert_eq!(valid.vlan, Some(100));
     assert_eq!(valid.mtu, Some(9000));

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use knic_proto::netconfig::{FieldError, check_interface_name};
+use crate::netconfig::{FieldError, check_interface_name};
 
 use super::{DeviceKind, Devices, FRIENDLY_DEVICE_CLASS};
 
@@ -323,7 +323,7 @@ pub fn lint_cel(expression: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) use knic_proto::names::is_dns_subdomain;
+pub(super) use crate::names::is_dns_subdomain;
 
 /// A network's devices in the form overlap is decided on.
 #[derive(Debug, Clone)]

@@ -11,8 +11,8 @@
 //! write in a Network (a clear error before anything is generated) and in the e2e fake API
 //! (which refuses what the real one refuses) — and never guesses beyond it.
 
-use super::lexer::scan;
-use super::{Result, Tok, Token, syntax};
+use super::lexer::{Tok, Token, scan};
+use super::{Result, syntax};
 
 /// All tokens of `source` (unsupported literals included: the apiserver judges them too).
 fn tokens(source: &str) -> Result<Vec<Token>> {

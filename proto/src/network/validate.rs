@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use knic_proto::netconfig::{
+use crate::netconfig::{
     self, Cidr, ConfigErrors, FieldError, NetworkConfig, RouteConfig, is_dns_label, parse_ip,
 };
 
@@ -303,7 +303,7 @@ impl Validator {
         let pool = if ok {
             match Pool::new(cidr, gateway, &exclusions) {
                 Ok(pool) => Some(pool),
-                Err(knic_proto::Error::Invalid(message)) => {
+                Err(crate::Error::Invalid(message)) => {
                     self.error(path, message);
                     None
                 }

@@ -8,8 +8,10 @@
 
 use super::{CelError, Result, syntax, unsupported};
 
+/// One token. Punctuation and operator variants are named after what they spell.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Tok {
+pub enum Tok {
     Ident(String),
     /// An integer literal's magnitude; the sign is the parser's, so `-9223372036854775808` fits.
     Int(u64),
@@ -45,7 +47,7 @@ pub(super) enum Tok {
 
 impl Tok {
     /// The token as error messages name it.
-    pub(super) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let punct = match self {
             Tok::Ident(name) if name == "in" => return "'in'".to_owned(),
             Tok::Ident(name) => return format!("identifier '{name}'"),
@@ -82,16 +84,18 @@ impl Tok {
     }
 }
 
+/// A token and where it starts.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Token {
-    pub(super) tok: Tok,
+pub struct Token {
+    /// What was read.
+    pub tok: Tok,
     /// Byte offset of the token's first character.
-    pub(super) at: usize,
+    pub at: usize,
 }
 
 /// The evaluator's tokens: every token of `src`, or the first problem by position (an
 /// unsupported literal, or text that is not CEL).
-pub(super) fn lex(src: &str) -> Result<Vec<Token>> {
+pub fn lex(src: &str) -> Result<Vec<Token>> {
     let (tokens, error) = scan(src);
     if let Some(t) = tokens.iter().find(|t| matches!(t.tok, Tok::Unsupported(_))) {
         return Err(unsupported(t.at, t.tok.describe()));
@@ -103,7 +107,7 @@ pub(super) fn lex(src: &str) -> Result<Vec<Token>> {
 }
 
 /// Every token of `src` up to the first text that is not CEL, and that problem, if any.
-pub(super) fn scan(src: &str) -> (Vec<Token>, Option<CelError>) {
+pub fn scan(src: &str) -> (Vec<Token>, Option<CelError>) {
     let mut tokens = Vec::new();
     let error = scan_into(src, &mut tokens).err();
     (tokens, error)
@@ -222,7 +226,7 @@ fn float_len(bytes: &[u8], at: usize) -> usize {
 
 /// An integer literal at `at`: its token and length. Floating-point and unsigned literals are
 /// valid CEL that knic does not evaluate.
-pub(super) fn lex_number(bytes: &[u8], at: usize) -> Result<(Tok, usize)> {
+pub fn lex_number(bytes: &[u8], at: usize) -> Result<(Tok, usize)> {
     let hex = bytes.get(at) == Some(&b'0') && matches!(bytes.get(at + 1), Some(b'x' | b'X'));
     let (radix, digits_start) = if hex { (16, at + 2) } else { (10, at) };
     let mut end = digits_start;
@@ -266,7 +270,7 @@ pub(super) fn lex_number(bytes: &[u8], at: usize) -> Result<(Tok, usize)> {
 
 /// A string literal whose prefix starts at `at` and whose opening quote is at `quote_at`:
 /// its token and length from the quote on. `raw` strings keep backslashes as they are.
-pub(super) fn lex_string(src: &str, at: usize, quote_at: usize, raw: bool) -> Result<(Tok, usize)> {
+pub fn lex_string(src: &str, at: usize, quote_at: usize, raw: bool) -> Result<(Tok, usize)> {
     let rest = src.get(quote_at..).unwrap_or_default();
     let mut chars = rest.char_indices().peekable();
     let Some((_, quote)) = chars.next() else {
