@@ -13,16 +13,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::TryStreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use knic_driver::checkpoint::CheckpointStore;
 use knic_driver::claims::ClaimSource;
+use knic_driver::claims::checkpoint::CheckpointStore;
 use knic_driver::inventory::Filter;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{Kernel, LinkChange, Ns, Session};
-use knic_driver::node::Discovery;
 use knic_driver::nri::runtime::TestRuntime;
 use knic_driver::nri::{self, NriSettings, PodSandbox};
 use knic_driver::pods::LogStatus;
+use knic_driver::slices::rescan::Discovery;
 use knic_driver::slices::{self, PoolOwner};
 use knic_driver::wiring::{self, Parts};
 use knic_proto::dra::v1;
@@ -297,7 +297,7 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = DraService::new(wired.preparer.clone());
-    let health = knic_driver::health::HealthService::new(NODE, devices_tx.subscribe());
+    let health = knic_driver::kubelet::health::HealthService::new(NODE, devices_tx.subscribe());
     let serve_paths = paths.clone();
     let mut stop_serve = stop_rx.clone();
     let server = tokio::spawn(async move {

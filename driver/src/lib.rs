@@ -6,20 +6,13 @@
 //! tests against temporary directories and fakes.
 
 pub mod api;
-pub mod checkpoint;
 pub mod claims;
 pub mod error;
-pub mod exhaustion;
 pub mod failpoint;
-pub mod health;
 pub mod inventory;
-pub mod ipam;
 pub mod kubelet;
-pub mod netlink;
 pub mod netns;
-pub mod node;
 pub mod nri;
-pub mod plan;
 pub mod pods;
 pub mod slices;
 pub mod wiring;

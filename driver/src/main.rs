@@ -9,15 +9,15 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::api::slices::{Publisher, PublisherSettings};
 use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
-use knic_driver::checkpoint::CheckpointStore;
-use knic_driver::exhaustion;
-use knic_driver::health::HealthService;
+use knic_driver::claims::checkpoint::CheckpointStore;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
+use knic_driver::kubelet::health::HealthService;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
-use knic_driver::node::{self, Discovery, RescanSettings};
 use knic_driver::nri::{self, NriSettings};
+use knic_driver::slices::exhaustion;
+use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
 use knic_driver::slices::{self, PoolOwner};
 use knic_driver::wiring::{self, Parts};
 use tokio::signal::unix::{SignalKind, signal};
@@ -349,7 +349,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Discover before anything is published or served, so the first slice is the real one.
     let first = discovery.scan().await;
-    let retained = node::retained(&wired.claims, &args.node_name).await;
+    let retained = rescan::retained(&wired.claims, &args.node_name).await;
     devices_tx.send_replace(slices::devices(&first, &retained));
     tracing::info!(
         offered = first.devices.len(),
@@ -389,7 +389,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
         ..Default::default()
     };
-    let rescans = tokio::spawn(node::keep_current(
+    let rescans = tokio::spawn(rescan::keep_current(
         discovery,
         args.node_name.clone(),
         wired.claims.clone(),

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::Device;
 use tokio::sync::watch;
 
-use crate::checkpoint::CheckpointStore;
+use crate::claims::checkpoint::CheckpointStore;
+use crate::claims::ipam::AddressBook;
 use crate::claims::{ClaimSource, ClaimStore, Preparer};
-use crate::ipam::AddressBook;
 use crate::netns::Kernel;
 use crate::pods::{PodNetworks, StatusSink};
 

@@ -8,8 +8,8 @@ use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 
 use crate::BoxFuture;
+use crate::claims::ipam::{AddressBook, Created};
 use crate::error::Result;
-use crate::ipam::{AddressBook, Created};
 
 /// [`AddressBook`] over the Kubernetes API.
 #[derive(Clone)]

@@ -1,6 +1,6 @@
 //! The driver's one door to the Kubernetes API: every adapter that reads or writes API objects
 //! lives here, behind the ports the domain modules define ([`crate::claims::ClaimSource`],
-//! [`crate::pods::StatusSink`], [`crate::ipam::AddressBook`]), so the domain is tested with
+//! [`crate::pods::StatusSink`], [`crate::claims::ipam::AddressBook`]), so the domain is tested with
 //! in-memory doubles and this is the only place that knows the API's shapes and quirks.
 
 pub mod addresses;

@@ -1,4 +1,4 @@
-//! The Networks watch: which networks are full, for [`crate::exhaustion`] to mark the
+//! The Networks watch: which networks are full, for [`crate::slices::exhaustion`] to mark the
 //! node's devices with.
 
 use futures::{FutureExt, StreamExt};
@@ -7,7 +7,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::watch;
 
-use crate::exhaustion::{attribute_value, exhausted_names};
+use crate::slices::exhaustion::{attribute_value, exhausted_names};
 
 /// Watches every Network and sends [`attribute_value`] to `out` whenever it changes, and
 /// signals `synced` once the first full list is in, so slices are not published before the

@@ -4,7 +4,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Patch, PatchParams};
 
 use crate::BoxFuture;
-use crate::checkpoint::PreparedClaim;
+use crate::claims::checkpoint::PreparedClaim;
 use crate::error::Result;
 use crate::pods::{DeviceStatus, StatusSink};
 

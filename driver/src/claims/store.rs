@@ -6,7 +6,7 @@
 
 use tokio::sync::{Mutex, MutexGuard, watch};
 
-use crate::checkpoint::{Checkpoint, CheckpointStore, PreparedClaim};
+use crate::claims::checkpoint::{Checkpoint, CheckpointStore, PreparedClaim};
 use crate::error::{Error, Result};
 
 /// The prepared claims of this node, loaded from and saved to the checkpoint.

@@ -146,9 +146,9 @@ fn devices() -> watch::Receiver<Vec<Device>> {
 
 /// A claim store on the checkpoint in `dir`, as a restarted driver would open it.
 fn store_in(dir: &tempfile::TempDir) -> Arc<ClaimStore> {
-    Arc::new(ClaimStore::open(crate::checkpoint::CheckpointStore::new(
-        dir.path(),
-    )))
+    Arc::new(ClaimStore::open(
+        crate::claims::checkpoint::CheckpointStore::new(dir.path()),
+    ))
 }
 
 /// A preparer on the checkpoint in `dir` that snapshots published devices.
@@ -297,7 +297,7 @@ async fn ipam_addresses_are_planned_checkpointed_and_released_by_unprepare() {
     add(&source, ipam_claim("a", "ua", "dev-a"));
     add(&source, ipam_claim("b", "ub", "dev-b"));
     add(&source, ipam_claim("c", "uc", "dev-a"));
-    let book = Arc::new(crate::ipam::memory::MemBook::default());
+    let book = Arc::new(crate::claims::ipam::memory::MemBook::default());
     // A /30 has two usable addresses.
     book.add_network(
         "blue",
@@ -393,7 +393,7 @@ async fn ipam_without_an_address_book_is_a_clear_error() {
 #[tokio::test]
 async fn corrupt_checkpoint_refuses_work_until_repaired() {
     let dir = tempfile::tempdir().unwrap();
-    let store = crate::checkpoint::CheckpointStore::new(dir.path());
+    let store = crate::claims::checkpoint::CheckpointStore::new(dir.path());
     std::fs::write(store.path(), b"{\"version\":1,\"crc32\":\"00").unwrap();
     let source = Arc::new(MemClaims::default());
     add(

@@ -19,6 +19,7 @@ mod discover;
 pub mod filter;
 pub mod fixture;
 pub mod names;
+pub mod netlink;
 pub mod pciids;
 pub mod sources;
 pub mod sysfs;

@@ -27,6 +27,7 @@ use crate::claims::{ClaimRef, PreparedAnswer, Preparer};
 use crate::error::{Error, Result};
 
 pub mod authority;
+pub mod health;
 pub mod hpack;
 
 /// The gRPC services advertised in `GetInfo`, most preferred first: kubelets ≥ 1.34 take the
@@ -413,7 +414,7 @@ fn remove_socket(path: &Path) {
 pub async fn serve(
     paths: &PluginPaths,
     service: DraService,
-    health: crate::health::HealthService,
+    health: crate::kubelet::health::HealthService,
     registration: watch::Sender<Registration>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {

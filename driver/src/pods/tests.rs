@@ -8,7 +8,7 @@ mod hooks {
     use knic_proto::netconfig::Cidr;
 
     use super::super::*;
-    use crate::checkpoint::{Attachment, CheckpointStore};
+    use crate::claims::checkpoint::{Attachment, CheckpointStore};
     use crate::netns::fake::{FakeKernel, plan};
 
     const POD_UID: &str = "pod-uid";

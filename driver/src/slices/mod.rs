@@ -6,6 +6,9 @@
 //! (shared/spec §4.2) so schedulers see the same pool semantics as with any Go driver. The
 //! publisher in [`crate::api::slices`] is the only place that performs writes.
 
+pub mod exhaustion;
+pub mod rescan;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{

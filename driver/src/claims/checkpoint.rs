@@ -61,7 +61,7 @@ pub struct PreparedClaim {
     /// unprepare releases them from the checkpoint alone, even after the claim and the Network
     /// are gone. Defaulted so checkpoints written before IPAM still load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allocations: Vec<crate::ipam::Allocation>,
+    pub allocations: Vec<crate::claims::ipam::Allocation>,
 }
 
 /// A device's attach plan and its progress.

@@ -15,9 +15,10 @@ use tokio::sync::watch;
 
 use crate::claims::ClaimStore;
 use crate::inventory::filter::Filter;
+use crate::inventory::netlink;
 use crate::inventory::sources::Sources;
 use crate::inventory::{self, Inventory};
-use crate::{netlink, slices};
+use crate::slices;
 
 /// How to discover: the sysfs root, the admin filter, and whether to ask netlink.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use crate::BoxFuture;
-use crate::checkpoint::PreparedClaim;
+use crate::claims::checkpoint::PreparedClaim;
 use crate::claims::{ClaimStore, Release};
 use crate::error::Result;
 use crate::netns::{self, Kernel, LinkState, Ns};

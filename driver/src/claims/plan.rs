@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use knic_proto::netconfig::{self, ConfigErrors, FieldError, NetworkConfig};
 
-use crate::checkpoint::{PreparedClaim, PreparedDevice};
-use crate::ipam::Addressing;
+use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
+use crate::claims::ipam::Addressing;
 use crate::netns::{AttachMode, AttachPlan};
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
@@ -261,7 +261,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::checkpoint::{OpaqueConfig, PreparedDevice};
+    use crate::claims::checkpoint::{OpaqueConfig, PreparedDevice};
 
     fn device(request: &str, name: &str, ifname: Option<&str>) -> PreparedDevice {
         let published = ifname.map(|i| {
@@ -388,7 +388,7 @@ mod tests {
         Addressing {
             allocations: addresses
                 .iter()
-                .map(|a| crate::ipam::Allocation {
+                .map(|a| crate::claims::ipam::Allocation {
                     network: "blue".into(),
                     name: format!("blue-{a}"),
                     uid: "uid".into(),

@@ -8,8 +8,8 @@
 //! API, the e2e fake API and in-memory test doubles.
 //!
 //! Claims whose config says `ipam: {network}` get their addresses here, at prepare time, from
-//! [`crate::ipam`] (see there for why the driver allocates): the API calls happen before the
-//! checkpoint lock is taken, the pure [`crate::plan::plans`] receives the addresses, and the
+//! [`crate::claims::ipam`] (see there for why the driver allocates): the API calls happen before the
+//! checkpoint lock is taken, the pure [`crate::claims::plan::plans`] receives the addresses, and the
 //! allocations are checkpointed with the claim so unprepare releases them before forgetting it.
 //! Prepare and unprepare of one claim are serialised by a per-claim lock, so a repeated prepare
 //! racing itself never allocates twice or releases what the other recorded.
@@ -21,15 +21,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
 
+pub mod checkpoint;
+pub mod ipam;
+pub mod plan;
 mod store;
 
 pub use store::{ClaimStore, Locked};
 
 use crate::BoxFuture;
-use crate::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, PreparedDevice};
+use crate::claims::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, PreparedDevice};
+use crate::claims::ipam::{AddressBook, Allocation, Requester};
+use crate::claims::plan::{DeviceConfigs, IpamAddresses};
 use crate::error::{Error, Result};
-use crate::ipam::{AddressBook, Allocation, Requester};
-use crate::plan::{DeviceConfigs, IpamAddresses};
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
 pub trait ClaimSource: Send + Sync + 'static {
@@ -330,7 +333,7 @@ impl Preparer {
         // Addresses are allocated through the API outside the checkpoint lock, like the claim
         // read; the per-claim lock keeps a repeated prepare from allocating twice.
         // Each device's config is parsed and validated once, for IPAM and the plans alike.
-        let configs = crate::plan::configure(&prepared);
+        let configs = crate::claims::plan::configure(&prepared);
         let ipam = self
             .allocate(&prepared, &configs)
             .await
@@ -351,7 +354,7 @@ impl Preparer {
             .collect();
         if !orphans.is_empty()
             && let Some((book, _)) = &self.ipam
-            && let Err(e) = crate::ipam::release(book.as_ref(), &orphans).await
+            && let Err(e) = crate::claims::ipam::release(book.as_ref(), &orphans).await
         {
             tracing::warn!(claim = %wanted.name, error = %e,
                 "could not release the addresses of a failed prepare; the controller collects them once the claim is gone");
@@ -367,7 +370,7 @@ impl Preparer {
         prepared: &PreparedClaim,
         configs: &DeviceConfigs,
     ) -> std::result::Result<IpamAddresses, String> {
-        let requests = crate::plan::ipam_requests(configs);
+        let requests = crate::claims::plan::ipam_requests(configs);
         let mut out = IpamAddresses::new();
         if requests.is_empty() {
             return Ok(out);
@@ -390,7 +393,9 @@ impl Preparer {
         let mut skip = BTreeSet::new();
         for (index, network) in &requests {
             let interface = interfaces.entry(network).or_insert(0);
-            match crate::ipam::allocate(book.as_ref(), network, &who, *interface, &skip).await {
+            match crate::claims::ipam::allocate(book.as_ref(), network, &who, *interface, &skip)
+                .await
+            {
                 Ok(addressing) => {
                     skip.extend(addressing.allocations.iter().map(|a| a.name.clone()));
                     out.insert(*index, addressing);
@@ -401,7 +406,7 @@ impl Preparer {
                         .values()
                         .flat_map(|a| a.allocations.iter().cloned())
                         .collect();
-                    if let Err(release) = crate::ipam::release(book.as_ref(), &made).await {
+                    if let Err(release) = crate::claims::ipam::release(book.as_ref(), &made).await {
                         tracing::warn!(claim = %prepared.name, error = %release,
                             "could not release the addresses of a failed prepare");
                     }
@@ -453,7 +458,7 @@ impl Preparer {
             .filter(|c| c.pod_uid == prepared.pod_uid)
             .flat_map(|c| c.attachments.iter().map(|a| a.plan.pod_ifname.clone()))
             .collect();
-        let plans = crate::plan::plans(&prepared, configs, &taken, ipam)
+        let plans = crate::claims::plan::plans(&prepared, configs, &taken, ipam)
             .map_err(|e| claim_error(e.to_string()))?;
         prepared.attachments = plans
             .into_iter()
@@ -512,7 +517,7 @@ impl Preparer {
                     ),
                 });
             };
-            crate::ipam::release(book.as_ref(), &allocations)
+            crate::claims::ipam::release(book.as_ref(), &allocations)
                 .await
                 .map_err(|e| Error::Claim {
                     namespace: wanted.namespace.clone(),
