@@ -26,6 +26,7 @@ use kube::ResourceExt;
 use crate::cel::{self, Selector};
 use crate::network::{CONDITION_INVALID, Network};
 use crate::plan::{Plan, plan};
+use crate::{Error, Result};
 
 /// Timing of the availability loop.
 #[derive(Debug, Clone)]
@@ -58,12 +59,10 @@ impl Wanted {
     /// Whether `device` passes, evaluating the selectors in order like the scheduler: the first
     /// `false` settles it; an evaluation error is an `Err`, because in the scheduler it fails
     /// the pod's whole scheduling attempt rather than just this device.
-    pub fn accepts(&self, device: &cel::Device) -> Result<bool, String> {
+    pub fn accepts(&self, device: &cel::Device) -> Result<bool> {
         for selector in &self.selectors {
-            match selector.matches(device) {
-                Ok(true) => {}
-                Ok(false) => return Ok(false),
-                Err(e) => return Err(e.to_string()),
+            if !selector.matches(device)? {
+                return Ok(false);
             }
         }
         Ok(true)
@@ -76,15 +75,15 @@ pub fn wanted_for(
     network: &Network,
     all: &[Network],
     classes: &BTreeMap<String, DeviceClass>,
-) -> Result<Wanted, String> {
+) -> Result<Wanted> {
     // Invalid also when only the apiserver refused the template (e.g. a selector its CEL
     // compiler rejects): then there is no template, and the selectors are not to be trusted.
     if network.condition_is_true(CONDITION_INVALID) {
-        return Err("the Network is Invalid".to_owned());
+        return Err(uncountable("the Network is Invalid"));
     }
     match plan(network, all) {
         Plan::Generate(template) => wanted_by(&template, classes),
-        Plan::Invalid(_) => Err("the Network is Invalid".to_owned()),
+        Plan::Invalid(_) => Err(uncountable("the Network is Invalid")),
     }
 }
 
@@ -93,7 +92,7 @@ pub fn wanted_for(
 pub fn wanted_by(
     template: &ResourceClaimTemplateSpec,
     classes: &BTreeMap<String, DeviceClass>,
-) -> Result<Wanted, String> {
+) -> Result<Wanted> {
     let request = template
         .spec
         .devices
@@ -101,10 +100,13 @@ pub fn wanted_by(
         .and_then(|d| d.requests.as_ref())
         .and_then(|r| r.first())
         .and_then(|r| r.exactly.as_ref())
-        .ok_or("the template has no exact request")?;
-    let class = classes
-        .get(&request.device_class_name)
-        .ok_or_else(|| format!("DeviceClass {:?} does not exist", request.device_class_name))?;
+        .ok_or_else(|| uncountable("the template has no exact request"))?;
+    let class = classes.get(&request.device_class_name).ok_or_else(|| {
+        uncountable(format!(
+            "DeviceClass {:?} does not exist",
+            request.device_class_name
+        ))
+    })?;
     let selectors = class
         .spec
         .selectors
@@ -115,15 +117,16 @@ pub fn wanted_by(
             let expression = &s
                 .cel
                 .as_ref()
-                .ok_or("a selector that is not CEL")?
+                .ok_or_else(|| uncountable("a selector that is not CEL"))?
                 .expression;
-            Selector::compile(expression).map_err(|e| format!("selector {expression:?}: {e}"))
+            Selector::compile(expression)
+                .map_err(|e| uncountable(format!("selector {expression:?}: {e}")))
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>>>()?;
     let count = request
         .count
         .map_or(Ok(1), u32::try_from)
-        .map_err(|_| "the request's count is out of range".to_owned())?;
+        .map_err(|_| uncountable("the request's count is out of range"))?;
     Ok(Wanted { selectors, count })
 }
 
@@ -147,7 +150,7 @@ pub fn available_nodes(
     wanted: &Wanted,
     slices: &[&ResourceSlice],
     allocated: &BTreeSet<DeviceKey>,
-) -> Result<u32, String> {
+) -> Result<u32> {
     let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     for s in slices {
         let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
@@ -175,7 +178,7 @@ pub fn available_nodes(
             let view = cel::Device::from_slice(&s.spec.driver, device);
             let accepted = wanted
                 .accepts(&view)
-                .map_err(|e| format!("device {} of node {node}: {e}", device.name))?;
+                .map_err(|e| uncountable(format!("device {} of node {node}: {e}", device.name)))?;
             if accepted {
                 *free.entry(node).or_default() += 1;
             }
@@ -183,6 +186,10 @@ pub fn available_nodes(
     }
     let nodes = free.values().filter(|&&n| n >= wanted.count).count();
     Ok(u32::try_from(nodes).unwrap_or(u32::MAX))
+}
+
+fn uncountable(why: impl Into<String>) -> Error {
+    Error::Uncountable(why.into())
 }
 
 /// Every Network's number (or `None` when it cannot be known), from the caches' contents.

@@ -45,6 +45,17 @@ pub enum Error {
     /// reconciling because another one may have started.
     #[error("leadership lost: {0}")]
     LeadershipLost(String),
+    /// A device selector could not be compiled or evaluated. Kept as the CEL error, not its
+    /// text, so a caller can tell CEL knic does not evaluate from a selector that fails on one
+    /// device.
+    #[error(transparent)]
+    Cel(#[from] knic_proto::cel::CelError),
+    /// How many nodes offer a Network cannot be known (an Invalid Network, a missing
+    /// DeviceClass, a selector outside knic's CEL subset); the message says why. A variant of
+    /// its own because it is no failure to retry: the availability loop leaves the number
+    /// unset rather than guess one.
+    #[error("{0}")]
+    Uncountable(String),
 }
 
 /// Result alias so every fallible function names the crate's one error type.

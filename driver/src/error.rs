@@ -74,6 +74,26 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A pod that has knic claims cannot get them because the runtime gave it no network
+    /// namespace; refusing fails the sandbox rather than starting the pod without interfaces.
+    #[error(
+        "pod {namespace}/{name} has knic claims but no network namespace (hostNetwork pods \
+         cannot get interfaces)"
+    )]
+    NoNetworkNamespace {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        name: String,
+    },
+    /// Several independent steps failed (e.g. returning the devices of several claims, where
+    /// one failure must not stop the others); each keeps its own text.
+    #[error("{}", join(.0))]
+    Several(Vec<Error>),
+    /// The NRI peer refused or failed a call: the plugin's error text as the runtime received
+    /// it, or the runtime side's reason (the test runtime the demo and the e2e drive).
+    #[error("{0}")]
+    Nri(String),
     /// A start-up setting is invalid.
     #[error("invalid setting {setting}: {reason}")]
     Setting {
@@ -105,6 +125,14 @@ impl Error {
             source,
         }
     }
+}
+
+fn join(errors: &[Error]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Result alias over the driver's error type.

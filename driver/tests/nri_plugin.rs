@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use knic_driver::BoxFuture;
 use knic_driver::nri::mux::{self, Mux};
 use knic_driver::nri::runtime::{Registered, TestRuntime};
 use knic_driver::nri::ttrpc::{self, CallError, Client};
@@ -28,11 +29,14 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn record(&self, kind: &'static str, pod: PodSandbox) -> Result<(), String> {
+    fn record(&self, kind: &'static str, pod: PodSandbox) -> knic_driver::Result<()> {
         let fail = pod.uid.starts_with("bad-");
         self.events.lock().unwrap().push((kind, pod.clone()));
         if fail {
-            return Err(format!("cannot {kind} pod {}: no such device", pod.uid));
+            return Err(knic_driver::Error::Nri(format!(
+                "cannot {kind} pod {}: no such device",
+                pod.uid
+            )));
         }
         Ok(())
     }
@@ -45,17 +49,18 @@ impl Recorder {
 }
 
 impl NriHandler for Recorder {
-    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        self.record("run", pod)
+    fn run_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
+        Box::pin(async move { self.record("run", pod) })
     }
-    async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        self.record("stop", pod)
+    fn stop_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
+        Box::pin(async move { self.record("stop", pod) })
     }
-    async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        self.record("remove", pod)
+    fn remove_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
+        Box::pin(async move { self.record("remove", pod) })
     }
-    async fn synchronize(&self, pods: Vec<PodSandbox>) {
+    fn synchronize(&self, pods: Vec<PodSandbox>) -> BoxFuture<'_, ()> {
         self.syncs.lock().unwrap().push(pods);
+        Box::pin(async {})
     }
 }
 
@@ -223,12 +228,12 @@ async fn nri_plugin_handler_error_reaches_the_runtime() {
         ..pod(9, true)
     };
     assert_eq!(
-        rt.run_pod_sandbox(&bad).await,
+        rt.run_pod_sandbox(&bad).await.map_err(|e| e.to_string()),
         Err("cannot run pod bad-1: no such device".to_owned())
     );
     rt.use_state_change(true);
     assert_eq!(
-        rt.stop_pod_sandbox(&bad).await,
+        rt.stop_pod_sandbox(&bad).await.map_err(|e| e.to_string()),
         Err("cannot stop pod bad-1: no such device".to_owned())
     );
     // The connection survives a failed event.
@@ -498,7 +503,11 @@ async fn nri_test_runtime_falls_back_to_state_change_and_enforces_the_timeout() 
     assert_eq!(*old.seen.lock().unwrap(), ["StateChange/1"]);
 
     // Stop takes 500 ms > 200 ms: fatal, the runtime closes the plugin connection.
-    let err = rt.stop_pod_sandbox(&pod(1, true)).await.unwrap_err();
+    let err = rt
+        .stop_pod_sandbox(&pod(1, true))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("deadline exceeded"), "{err}");
     assert!(err.contains("connection was closed"), "{err}");
     tokio::time::timeout(Duration::from_secs(2), serving)

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use knic_driver::BoxFuture;
 use knic_driver::nri::mux::{self, Mux};
 use knic_driver::nri::ttrpc::{self, Decoded};
 use knic_driver::nri::{self, NriHandler, NriSettings, PodSandbox};
@@ -400,20 +401,21 @@ struct Recorder {
 }
 
 impl NriHandler for Recorder {
-    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+    fn run_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
         self.events.lock().unwrap().push(("run", pod));
-        Ok(())
+        Box::pin(async { Ok(()) })
     }
-    async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+    fn stop_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
         self.events.lock().unwrap().push(("stop", pod));
-        Ok(())
+        Box::pin(async { Ok(()) })
     }
-    async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
+    fn remove_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, knic_driver::Result<()>> {
         self.events.lock().unwrap().push(("remove", pod));
-        Ok(())
+        Box::pin(async { Ok(()) })
     }
-    async fn synchronize(&self, pods: Vec<PodSandbox>) {
+    fn synchronize(&self, pods: Vec<PodSandbox>) -> BoxFuture<'_, ()> {
         self.syncs.lock().unwrap().push(pods);
+        Box::pin(async {})
     }
 }
 

@@ -332,7 +332,8 @@ async fn failed_attach_fails_the_sandbox(env: &mut Env) -> anyhow::Result<()> {
         .run_pod_sandbox(&env.pod(&c, Some(&ns)))
         .await
         .err()
-        .context("attach must fail")?;
+        .context("attach must fail")?
+        .to_string();
     ensure!(
         err.contains("interface lo already exists in the pod"),
         "{err}"

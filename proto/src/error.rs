@@ -9,6 +9,12 @@ pub enum Error {
     /// A Network's addressing breaks a rule; the message names field and rule.
     #[error("{0}")]
     Invalid(String),
+    /// One value breaks a rule, and the message says which without saying where: the same
+    /// check serves a Network's fields, a claim's config and a start-up flag, so only the
+    /// caller knows the field path (or flag) to put in front of it. Displayed as the bare
+    /// message so every caller words its field errors the same way.
+    #[error("{0}")]
+    Rule(String),
     /// Every usable address of a subnet is allocated. A variant of its own, because callers
     /// react differently (report it in the Network's status and keep new pods from scheduling)
     /// than to an invalid Network, and the operator needs the numbers to size the subnet.

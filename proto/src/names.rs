@@ -1,6 +1,8 @@
 //! Kubernetes' name rules, once for every crate, so the driver, the controller and the
 //! contracts agree on what a node, a device, a Network or a DeviceClass may be called.
 
+use crate::{Error, Result};
+
 /// RFC 1123 label (`IsDNS1123Label`): object names such as Networks and device names.
 pub fn is_dns_label(s: &str) -> bool {
     let bytes = s.as_bytes();
@@ -19,9 +21,12 @@ pub fn is_dns_subdomain(s: &str) -> bool {
 
 /// Like [`is_dns_subdomain`], with the rule a bad value breaks, for start-up errors and
 /// validation messages.
-pub fn check_dns_subdomain(value: &str) -> Result<(), String> {
+pub fn check_dns_subdomain(value: &str) -> Result<()> {
     if value.is_empty() || value.len() > 253 {
-        return Err(format!("must be 1 to 253 characters, got {}", value.len()));
+        return Err(Error::Rule(format!(
+            "must be 1 to 253 characters, got {}",
+            value.len()
+        )));
     }
     for label in value.split('.') {
         // Kubernetes' IsDNS1123Subdomain has no per-label length limit, only the total.
@@ -32,10 +37,10 @@ pub fn check_dns_subdomain(value: &str) -> Result<(), String> {
             && !label.starts_with('-')
             && !label.ends_with('-');
         if !ok {
-            return Err(format!(
+            return Err(Error::Rule(format!(
                 "{value:?} is not a DNS subdomain: lower-case letters, digits, '-' and '.', each \
                  part starting and ending with a letter or digit"
-            ));
+            )));
         }
     }
     Ok(())
@@ -52,10 +57,11 @@ mod tests {
         assert!(
             check_dns_subdomain("")
                 .unwrap_err()
+                .to_string()
                 .contains("must be 1 to 253 characters, got 0")
         );
         for bad in ["Node1", "node_1", "-node", "node-", "a..b"] {
-            let err = check_dns_subdomain(bad).unwrap_err();
+            let err = check_dns_subdomain(bad).unwrap_err().to_string();
             assert!(err.contains("is not a DNS subdomain"), "{bad}: {err}");
         }
     }

@@ -250,15 +250,22 @@ fn unknown_when_the_class_is_missing_the_cel_unsupported_or_the_network_invalid(
     let classes: BTreeMap<String, DeviceClass> =
         classes().into_iter().map(|c| (c.name_any(), c)).collect();
     assert_eq!(
-        wanted_for(&networks[0], &all, &classes).err().as_deref(),
+        wanted_for(&networks[0], &all, &classes)
+            .err()
+            .map(|e| e.to_string())
+            .as_deref(),
         Some("DeviceClass \"gpu.example.com\" does not exist")
     );
     assert_eq!(
-        wanted_for(&networks[2], &all, &classes).err().as_deref(),
+        wanted_for(&networks[2], &all, &classes)
+            .err()
+            .map(|e| e.to_string())
+            .as_deref(),
         Some("the Network is Invalid")
     );
     let regex = wanted_for(&networks[1], &all, &classes)
         .err()
+        .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(regex.starts_with("selector \"device.attributes"), "{regex}");
 }

@@ -161,7 +161,7 @@ impl CheckpointStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
             Err(e) => return Err(Error::io(format!("reading {}", self.path.display()), e)),
         };
-        decode(&text).map_err(|reason| Error::CheckpointCorrupt {
+        decode(&text).map_err(|Corrupt(reason)| Error::CheckpointCorrupt {
             path: self.path.clone(),
             reason,
         })
@@ -224,31 +224,35 @@ fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn decode(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
+/// Why a checkpoint's bytes cannot be trusted; [`CheckpointStore::load`] adds the path.
+struct Corrupt(String);
+
+fn decode(bytes: &[u8]) -> std::result::Result<Checkpoint, Corrupt> {
     if bytes.is_empty() {
-        return Err("the file is empty (0 bytes)".into());
+        return Err(Corrupt("the file is empty (0 bytes)".into()));
     }
     let envelope: EnvelopeIn<'_> = serde_json::from_slice(bytes).map_err(|e| {
-        if e.is_eof() {
+        Corrupt(if e.is_eof() {
             format!("the file is truncated ({} bytes, {e})", bytes.len())
         } else {
             format!("not a knic checkpoint envelope ({e})")
-        }
+        })
     })?;
     if envelope.version != FORMAT_VERSION {
-        return Err(format!(
+        return Err(Corrupt(format!(
             "format version {} is not supported (this driver reads version {FORMAT_VERSION})",
             envelope.version
-        ));
+        )));
     }
     let computed = format!("{:08x}", crc32(envelope.data.get().as_bytes()));
     if computed != envelope.crc32 {
-        return Err(format!(
+        return Err(Corrupt(format!(
             "checksum mismatch (stored crc32 {}, computed {computed})",
             envelope.crc32
-        ));
+        )));
     }
-    serde_json::from_str(envelope.data.get()).map_err(|e| format!("data does not decode ({e})"))
+    serde_json::from_str(envelope.data.get())
+        .map_err(|e| Corrupt(format!("data does not decode ({e})")))
 }
 
 /// CRC-32 (IEEE 802.3, the zlib one), table built at compile time: a checksum catches damage

@@ -75,19 +75,24 @@ pub fn resolve(
     wanted: &ClaimRef,
     claim: &ResourceClaim,
     now: u64,
-) -> Result<PreparedClaim, String> {
+) -> Result<PreparedClaim> {
+    let refuse = |reason: String| Error::Claim {
+        namespace: wanted.namespace.clone(),
+        name: wanted.name.clone(),
+        reason,
+    };
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     if uid != wanted.uid {
-        return Err(format!(
+        return Err(refuse(format!(
             "metadata.uid is {uid:?} but the kubelet asked for {:?}: the claim was deleted and \
              recreated, refusing to prepare the replacement",
             wanted.uid
-        ));
+        )));
     }
     let status = claim.status.as_ref();
     let allocation = status
         .and_then(|s| s.allocation.as_ref())
-        .ok_or("status.allocation is not set: the claim is not allocated")?;
+        .ok_or_else(|| refuse("status.allocation is not set: the claim is not allocated".into()))?;
     let devices = allocation.devices.as_ref();
     let results = devices
         .and_then(|d| d.results.as_deref())
@@ -131,20 +136,20 @@ pub fn resolve(
         .collect();
     let pod = match pods.as_slice() {
         [] => {
-            return Err(
+            return Err(refuse(
                 "status.reservedFor names no pod: the claim is not reserved for a consumer yet"
                     .into(),
-            );
+            ));
         }
         [pod] => *pod,
         many => {
             let names: Vec<_> = many.iter().map(|p| p.name.as_str()).collect();
-            return Err(format!(
+            return Err(refuse(format!(
                 "status.reservedFor names {} pods ({}): a knic device is given to one pod at a \
                  time, so a shared claim cannot be prepared",
                 many.len(),
                 names.join(", ")
-            ));
+            )));
         }
     };
     Ok(PreparedClaim {
@@ -318,7 +323,7 @@ impl Preparer {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut prepared = resolve(&self.driver, wanted, &claim, now).map_err(claim_error)?;
+        let mut prepared = resolve(&self.driver, wanted, &claim, now)?;
         if let Some(devices) = &self.inventory {
             let current = devices.borrow();
             for d in &mut prepared.devices {
@@ -334,10 +339,7 @@ impl Preparer {
         // read; the per-claim lock keeps a repeated prepare from allocating twice.
         // Each device's config is parsed and validated once, for IPAM and the plans alike.
         let configs = crate::claims::plan::configure(&prepared);
-        let ipam = self
-            .allocate(&prepared, &configs)
-            .await
-            .map_err(claim_error)?;
+        let ipam = self.allocate(&prepared, &configs).await?;
         prepared.allocations = ipam
             .values()
             .flat_map(|a| a.allocations.iter().cloned())
@@ -369,18 +371,23 @@ impl Preparer {
         &self,
         prepared: &PreparedClaim,
         configs: &DeviceConfigs,
-    ) -> std::result::Result<IpamAddresses, String> {
+    ) -> Result<IpamAddresses> {
+        let refuse = |reason: String| Error::Claim {
+            namespace: prepared.namespace.clone(),
+            name: prepared.name.clone(),
+            reason,
+        };
         let requests = crate::claims::plan::ipam_requests(configs);
         let mut out = IpamAddresses::new();
         if requests.is_empty() {
             return Ok(out);
         }
         let Some((book, node)) = &self.ipam else {
-            return Err(format!(
+            return Err(refuse(format!(
                 "request {}: ipam.network: this driver runs without API access, so it cannot \
                  allocate from network {:?}",
                 prepared.devices[requests[0].0].request, requests[0].1
-            ));
+            )));
         };
         let who = Requester {
             namespace: prepared.namespace.clone(),
@@ -411,7 +418,7 @@ impl Preparer {
                             "could not release the addresses of a failed prepare");
                     }
                     let request = &prepared.devices[*index].request;
-                    return Err(format!("request {request}: ipam.network: {e}"));
+                    return Err(refuse(format!("request {request}: ipam.network: {e}")));
                 }
             }
         }

@@ -12,9 +12,9 @@ use crate::error::{Error, Result};
 /// The prepared claims of this node, loaded from and saved to the checkpoint.
 pub struct ClaimStore {
     file: CheckpointStore,
-    /// `Err` holds the text of a checkpoint that could not be read; it is retried on every call
-    /// so an operator's repair takes effect without a restart.
-    state: Mutex<std::result::Result<Checkpoint, String>>,
+    /// `Err` holds why the checkpoint could not be read; it is retried on every call so an
+    /// operator's repair takes effect without a restart.
+    state: Mutex<Result<Checkpoint>>,
     /// Bumped after every change to the prepared set, so the publisher re-merges retained
     /// devices.
     changes: watch::Sender<u64>,
@@ -24,10 +24,10 @@ impl ClaimStore {
     /// Loads the checkpoint. A corrupt one does not stop the driver: it is logged and every
     /// call answers with the error until the file is repaired or removed.
     pub fn open(file: CheckpointStore) -> Self {
-        let checkpoint = file.load().map_err(|e| {
+        let checkpoint = file.load();
+        if let Err(e) = &checkpoint {
             tracing::error!(error = %e, "cannot read the checkpoint");
-            e.to_string()
-        });
+        }
         if let Ok(cp) = &checkpoint {
             tracing::info!(path = %file.path().display(), claims = cp.claims.len(), "checkpoint loaded");
         }
@@ -98,7 +98,7 @@ impl ClaimStore {
 /// The store, locked.
 pub struct Locked<'a> {
     store: &'a ClaimStore,
-    state: MutexGuard<'a, std::result::Result<Checkpoint, String>>,
+    state: MutexGuard<'a, Result<Checkpoint>>,
 }
 
 impl Locked<'_> {
@@ -106,11 +106,11 @@ impl Locked<'_> {
     /// repaired or removed the file).
     pub fn checkpoint(&mut self) -> Result<&Checkpoint> {
         if self.state.is_err() {
-            *self.state = self.store.file.load().map_err(|e| e.to_string());
+            *self.state = self.store.file.load();
         }
         self.state
             .as_ref()
-            .map_err(|reason| Error::CheckpointUnreadable(reason.clone()))
+            .map_err(|e| Error::CheckpointUnreadable(e.to_string()))
     }
 
     /// Writes `next` durably and makes it current; `membership` says the set of claims changed

@@ -78,15 +78,27 @@ fn resolve_keeps_only_this_drivers_results_and_orders_config() {
     );
 }
 
+/// The reason of a refused claim, checking the error names the claim.
+fn refusal(result: Result<PreparedClaim>) -> String {
+    match result {
+        Err(Error::Claim {
+            namespace,
+            name,
+            reason,
+        }) if namespace == "ns" && name == "claim" => reason,
+        other => panic!("expected a refusal of ns/claim, got {other:?}"),
+    }
+}
+
 #[test]
 fn resolve_rejections_name_the_field() {
     let unallocated = ClaimBuilder::new("claim", "u1").build();
     assert_eq!(
-        resolve(DRIVER, &wanted("u1"), &unallocated, 0).unwrap_err(),
+        refusal(resolve(DRIVER, &wanted("u1"), &unallocated, 0)),
         "status.allocation is not set: the claim is not allocated"
     );
     let replaced = ClaimBuilder::new("claim", "u2").allocated(&[]).build();
-    let err = resolve(DRIVER, &wanted("u1"), &replaced, 0).unwrap_err();
+    let err = refusal(resolve(DRIVER, &wanted("u1"), &replaced, 0));
     assert!(
         err.starts_with("metadata.uid is \"u2\" but the kubelet asked for \"u1\""),
         "{err}"
@@ -95,15 +107,14 @@ fn resolve_rejections_name_the_field() {
         .allocated(&[("nic", DRIVER, "d")])
         .build();
     assert!(
-        resolve(DRIVER, &wanted("u1"), &unreserved, 0)
-            .unwrap_err()
+        refusal(resolve(DRIVER, &wanted("u1"), &unreserved, 0))
             .starts_with("status.reservedFor names no pod")
     );
     let shared = ClaimBuilder::new("claim", "u1")
         .allocated(&[("nic", DRIVER, "d")])
         .reserved_for(&[("a", "1"), ("b", "2")])
         .build();
-    let err = resolve(DRIVER, &wanted("u1"), &shared, 0).unwrap_err();
+    let err = refusal(resolve(DRIVER, &wanted("u1"), &shared, 0));
     assert!(
         err.starts_with("status.reservedFor names 2 pods (a, b)"),
         "{err}"

@@ -200,40 +200,52 @@ fn parse_rules<S: AsRef<str>>(list: &str, entries: &[S]) -> Result<Vec<Rule>> {
                     text: text.to_owned(),
                     matcher,
                 })
-                .map_err(|why| setting(format!("{list}[{i}] {text:?}: {why}")))
+                .map_err(|Invalid(why)| setting(format!("{list}[{i}] {text:?}: {why}")))
         })
         .collect()
 }
 
-fn parse_rule(text: &str) -> std::result::Result<Matcher, String> {
+/// Why one filter entry or glob is not valid; [`parse_rules`] adds the list, index and entry.
+#[derive(Debug)]
+struct Invalid(String);
+
+fn parse_rule(text: &str) -> std::result::Result<Matcher, Invalid> {
     if text.is_empty() {
-        return Err(format!(
+        return Err(Invalid(format!(
             "empty entry; expected KEY=VALUE with KEY one of {KEYS}"
-        ));
+        )));
     }
     let Some((key, value)) = text.split_once('=') else {
-        return Err(format!("expected KEY=VALUE with KEY one of {KEYS}"));
+        return Err(Invalid(format!(
+            "expected KEY=VALUE with KEY one of {KEYS}"
+        )));
     };
     let (key, value) = (key.trim(), value.trim());
     if value.is_empty() {
-        return Err(format!("empty value for {key:?}"));
+        return Err(Invalid(format!("empty value for {key:?}")));
     }
     match key {
         "name" => {
             if value.contains(|c: char| c == '/' || c.is_whitespace()) {
-                return Err("interface name must not contain \"/\" or whitespace".to_owned());
+                return Err(Invalid(
+                    "interface name must not contain \"/\" or whitespace".to_owned(),
+                ));
             }
             Ok(Matcher::Name(Glob::parse(value)?))
         }
         "driver" => {
             if value.contains(|c: char| c == '/' || c.is_whitespace()) {
-                return Err("driver name must not contain \"/\" or whitespace".to_owned());
+                return Err(Invalid(
+                    "driver name must not contain \"/\" or whitespace".to_owned(),
+                ));
             }
             Ok(Matcher::Driver(Glob::parse(value)?))
         }
         "pci" => {
             let Some((vendor, device)) = value.split_once(':') else {
-                return Err("pci must be VENDOR:DEVICE in hex, e.g. 8086:159b or 8086:*".to_owned());
+                return Err(Invalid(
+                    "pci must be VENDOR:DEVICE in hex, e.g. 8086:159b or 8086:*".to_owned(),
+                ));
             };
             let hex4 = |s: &str| {
                 (s.len() == 4 && s.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -248,7 +260,9 @@ fn parse_rule(text: &str) -> std::result::Result<Matcher, String> {
             };
             match (vendor, device) {
                 (Some(vendor), Some(device)) => Ok(Matcher::Pci { vendor, device }),
-                _ => Err("pci vendor/device must be 4 hex digits each".to_owned()),
+                _ => Err(Invalid(
+                    "pci vendor/device must be 4 hex digits each".to_owned(),
+                )),
             }
         }
         "kind" => match value {
@@ -256,9 +270,13 @@ fn parse_rule(text: &str) -> std::result::Result<Matcher, String> {
             "pf" => Ok(Matcher::Kind(DeviceKind::Pf)),
             "vf" => Ok(Matcher::Kind(DeviceKind::Vf)),
             "virtual" => Ok(Matcher::Kind(DeviceKind::Virtual)),
-            _ => Err("kind must be one of nic, pf, vf, virtual".to_owned()),
+            _ => Err(Invalid(
+                "kind must be one of nic, pf, vf, virtual".to_owned(),
+            )),
         },
-        _ => Err(format!("unknown key {key:?}; expected one of {KEYS}")),
+        _ => Err(Invalid(format!(
+            "unknown key {key:?}; expected one of {KEYS}"
+        ))),
     }
 }
 
@@ -283,7 +301,7 @@ enum Token {
 
 impl Glob {
     /// Compiles `pattern`; the error says what is malformed.
-    pub fn parse(pattern: &str) -> std::result::Result<Glob, String> {
+    fn parse(pattern: &str) -> std::result::Result<Glob, Invalid> {
         let chars: Vec<char> = pattern.chars().collect();
         let mut tokens = Vec::new();
         let mut i = 0;
@@ -363,7 +381,7 @@ fn parse_class(
     chars: &[char],
     start: usize,
     pattern: &str,
-) -> std::result::Result<(Token, usize), String> {
+) -> std::result::Result<(Token, usize), Invalid> {
     let mut i = start + 1;
     let negated = matches!(chars.get(i), Some('!' | '^'));
     if negated {
@@ -373,7 +391,7 @@ fn parse_class(
     let mut first = true;
     loop {
         let Some(&c) = chars.get(i) else {
-            return Err(format!("unclosed \"[\" in glob {pattern:?}"));
+            return Err(Invalid(format!("unclosed \"[\" in glob {pattern:?}")));
         };
         if c == ']' && !first {
             return Ok((Token::Class { negated, ranges }, i + 1));
@@ -382,7 +400,9 @@ fn parse_class(
         if chars.get(i + 1) == Some(&'-') && chars.get(i + 2).is_some_and(|&hi| hi != ']') {
             let hi = chars[i + 2];
             if hi < c {
-                return Err(format!("bad range \"{c}-{hi}\" in glob {pattern:?}"));
+                return Err(Invalid(format!(
+                    "bad range \"{c}-{hi}\" in glob {pattern:?}"
+                )));
             }
             ranges.push((c, hi));
             i += 3;
@@ -425,15 +445,15 @@ mod tests {
         assert!(g("").matches(""));
         assert!(!g("").matches("a"));
         assert_eq!(
-            Glob::parse("eth[0").unwrap_err(),
+            Glob::parse("eth[0").unwrap_err().0,
             "unclosed \"[\" in glob \"eth[0\""
         );
         assert_eq!(
-            Glob::parse("[]").unwrap_err(),
+            Glob::parse("[]").unwrap_err().0,
             "unclosed \"[\" in glob \"[]\""
         );
         assert_eq!(
-            Glob::parse("[z-a]").unwrap_err(),
+            Glob::parse("[z-a]").unwrap_err().0,
             "bad range \"z-a\" in glob \"[z-a]\""
         );
     }

@@ -15,7 +15,6 @@ pub mod mux;
 pub mod runtime;
 pub mod ttrpc;
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -28,6 +27,7 @@ use prost::Message;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
+use crate::BoxFuture;
 use crate::error::{Error, Result};
 use mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 
@@ -125,25 +125,16 @@ impl PodSandbox {
 /// runtime drop the connection and let the pod run without knic, so keep them short.
 pub trait NriHandler: Send + Sync + 'static {
     /// Sandbox created, network namespace exists: attach. An Err fails the sandbox (the runtime
-    /// tears it down, the kubelet retries).
-    fn run_pod_sandbox(
-        &self,
-        pod: PodSandbox,
-    ) -> impl Future<Output = std::result::Result<(), String>> + Send;
+    /// tears it down, the kubelet retries); its text is what the runtime reports.
+    fn run_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>>;
     /// Sandbox stopping: detach (the netns may be missing in the event; the handler caches it).
-    fn stop_pod_sandbox(
-        &self,
-        pod: PodSandbox,
-    ) -> impl Future<Output = std::result::Result<(), String>> + Send;
+    fn stop_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>>;
     /// Sandbox removed: forget it. Its netns is gone by now (the event carries none), so only
     /// bookkeeping and host-side clean-up are possible.
-    fn remove_pod_sandbox(
-        &self,
-        pod: PodSandbox,
-    ) -> impl Future<Output = std::result::Result<(), String>> + Send;
+    fn remove_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>>;
     /// All pods the runtime knows (after every (re)connect), to rebuild pod UID -> netns and
     /// reconcile.
-    fn synchronize(&self, pods: Vec<PodSandbox>) -> impl Future<Output = ()> + Send;
+    fn synchronize(&self, pods: Vec<PodSandbox>) -> BoxFuture<'_, ()>;
 }
 
 /// Where and as whom to connect to the runtime, and how eagerly to reconnect.
@@ -383,7 +374,8 @@ fn decode<M: Message + Default>(method: &str, payload: &[u8]) -> std::result::Re
     })
 }
 
-fn handler_error(event: &str, pod: &PodSandbox, message: String) -> Status {
+fn handler_error(event: &str, pod: &PodSandbox, error: &Error) -> Status {
+    let message = error.to_string();
     tracing::warn!(
         event,
         pod = %format!("{}/{}", pod.namespace, pod.name),
@@ -411,7 +403,7 @@ impl<H: NriHandler> PluginService<H> {
             api::Event::RemovePodSandbox => self.handler.remove_pod_sandbox(pod.clone()).await,
             _ => Ok(()),
         };
-        result.map_err(|message| handler_error(name, &pod, message))
+        result.map_err(|error| handler_error(name, &pod, &error))
     }
 }
 

@@ -186,7 +186,7 @@ impl TestRuntime {
             Ok(Some(Ok(reg))) => reg,
             Ok(Some(Err(reason))) => {
                 conn.close().await;
-                return Err(fail("plugin registration", &reason));
+                return Err(fail("plugin registration", &reason.to_string()));
             }
             Ok(None) => return Err(fail("plugin registration", "connection closed")),
             Err(_) => {
@@ -229,7 +229,7 @@ impl TestRuntime {
             Ok(messages) => self.sync_messages = messages,
             Err(reason) => {
                 conn.close().await;
-                return Err(fail("Synchronize", &reason));
+                return Err(fail("Synchronize", &reason.to_string()));
             }
         }
         self.conn = Some(conn);
@@ -241,11 +241,7 @@ impl TestRuntime {
         })
     }
 
-    async fn synchronize(
-        &self,
-        conn: &Connection,
-        pods: &[PodSandbox],
-    ) -> std::result::Result<usize, String> {
+    async fn synchronize(&self, conn: &Connection, pods: &[PodSandbox]) -> Result<usize> {
         let pods: Vec<api::PodSandbox> = pods.iter().map(PodSandbox::to_proto).collect();
         let mut rest = pods.as_slice();
         let mut per_message = self.sync_chunk.min(rest.len()).max(1);
@@ -273,21 +269,23 @@ impl TestRuntime {
                         return Ok(sent);
                     }
                     let reply = api::SynchronizeResponse::decode(reply.as_slice())
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| Error::Nri(format!("Synchronize reply: {e}")))?;
                     if !reply.more {
-                        return Err("plugin does not handle split sync requests".to_owned());
+                        return Err(Error::Nri(
+                            "plugin does not handle split sync requests".to_owned(),
+                        ));
                     }
                     rest = &rest[take..];
                 }
                 // Like containerd: too large for one ttrpc message, retry with smaller chunks.
                 Err(CallError::TooLarge(_)) if per_message > 1 => per_message /= 2,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Error::Nri(e.to_string())),
             }
         }
     }
 
     /// Delivers RunPodSandbox; `Err` carries the plugin's error text.
-    pub async fn run_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+    pub async fn run_pod_sandbox(&self, pod: &PodSandbox) -> Result<()> {
         let req = api::RunPodSandboxRequest {
             pod: Some(pod.to_proto()),
         };
@@ -296,7 +294,7 @@ impl TestRuntime {
     }
 
     /// Delivers StopPodSandbox; `Err` carries the plugin's error text.
-    pub async fn stop_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+    pub async fn stop_pod_sandbox(&self, pod: &PodSandbox) -> Result<()> {
         let req = api::StopPodSandboxRequest {
             pod: Some(pod.to_proto()),
         };
@@ -305,7 +303,7 @@ impl TestRuntime {
     }
 
     /// Delivers RemovePodSandbox; `Err` carries the plugin's error text.
-    pub async fn remove_pod_sandbox(&self, pod: &PodSandbox) -> std::result::Result<(), String> {
+    pub async fn remove_pod_sandbox(&self, pod: &PodSandbox) -> Result<()> {
         let req = api::RemovePodSandboxRequest {
             pod: Some(pod.to_proto()),
         };
@@ -318,11 +316,11 @@ impl TestRuntime {
         event: api::Event,
         dedicated_payload: Vec<u8>,
         pod: &PodSandbox,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         let conn = self
             .conn
             .as_ref()
-            .ok_or_else(|| "no NRI plugin connected".to_owned())?;
+            .ok_or_else(|| Error::Nri("no NRI plugin connected".to_owned()))?;
         let bit = 1u32 << (event as i32 - 1);
         if conn.events & bit == 0 {
             return Ok(());
@@ -367,15 +365,17 @@ impl TestRuntime {
         conn: &Connection,
         method: &str,
         result: std::result::Result<Vec<u8>, CallError>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         match result {
             Ok(_) => Ok(()),
-            Err(CallError::Status { message, .. }) => Err(message),
+            Err(CallError::Status { message, .. }) => Err(Error::Nri(message)),
             Err(e) => {
                 // Fatal for the plugin, as in containerd (which then lets the pod continue
                 // without it; a test wants to see the failure instead).
                 conn.close().await;
-                Err(format!("{method}: {e}; the plugin connection was closed"))
+                Err(Error::Nri(format!(
+                    "{method}: {e}; the plugin connection was closed"
+                )))
             }
         }
     }
@@ -432,7 +432,7 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-type Registration = std::result::Result<(String, String, String), String>;
+type Registration = Result<(String, String, String)>;
 
 /// The Runtime service: accepts RegisterPlugin with containerd's checks.
 struct RuntimeService {
@@ -458,7 +458,7 @@ impl ttrpc::Service for RuntimeService {
             None
         };
         if let Some(problem) = problem {
-            let _ = self.registrations.send(Err(problem.clone()));
+            let _ = self.registrations.send(Err(Error::Nri(problem.clone())));
             return Err(ttrpc::status(ttrpc::code::UNKNOWN, problem));
         }
         let _ = self

@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use crate::BoxFuture;
 use crate::claims::checkpoint::PreparedClaim;
 use crate::claims::{ClaimStore, Release};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::netns::{self, Kernel, LinkState, Ns};
 use crate::nri::{NriHandler, PodSandbox};
 
@@ -123,17 +123,8 @@ impl<K: Kernel> PodNetworks<K> {
     }
 
     /// Attaches every device of the pod's claims into `netns`; all or nothing.
-    pub async fn attach_pod(
-        &self,
-        pod_uid: &str,
-        pod_name: &str,
-        netns: PathBuf,
-    ) -> Result<(), String> {
-        let claims = self
-            .claims
-            .claims_for_pod(pod_uid)
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn attach_pod(&self, pod_uid: &str, pod_name: &str, netns: PathBuf) -> Result<()> {
+        let claims = self.claims.claims_for_pod(pod_uid).await?;
         let target = Ns::Pod(netns.clone());
         let mut done: Vec<(PreparedClaim, usize)> = Vec::new();
         let mut statuses: Vec<(PreparedClaim, Vec<DeviceStatus>)> = Vec::new();
@@ -155,11 +146,12 @@ impl<K: Kernel> PodNetworks<K> {
                         });
                     }
                     Err(e) => {
-                        let text = format!(
-                            "ResourceClaim {}/{}: device {}/{}: {e}",
-                            claim.namespace, claim.name, a.plan.pool, a.plan.device
-                        );
-                        tracing::error!(pod = %pod_name, error = %text, "attach failed; undoing this pod's devices");
+                        let failure = Error::Claim {
+                            namespace: claim.namespace.clone(),
+                            name: claim.name.clone(),
+                            reason: format!("device {}/{}: {e}", a.plan.pool, a.plan.device),
+                        };
+                        tracing::error!(pod = %pod_name, error = %failure, "attach failed; undoing this pod's devices");
                         for (c, j) in done.iter().rev() {
                             if let Err(undo) = self.detach_one(c, *j, Some(&target)).await {
                                 tracing::error!(error = %undo, "undo after failed attach failed");
@@ -176,7 +168,7 @@ impl<K: Kernel> PodNetworks<K> {
                             hardware_address: None,
                         };
                         self.publish_status(claim.clone(), vec![failed]);
-                        return Err(text);
+                        return Err(failure);
                     }
                 }
             }
@@ -271,41 +263,34 @@ impl<K: Kernel> PodNetworks<K> {
             .await
     }
 
-    async fn detach_claims(
-        &self,
-        claims: Vec<PreparedClaim>,
-        netns: Option<&Ns>,
-    ) -> Result<(), String> {
+    async fn detach_claims(&self, claims: Vec<PreparedClaim>, netns: Option<&Ns>) -> Result<()> {
         let mut errors = Vec::new();
         for claim in claims {
             // The caller's copy may be older than the checkpoint after earlier steps.
             for i in 0..claim.attachments.len() {
                 if let Err(e) = self.detach_one(&claim, i, netns).await {
-                    errors.push(format!(
-                        "ResourceClaim {}/{}: {e}",
-                        claim.namespace, claim.name
-                    ));
+                    errors.push(Error::Claim {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        reason: e.to_string(),
+                    });
                 }
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Several(errors)),
         }
     }
 
     /// Puts back every device of the pod's claims.
-    pub async fn detach_pod(&self, pod_uid: &str, netns: Option<PathBuf>) -> Result<(), String> {
+    pub async fn detach_pod(&self, pod_uid: &str, netns: Option<PathBuf>) -> Result<()> {
         let netns = match netns {
             Some(p) => Some(p),
             None => self.netns.lock().await.get(pod_uid).cloned(),
         };
-        let claims = self
-            .claims
-            .claims_for_pod(pod_uid)
-            .await
-            .map_err(|e| e.to_string())?;
+        let claims = self.claims.claims_for_pod(pod_uid).await?;
         self.detach_claims(claims, netns.map(Ns::Pod).as_ref())
             .await
     }
@@ -327,44 +312,51 @@ impl<K: Kernel> Release for PodNetworks<K> {
 }
 
 impl<K: Kernel> NriHandler for PodNetworks<K> {
-    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        let Some(path) = pod.netns.clone() else {
-            let claims = self
-                .claims
-                .claims_for_pod(&pod.uid)
+    fn run_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let Some(path) = pod.netns.clone() else {
+                let claims = self.claims.claims_for_pod(&pod.uid).await?;
+                if claims.iter().any(|c| !c.attachments.is_empty()) {
+                    return Err(Error::NoNetworkNamespace {
+                        namespace: pod.namespace,
+                        name: pod.name,
+                    });
+                }
+                return Ok(());
+            };
+            self.netns
+                .lock()
                 .await
-                .map_err(|e| e.to_string())?;
-            if claims.iter().any(|c| !c.attachments.is_empty()) {
-                return Err(format!(
-                    "pod {}/{} has knic claims but no network namespace (hostNetwork pods cannot get interfaces)",
-                    pod.namespace, pod.name
-                ));
-            }
-            return Ok(());
-        };
-        self.netns
-            .lock()
-            .await
-            .insert(pod.uid.clone(), path.clone());
-        let started = std::time::Instant::now();
-        let result = self
-            .attach_pod(&pod.uid, &format!("{}/{}", pod.namespace, pod.name), path)
-            .await;
-        tracing::debug!(pod = %pod.name, elapsed = ?started.elapsed(), ok = result.is_ok(), "RunPodSandbox handled");
-        result
+                .insert(pod.uid.clone(), path.clone());
+            let started = std::time::Instant::now();
+            let result = self
+                .attach_pod(&pod.uid, &format!("{}/{}", pod.namespace, pod.name), path)
+                .await;
+            tracing::debug!(pod = %pod.name, elapsed = ?started.elapsed(), ok = result.is_ok(), "RunPodSandbox handled");
+            result
+        })
     }
 
-    async fn stop_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        self.detach_pod(&pod.uid, pod.netns.clone()).await
+    fn stop_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { self.detach_pod(&pod.uid, pod.netns.clone()).await })
     }
 
-    async fn remove_pod_sandbox(&self, pod: PodSandbox) -> Result<(), String> {
-        let result = self.detach_pod(&pod.uid, pod.netns.clone()).await;
-        self.netns.lock().await.remove(&pod.uid);
-        result
+    fn remove_pod_sandbox(&self, pod: PodSandbox) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let result = self.detach_pod(&pod.uid, pod.netns.clone()).await;
+            self.netns.lock().await.remove(&pod.uid);
+            result
+        })
     }
 
-    async fn synchronize(&self, pods: Vec<PodSandbox>) {
+    fn synchronize(&self, pods: Vec<PodSandbox>) -> BoxFuture<'_, ()> {
+        Box::pin(self.synchronize_pods(pods))
+    }
+}
+
+impl<K: Kernel> PodNetworks<K> {
+    /// Rebuilds pod UID -> netns and converges every checkpointed pod with what runs.
+    async fn synchronize_pods(&self, pods: Vec<PodSandbox>) {
         let running: HashMap<String, PodSandbox> = pods
             .into_iter()
             .filter(|p| p.netns.is_some())

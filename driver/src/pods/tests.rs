@@ -203,7 +203,8 @@ mod hooks {
             .pods
             .run_pod_sandbox(sandbox(Some(netns_path())))
             .await
-            .expect_err("the second device fails");
+            .expect_err("the second device fails")
+            .to_string();
         assert!(
             err.starts_with("ResourceClaim ns/c: device node-a/dev-1: ")
                 && err.contains("File exists"),

@@ -46,13 +46,13 @@ impl Subnet {
             .as_deref()
             .map(crate::netconfig::parse_ip)
             .transpose()
-            .map_err(Error::Invalid)?;
+            .map_err(pool::invalid)?;
         let exclude = self
             .exclude
             .iter()
             .map(|e| e.parse::<Exclusion>())
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(Error::Invalid)?;
+            .collect::<Result<Vec<_>>>()
+            .map_err(pool::invalid)?;
         Pool::new(cidr, gateway, &exclude)
     }
 }

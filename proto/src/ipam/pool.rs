@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use crate::netconfig::Cidr;
+use crate::netconfig::parse_ip_expecting;
 
 use crate::{Error, Result};
 
@@ -45,18 +46,18 @@ impl Exclusion {
 }
 
 impl FromStr for Exclusion {
-    type Err = String;
+    type Err = Error;
 
     /// Parses with the same strictness as [`Cidr`]: a CIDR must be in network form, because
     /// `192.0.2.10/30` could mean "the /30 around .10" or be a typo for one address.
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+    fn from_str(s: &str) -> Result<Self> {
         if s.contains('/') {
-            let cidr: Cidr = s.parse().map_err(|e| format!("{e}"))?;
+            let cidr: Cidr = s.parse().map_err(|e| Error::Rule(format!("{e}")))?;
             if cidr.network() != cidr {
-                return Err(format!(
+                return Err(Error::Rule(format!(
                     "{cidr} has host bits set; did you mean {}?",
                     cidr.network()
-                ));
+                )));
             }
             return Ok(Exclusion::Cidr(cidr));
         }
@@ -64,14 +65,16 @@ impl FromStr for Exclusion {
             let start = parse_ip(a.trim())?;
             let end = parse_ip(b.trim())?;
             if start.is_ipv4() != end.is_ipv4() {
-                return Err(format!(
+                return Err(Error::Rule(format!(
                     "range {s:?} mixes {} and {}",
                     family(start),
                     family(end)
-                ));
+                )));
             }
             if to_u128(start) > to_u128(end) {
-                return Err(format!("range start {start} is after its end {end}"));
+                return Err(Error::Rule(format!(
+                    "range start {start} is after its end {end}"
+                )));
             }
             return Ok(Exclusion::Range { start, end });
         }
@@ -89,19 +92,13 @@ impl fmt::Display for Exclusion {
     }
 }
 
-/// One IP, held to the contract's standard (no zone ids, no prefix length), with messages that
-/// name the value.
-fn parse_ip(s: &str) -> std::result::Result<IpAddr, String> {
-    if s.contains('%') {
-        return Err(format!(
-            "{s:?} has a zone id (%...); zone ids are not allowed"
-        ));
-    }
-    s.parse::<IpAddr>().map_err(|_| {
-        format!(
-            "{s:?} is not an IP address, a range (FIRST-LAST) or a CIDR (ADDRESS/PREFIX-LENGTH)"
-        )
-    })
+/// One address of an exclusion, parsed like every other address in the contract; text that is
+/// no address is told the three spellings an exclusion accepts.
+fn parse_ip(s: &str) -> Result<IpAddr> {
+    parse_ip_expecting(
+        s,
+        "an IP address, a range (FIRST-LAST) or a CIDR (ADDRESS/PREFIX-LENGTH)",
+    )
 }
 
 /// The usable addresses of one subnet: the subnet minus its reserved addresses, its gateway
@@ -160,12 +157,12 @@ impl Pool {
     /// or no usable address left at all. The messages are the ones `validate_network` reports,
     /// without the field path.
     pub fn new(subnet: Cidr, gateway: Option<IpAddr>, exclude: &[Exclusion]) -> Result<Pool> {
-        check_subnet(subnet).map_err(Error::Invalid)?;
+        check_subnet(subnet).map_err(invalid)?;
         if let Some(gateway) = gateway {
-            check_gateway(subnet, gateway).map_err(Error::Invalid)?;
+            check_gateway(subnet, gateway).map_err(invalid)?;
         }
         for exclusion in exclude {
-            check_exclusion(subnet, exclusion).map_err(Error::Invalid)?;
+            check_exclusion(subnet, exclusion).map_err(invalid)?;
         }
         let (base, _) = cidr_bounds(subnet);
         let (first, last) = usable_offsets(subnet);
@@ -318,69 +315,84 @@ impl Pool {
 
 /// Rules a subnet must meet before it can be a pool; shared with `validate_network` so the
 /// spec and the allocator can never disagree.
-pub fn check_subnet(subnet: Cidr) -> std::result::Result<(), String> {
+pub fn check_subnet(subnet: Cidr) -> Result<()> {
     if subnet.network() != subnet {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{subnet} has host bits set; did you mean {}?",
             subnet.network()
-        ));
+        )));
     }
     if subnet.addr.is_multicast() {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{subnet} is a multicast range; pods need unicast addresses"
-        ));
+        )));
     }
     if subnet.addr.is_loopback() {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{subnet} is a loopback range, which never leaves a host"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Rules for a subnet's gateway (see [`Pool`] for which addresses are reserved and why).
-pub fn check_gateway(subnet: Cidr, gateway: IpAddr) -> std::result::Result<(), String> {
+pub fn check_gateway(subnet: Cidr, gateway: IpAddr) -> Result<()> {
     if gateway.is_ipv4() != subnet.is_ipv4() {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{gateway} is {} but subnet {subnet} is {}",
             family(gateway),
             family(subnet.addr)
-        ));
+        )));
     }
     if !subnet.contains(gateway) {
-        return Err(format!("{gateway} is not inside subnet {subnet}"));
+        return Err(Error::Rule(format!(
+            "{gateway} is not inside subnet {subnet}"
+        )));
     }
     let (base, _) = cidr_bounds(subnet);
     let (first, last) = usable_offsets(subnet);
     let offset = to_u128(gateway) - base;
     if offset < first {
-        return Err(if subnet.is_ipv4() {
+        return Err(Error::Rule(if subnet.is_ipv4() {
             format!("{gateway} is the network address of {subnet}")
         } else {
             format!("{gateway} is the subnet-router anycast address of {subnet}")
-        });
+        }));
     }
     if offset > last {
-        return Err(format!("{gateway} is the broadcast address of {subnet}"));
+        return Err(Error::Rule(format!(
+            "{gateway} is the broadcast address of {subnet}"
+        )));
     }
     Ok(())
 }
 
 /// An exclusion must lie wholly inside its subnet: one that reaches outside is almost always a
 /// typo (a wrong octet), and silently clipping it would hide that.
-pub fn check_exclusion(subnet: Cidr, exclusion: &Exclusion) -> std::result::Result<(), String> {
+pub fn check_exclusion(subnet: Cidr, exclusion: &Exclusion) -> Result<()> {
     let (start, end) = exclusion.bounds();
     if start.is_ipv4() != subnet.is_ipv4() {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{exclusion} is {} but subnet {subnet} is {}",
             family(start),
             family(subnet.addr)
-        ));
+        )));
     }
     if !subnet.contains(start) || !subnet.contains(end) {
-        return Err(format!("{exclusion} is not inside subnet {subnet}"));
+        return Err(Error::Rule(format!(
+            "{exclusion} is not inside subnet {subnet}"
+        )));
     }
     Ok(())
+}
+
+/// A rule a pool's subnet, gateway or exclusion breaks, as the error of a pool that cannot be
+/// built: callers asked for a whole Network's pool, not for one value checked.
+pub(super) fn invalid(e: Error) -> Error {
+    match e {
+        Error::Rule(message) => Error::Invalid(message),
+        other => other,
+    }
 }
 
 /// "IPv4" or "IPv6", for messages.

@@ -504,7 +504,11 @@ fn ipam_exclusion_parsing() {
         ),
     ];
     for &(text, message) in rejects {
-        assert_eq!(text.parse::<Exclusion>(), Err(message.to_owned()), "{text}");
+        assert_eq!(
+            text.parse::<Exclusion>().map_err(|e| e.to_string()),
+            Err(message.to_owned()),
+            "{text}"
+        );
     }
 }
 

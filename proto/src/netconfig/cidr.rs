@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::Error;
+
 /// An address with a prefix length, in either of the two forms the contract uses: interface
 /// form (`192.0.2.10/24`, host bits kept, because the address *and* its on-link subnet both
 /// matter) or network form (`192.0.2.0/24`, see [`Cidr::network`]).
@@ -116,19 +118,26 @@ fn mask_v6(prefix_len: u8) -> u128 {
 
 /// Parses a plain IP address the same strict way [`Cidr`] parses its address part, so a
 /// gateway and an address are held to one standard. Messages name the value.
-pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
+pub fn parse_ip(s: &str) -> crate::Result<IpAddr> {
+    parse_ip_expecting(s, "a valid IPv4 or IPv6 address")
+}
+
+/// [`parse_ip`] for a field that takes other spellings too (an IPAM exclusion is also a range
+/// or a CIDR): `expected` finishes "VALUE is not …", so text that is no address at all is told
+/// what the field accepts, while zone ids and prefix lengths get the same words everywhere.
+pub(crate) fn parse_ip_expecting(s: &str, expected: &str) -> crate::Result<IpAddr> {
     if s.contains('%') {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{s:?} has a zone id (%...); zone ids are not allowed"
-        ));
+        )));
     }
     if s.contains('/') {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{s:?} is not an IP address (write the address without a prefix length)"
-        ));
+        )));
     }
     s.parse::<IpAddr>()
-        .map_err(|_| format!("{s:?} is not a valid IPv4 or IPv6 address"))
+        .map_err(|_| Error::Rule(format!("{s:?} is not {expected}")))
 }
 
 impl FromStr for Cidr {

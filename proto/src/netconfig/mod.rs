@@ -31,6 +31,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};

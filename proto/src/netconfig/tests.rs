@@ -824,7 +824,11 @@ fn interface_names() {
         "...",
         ".a",
     ] {
-        assert_eq!(check_interface_name(name), Ok(()), "{name:?}");
+        assert_eq!(
+            check_interface_name(name).map_err(|e| e.to_string()),
+            Ok(()),
+            "{name:?}"
+        );
     }
     let cases = [
         (
@@ -851,14 +855,14 @@ fn interface_names() {
     ];
     for (name, message) in cases {
         assert_eq!(
-            check_interface_name(name),
+            check_interface_name(name).map_err(|e| e.to_string()),
             Err(message.to_owned()),
             "{name:?}"
         );
     }
     // Byte 0xA0 is kernel whitespace even inside a UTF-8 sequence ("à" is C3 A0).
     assert_eq!(
-        check_interface_name("netà"),
+        check_interface_name("netà").map_err(|e| e.to_string()),
         Err("interface name \"netà\" must not contain whitespace".to_owned())
     );
 }

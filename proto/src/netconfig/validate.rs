@@ -8,6 +8,7 @@ use super::{
     API_VERSION, Cidr, ConfigErrors, FieldError, KIND, NetworkConfig, Route, RouteConfig,
     ValidConfig,
 };
+use crate::{Error, Result};
 
 /// Linux's `IFNAMSIZ` is 16 including the terminating NUL.
 const MAX_INTERFACE_NAME_BYTES: usize = 15;
@@ -50,33 +51,37 @@ const SYSCTLS: &[(&str, &[u32])] = &[
 /// reach logs, sysctl paths and netlink: no `%` (the kernel treats it as a `eth%d` template and
 /// would pick a different name), no control characters (including NUL, which would truncate
 /// the name on the wire), and no Unicode whitespace.
-pub fn check_interface_name(name: &str) -> Result<(), String> {
+pub fn check_interface_name(name: &str) -> Result<()> {
     if name.is_empty() {
-        return Err("interface name must not be empty".to_owned());
+        return Err(Error::Rule("interface name must not be empty".to_owned()));
     }
     if name.len() > MAX_INTERFACE_NAME_BYTES {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "interface name {name:?} is {} bytes; Linux allows at most {MAX_INTERFACE_NAME_BYTES}",
             name.len()
-        ));
+        )));
     }
     if name == "." || name == ".." {
-        return Err(format!("interface name {name:?} is not allowed by Linux"));
+        return Err(Error::Rule(format!(
+            "interface name {name:?} is not allowed by Linux"
+        )));
     }
     for c in ['/', ':', '%'] {
         if name.contains(c) {
-            return Err(format!("interface name {name:?} must not contain {c:?}"));
+            return Err(Error::Rule(format!(
+                "interface name {name:?} must not contain {c:?}"
+            )));
         }
     }
     if name.bytes().any(|b| b == 0xa0) || name.chars().any(char::is_whitespace) {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "interface name {name:?} must not contain whitespace"
-        ));
+        )));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "interface name {name:?} must not contain control characters"
-        ));
+        )));
     }
     Ok(())
 }
@@ -141,11 +146,11 @@ fn family_name(ip: IpAddr) -> &'static str {
 
 pub use crate::names::is_dns_label;
 
-pub(super) fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+pub(super) fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let malformed = || {
-        format!(
+        Error::Rule(format!(
             "{s:?} is not a MAC address; expected six colon-separated hex pairs like 02:00:00:00:00:01"
-        )
+        ))
     };
     let mut mac = [0u8; 6];
     let mut parts = s.split(':');
@@ -168,16 +173,18 @@ pub(super) fn format_mac(mac: &[u8; 6]) -> String {
 }
 
 /// A parsed MAC the kernel will accept as a device address (`is_valid_ether_addr`).
-fn check_mac(text: &str) -> Result<[u8; 6], String> {
+fn check_mac(text: &str) -> Result<[u8; 6]> {
     let mac = parse_mac(text)?;
     if mac[0] & 1 == 1 {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{} is a multicast address; a unicast address is required (the low bit of the first octet must be 0)",
             format_mac(&mac)
-        ));
+        )));
     }
     if mac == [0; 6] {
-        return Err("00:00:00:00:00:00 is all zeros, which is not a usable address".to_owned());
+        return Err(Error::Rule(
+            "00:00:00:00:00:00 is all zeros, which is not a usable address".to_owned(),
+        ));
     }
     Ok(mac)
 }
@@ -230,7 +237,7 @@ impl Validator {
         if let Some(name) = &interface.name {
             match check_interface_name(name) {
                 Ok(()) => out.interface_name = Some(name.clone()),
-                Err(message) => self.error("interface.name", message),
+                Err(e) => self.error("interface.name", e.to_string()),
             }
         }
         if let Some(mtu) = interface.mtu {
@@ -246,7 +253,7 @@ impl Validator {
         if let Some(mac) = &interface.hardware_address {
             match check_mac(mac) {
                 Ok(mac) => out.hardware_address = Some(mac),
-                Err(message) => self.error("interface.hardwareAddress", message),
+                Err(e) => self.error("interface.hardwareAddress", e.to_string()),
             }
         }
 
@@ -444,8 +451,8 @@ impl Validator {
     fn route_ip(&mut self, text: &str, path: &str, destination: Option<Cidr>) -> Option<IpAddr> {
         let ip = match parse_ip(text) {
             Ok(ip) => ip,
-            Err(message) => {
-                self.error(path, message);
+            Err(e) => {
+                self.error(path, e.to_string());
                 return None;
             }
         };

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::netconfig::{FieldError, check_interface_name};
+use crate::{Error, Result};
 
 use super::{DeviceKind, Devices, FRIENDLY_DEVICE_CLASS};
 
@@ -205,8 +206,8 @@ pub(super) fn check(
                 );
             }
             for (i, selector) in d.selectors.iter().enumerate() {
-                if let Err(message) = lint_cel(selector) {
-                    error(&format!(".selectors[{i}]"), message);
+                if let Err(e) = lint_cel(selector) {
+                    error(&format!(".selectors[{i}]"), e.to_string());
                 }
             }
             Some((d.device_class_name.clone()?, d.selectors.clone()))
@@ -222,8 +223,8 @@ pub(super) fn check(
 fn friendly(d: &Devices, error: &mut impl FnMut(&str, String)) -> Option<Friendly> {
     let mut ok = true;
     let vendor = match d.vendor.as_deref().map(parse_vendor) {
-        Some(Err(message)) => {
-            error(".vendor", message);
+        Some(Err(e)) => {
+            error(".vendor", e.to_string());
             ok = false;
             None
         }
@@ -231,8 +232,8 @@ fn friendly(d: &Devices, error: &mut impl FnMut(&str, String)) -> Option<Friendl
         None => None,
     };
     if let Some(pf) = &d.pf_name {
-        if let Err(message) = check_interface_name(pf) {
-            error(".pfName", message);
+        if let Err(e) = check_interface_name(pf) {
+            error(".pfName", e.to_string());
             ok = false;
         } else if d.kind == Some(DeviceKind::Nic) {
             error(
@@ -258,33 +259,35 @@ fn friendly(d: &Devices, error: &mut impl FnMut(&str, String)) -> Option<Friendl
 
 /// `8086`, `0x8086` (any case) → an id; anything else that is a plausible attribute value → a
 /// name. A `0x` prefix commits to an id, so `0x80` is an error rather than a vendor name.
-fn parse_vendor(text: &str) -> Result<Vendor, String> {
+fn parse_vendor(text: &str) -> Result<Vendor> {
     let hex = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X"));
     let digits = hex.unwrap_or(text);
     if digits.len() == 4 && digits.bytes().all(|b| b.is_ascii_hexdigit()) {
         return u16::from_str_radix(digits, 16)
             .map(Vendor::Id)
-            .map_err(|e| format!("{text:?}: {e}"));
+            .map_err(|e| Error::Rule(format!("{text:?}: {e}")));
     }
     if hex.is_some() {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "{text:?} is not a PCI vendor id; write four hex digits, e.g. 0x8086"
-        ));
+        )));
     }
     if text.trim().is_empty() {
-        return Err(
+        return Err(Error::Rule(
             "must not be empty; write a PCI vendor id (8086 or 0x8086) or the vendor's name as in pci.ids"
                 .to_owned(),
-        );
-    }
-    if text.len() > MAX_ATTRIBUTE_STRING {
-        return Err(format!(
-            "{text:?} is {} bytes; the driver publishes vendor names of at most {MAX_ATTRIBUTE_STRING} bytes",
-            text.len()
         ));
     }
+    if text.len() > MAX_ATTRIBUTE_STRING {
+        return Err(Error::Rule(format!(
+            "{text:?} is {} bytes; the driver publishes vendor names of at most {MAX_ATTRIBUTE_STRING} bytes",
+            text.len()
+        )));
+    }
     if text.chars().any(char::is_control) {
-        return Err(format!("{text:?} must not contain control characters"));
+        return Err(Error::Rule(format!(
+            "{text:?} must not contain control characters"
+        )));
     }
     Ok(Vendor::Name(text.to_owned()))
 }
@@ -298,27 +301,27 @@ fn parse_vendor(text: &str) -> Result<Vendor, String> {
 /// refuses the template if one does not compile; that refusal lands in the Network's status.
 /// This check catches the typos that are visible without a compiler, before anything is
 /// generated, with a position the admin can find.
-pub fn lint_cel(expression: &str) -> Result<(), String> {
+pub fn lint_cel(expression: &str) -> Result<()> {
     if expression.trim().is_empty() {
-        return Err("must not be empty".to_owned());
+        return Err(Error::Rule("must not be empty".to_owned()));
     }
     if expression.len() > MAX_CEL_BYTES {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "is {} bytes; Kubernetes allows at most {MAX_CEL_BYTES}",
             expression.len()
-        ));
+        )));
     }
     if let Some(problem) = crate::cel::syntax_problem(expression) {
-        return Err(problem);
+        return Err(Error::Rule(problem));
     }
     if crate::cel::exceeds_cost_limit(expression) == Ok(true) {
-        return Err(format!(
+        return Err(Error::Rule(format!(
             "Kubernetes refuses this selector ({}): contains() or matches() on an optional read \
              .?NAME.orValue(…) has no length bound in the apiserver's cost estimate; read the \
              attribute behind a guard instead, e.g. !has(device.attributes[\"DOMAIN\"].NAME) || \
              !device.attributes[\"DOMAIN\"].NAME.contains(\"…\")",
             crate::cel::COST_LIMIT_MESSAGE
-        ));
+        )));
     }
     Ok(())
 }

@@ -254,8 +254,8 @@ impl Validator {
                 return None;
             }
         };
-        if let Err(message) = check_subnet(cidr) {
-            self.error(format!("{path}.cidr"), message);
+        if let Err(e) = check_subnet(cidr) {
+            self.error(format!("{path}.cidr"), e.to_string());
             return None;
         }
         let mut ok = true;
@@ -274,14 +274,14 @@ impl Validator {
             None => None,
             Some(Ok(gateway)) => match check_gateway(cidr, gateway) {
                 Ok(()) => Some(gateway),
-                Err(message) => {
-                    self.error(format!("{path}.gateway"), message);
+                Err(e) => {
+                    self.error(format!("{path}.gateway"), e.to_string());
                     ok = false;
                     None
                 }
             },
-            Some(Err(message)) => {
-                self.error(format!("{path}.gateway"), message);
+            Some(Err(e)) => {
+                self.error(format!("{path}.gateway"), e.to_string());
                 ok = false;
                 None
             }
@@ -293,8 +293,8 @@ impl Validator {
                 .and_then(|e| check_exclusion(cidr, &e).map(|()| e));
             match checked {
                 Ok(e) => exclusions.push(e),
-                Err(message) => {
-                    self.error(format!("{path}.exclude[{j}]"), message);
+                Err(e) => {
+                    self.error(format!("{path}.exclude[{j}]"), e.to_string());
                     ok = false;
                 }
             }
