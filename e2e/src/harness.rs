@@ -240,3 +240,42 @@ where
     }
     trials
 }
+
+/// A test binary's environment, built fresh for every trial and torn down after it, so the
+/// registration of its scenarios is one call ([`scenario_trials`]).
+pub trait ScenarioEnv: Sized + 'static {
+    /// The environment for the trial named `test`, against `cluster` (`None`: the fake API).
+    fn setup(
+        cluster: Option<RealCluster>,
+        test: String,
+    ) -> impl Future<Output = anyhow::Result<Self>>;
+    /// Tears the environment down after the scenario ended with `outcome`; a failed scenario's
+    /// error may be decorated with what the environment logged.
+    fn finish(self, outcome: anyhow::Result<()>) -> impl Future<Output = anyhow::Result<()>>;
+}
+
+/// The fake and real twins of every scenario of `E`, each run in a fresh environment.
+pub fn scenario_trials<E: ScenarioEnv>(scenarios: &[(&str, Scenario<E>)]) -> Vec<Trial> {
+    let real = real_cluster();
+    backend_trials(
+        &real,
+        scenarios,
+        |cluster, label, scenario: Scenario<E>| async move {
+            let mut env = E::setup(cluster, label).await?;
+            let outcome = scenario(&mut env).await;
+            env.finish(outcome).await
+        },
+    )
+}
+
+/// `[(name, scenario)]` for async scenario functions `async fn name(&mut Env) -> Result<()>`,
+/// named after the function.
+#[macro_export]
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        [$({
+            let scenario: $crate::harness::Scenario<_> = |e| Box::pin($name(e));
+            (stringify!($name), scenario)
+        }),*]
+    };
+}

@@ -17,7 +17,7 @@ use knic_controller::reconcile;
 use knic_controller::{availability, cel};
 use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess, VFS, vf_device};
-use knic_e2e::harness::{backend_trials, eventually, real_cluster};
+use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin, Prepared};
 use knic_proto::network::{
     CONDITION_EXHAUSTED, EXHAUSTED_ATTRIBUTE, NETWORK_LABEL, Network, NetworkAddress,
@@ -616,7 +616,19 @@ async fn exhaustion_scenario(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Scenario = knic_e2e::harness::Scenario<Env>;
+impl ScenarioEnv for Env {
+    async fn setup(real: Option<RealCluster>, test: String) -> anyhow::Result<Env> {
+        setup(real, &test).await
+    }
+
+    async fn finish(self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {
+        let cleanup = self.cleanup().await;
+        match outcome {
+            Ok(()) => cleanup,
+            Err(e) => anyhow::bail!("{e:#}\n{}", self.logs()),
+        }
+    }
+}
 
 async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
     let cluster = match &real {
@@ -656,31 +668,11 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let real = real_cluster();
-    let scenarios: Vec<(&str, Scenario)> = vec![
-        ("address_end_to_end", |e| Box::pin(address_end_to_end(e))),
-        ("concurrent_claims_get_unique_addresses", |e| {
-            Box::pin(concurrent_claims_get_unique_addresses(e))
-        }),
-        ("exhaustion_is_a_clean_prepare_error", |e| {
-            Box::pin(exhaustion_is_a_clean_prepare_error(e))
-        }),
-        ("exhaustion_keeps_new_claims_from_scheduling", |e| {
-            Box::pin(exhaustion_keeps_new_claims_from_scheduling(e))
-        }),
-    ];
-    let trials = backend_trials(
-        &real,
-        &scenarios,
-        |cluster, label, scenario: Scenario| async move {
-            let mut env = setup(cluster, &label).await?;
-            let outcome = scenario(&mut env).await;
-            let cleanup = env.cleanup().await;
-            match outcome {
-                Ok(()) => cleanup,
-                Err(e) => anyhow::bail!("{e:#}\n{}", env.logs()),
-            }
-        },
-    );
+    let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
+        address_end_to_end,
+        concurrent_claims_get_unique_addresses,
+        exhaustion_is_a_clean_prepare_error,
+        exhaustion_keeps_new_claims_from_scheduling,
+    ]);
     libtest_mimic::run(&args, trials).exit();
 }

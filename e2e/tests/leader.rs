@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use knic_controller::leader::Elector;
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::harness::{backend_trials, eventually, real_cluster, trial};
+use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials, trial};
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::{Barrier, watch};
 use tower::{Service, ServiceExt};
@@ -667,45 +667,31 @@ async fn sigterm_releases_the_lease(bin: PathBuf) -> anyhow::Result<()> {
     env.cluster.cleanup().await
 }
 
-async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
-    let cluster = match &real {
-        Some(r) => Cluster::real(r, test).await?,
-        None => Cluster::fake(test).await?,
-    };
-    Ok(Env { cluster })
+impl ScenarioEnv for Env {
+    async fn setup(real: Option<RealCluster>, test: String) -> anyhow::Result<Env> {
+        let cluster = match &real {
+            Some(r) => Cluster::real(r, &test).await?,
+            None => Cluster::fake(&test).await?,
+        };
+        Ok(Env { cluster })
+    }
+
+    async fn finish(self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {
+        let cleanup = self.cluster.cleanup().await;
+        outcome.and(cleanup)
+    }
 }
 
-type Scenario = knic_e2e::harness::Scenario<Env>;
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let real = real_cluster();
-    let scenarios: Vec<(&str, Scenario)> = vec![
-        ("api_lease_semantics", |e| Box::pin(api_lease_semantics(e))),
-        ("takeover_after_the_duration", |e| {
-            Box::pin(takeover_after_the_duration(e))
-        }),
-        ("release_hands_over_at_once", |e| {
-            Box::pin(release_hands_over_at_once(e))
-        }),
-        ("race_for_expired_leases", |e| {
-            Box::pin(race_for_expired_leases(e))
-        }),
-        ("cut_off_holder_steps_down_first", |e| {
-            Box::pin(cut_off_holder_steps_down_first(e))
-        }),
-    ];
-    let trials = backend_trials(
-        &real,
-        &scenarios,
-        |cluster, label, scenario: Scenario| async move {
-            let mut env = setup(cluster, &label).await?;
-            let outcome = scenario(&mut env).await;
-            let cleanup = env.cluster.cleanup().await;
-            outcome.and(cleanup)
-        },
-    );
-    let mut trials = trials;
+    let mut trials = scenario_trials::<Env>(&knic_e2e::scenarios![
+        api_lease_semantics,
+        takeover_after_the_duration,
+        release_hands_over_at_once,
+        race_for_expired_leases,
+        cut_off_holder_steps_down_first,
+    ]);
     let binary = controller_binary();
     if let Err(reason) = &binary {
         eprintln!("skipped: process/sigterm_releases_the_lease: {reason}");

@@ -16,7 +16,7 @@ use knic_controller::network::{
 };
 use knic_controller::reconcile::{self, FINALIZER};
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::harness::{backend_trials, eventually, real_cluster};
+use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_proto::network::exhaustion_selector;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
@@ -207,6 +207,17 @@ async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
         .await?;
     }
     Ok(())
+}
+
+impl ScenarioEnv for Env {
+    async fn setup(real: Option<RealCluster>, test: String) -> anyhow::Result<Env> {
+        setup(real, &test).await
+    }
+
+    async fn finish(mut self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {
+        let cleanup = teardown(&mut self).await;
+        outcome.and(cleanup)
+    }
 }
 
 async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
@@ -585,7 +596,6 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Scenario = knic_e2e::harness::Scenario<Env>;
 
 /// The API refuses a template whose selector a real v1.36 apiserver finds too costly (the form
 /// knic once generated for every Network), with the apiserver's message, and accepts the form
@@ -723,34 +733,13 @@ async fn legacy_templates_are_replaced(env: &mut Env) -> anyhow::Result<()> {
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let real = real_cluster();
-    let scenarios: Vec<(&str, Scenario)> = vec![
-        ("templates_follow_namespaces", |e| {
-            Box::pin(templates_follow_namespaces(e))
-        }),
-        ("overlap_is_invalid_until_fixed", |e| {
-            Box::pin(overlap_is_invalid_until_fixed(e))
-        }),
-        ("deletion_cleans_up", |e| Box::pin(deletion_cleans_up(e))),
-        ("legacy_templates_are_replaced", |e| {
-            Box::pin(legacy_templates_are_replaced(e))
-        }),
-        ("unbounded_selectors_are_refused", |e| {
-            Box::pin(unbounded_selectors_are_refused(e))
-        }),
-        ("orphaned_addresses_collected", |e| {
-            Box::pin(orphaned_addresses_collected(e))
-        }),
-    ];
-    let trials = backend_trials(
-        &real,
-        &scenarios,
-        |cluster, label, scenario: Scenario| async move {
-            let mut env = setup(cluster, &label).await?;
-            let outcome = scenario(&mut env).await;
-            let cleanup = teardown(&mut env).await;
-            outcome.and(cleanup)
-        },
-    );
+    let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
+        templates_follow_namespaces,
+        overlap_is_invalid_until_fixed,
+        deletion_cleans_up,
+        legacy_templates_are_replaced,
+        unbounded_selectors_are_refused,
+        orphaned_addresses_collected,
+    ]);
     libtest_mimic::run(&args, trials).exit();
 }

@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess};
-use knic_e2e::harness::{backend_trials, eventually, real_cluster};
+use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 
 const PF: &str = "pci-0000-a2-00-0";
@@ -30,6 +30,20 @@ struct Env {
     driver: DriverProcess,
     root: PathBuf,
     node_uid: String,
+}
+
+impl ScenarioEnv for Env {
+    async fn setup(real: Option<RealCluster>, test: String) -> anyhow::Result<Env> {
+        setup(real, &test).await
+    }
+
+    async fn finish(self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {
+        let cleanup = self.cluster.cleanup().await;
+        match outcome {
+            Ok(()) => cleanup,
+            Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", self.driver.logs()),
+        }
+    }
 }
 
 async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
@@ -199,35 +213,14 @@ async fn prepared_device_stays_published(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Scenario = knic_e2e::harness::Scenario<Env>;
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let real = real_cluster();
-    let scenarios: Vec<(&str, Scenario)> = vec![
-        ("publish_fixture", |e| Box::pin(publish_fixture(e))),
-        ("republish_after_kubelet_wipe", |e| {
-            Box::pin(republish_after_kubelet_wipe(e))
-        }),
-        ("restart_writes_nothing", |e| {
-            Box::pin(restart_writes_nothing(e))
-        }),
-        ("prepared_device_stays_published", |e| {
-            Box::pin(prepared_device_stays_published(e))
-        }),
-    ];
-    let trials = backend_trials(
-        &real,
-        &scenarios,
-        |cluster, label, scenario: Scenario| async move {
-            let mut env = setup(cluster, &label).await?;
-            let outcome = scenario(&mut env).await;
-            let cleanup = env.cluster.cleanup().await;
-            match outcome {
-                Ok(()) => cleanup,
-                Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", env.driver.logs()),
-            }
-        },
-    );
+    let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
+        publish_fixture,
+        republish_after_kubelet_wipe,
+        restart_writes_nothing,
+        prepared_device_stays_published,
+    ]);
     libtest_mimic::run(&args, trials).exit();
 }

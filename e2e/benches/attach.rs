@@ -24,7 +24,7 @@
 //! The process first enters private network and mount namespaces (its "host"), so nothing it
 //! creates outlives it; it also deletes what it made. Needs root (skips otherwise).
 //!
-//! Run: `cargo bench -p knic-driver --bench attach` (`KNIC_BENCH_CYCLES=N` to change the
+//! Run: `cargo bench -p knic-e2e --bench attach` (`KNIC_BENCH_CYCLES=N` to change the
 //! number of measured cycles, default 1000; `KNIC_BENCH_CNI_PATH=DIR` for another plugin
 //! directory than /usr/lib/cni or /opt/cni/bin). Without cargo bench's `--bench` argument (as
 //! `cargo test --all-targets` runs it) it does a smoke run of 3 cycles after 1 warm-up: the
@@ -39,6 +39,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use knic_e2e::harness::ip;
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
@@ -62,48 +63,6 @@ const ROUTE_GW: &str = "192.0.2.1";
 const CNI_DIRS: [&str; 2] = ["/usr/lib/cni", "/opt/cni/bin"];
 const ATTACH_P99_TARGET: Duration = Duration::from_millis(5);
 const RATIO_TARGET: f64 = 25.0;
-
-fn ip(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Private network and mount namespaces and a private /run/netns; must run before any thread
-/// exists (unshare of a mount namespace is refused to a multi-threaded process).
-fn isolate() -> anyhow::Result<()> {
-    use nix::mount::{MsFlags, mount};
-    use nix::sched::{CloneFlags, unshare};
-    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).context("unshare")?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .context("making mounts private")?;
-    std::fs::create_dir_all("/run/netns")?;
-    mount(
-        Some("tmpfs"),
-        "/run/netns",
-        Some("tmpfs"),
-        MsFlags::empty(),
-        None::<&str>,
-    )
-    .context("mounting a private /run/netns")?;
-    ip(&["link", "set", "lo", "up"])?;
-    Ok(())
-}
 
 /// The pod and peer namespaces and the veth pair; deleted on drop.
 struct Setup;
@@ -429,7 +388,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     // Before any thread exists.
-    isolate()?;
+    let sysfs = knic_e2e::harness::isolate().map_err(|e| anyhow::anyhow!(e))?;
 
     let bench = std::env::args().any(|a| a == "--bench");
     let (cycles, warmup, smoke) = match std::env::var("KNIC_BENCH_CYCLES") {
@@ -560,5 +519,6 @@ fn main() -> anyhow::Result<()> {
         met(knic_attach_p99 < ATTACH_P99_TARGET),
         ms(knic_attach_p99)
     );
+    knic_e2e::harness::unisolate(&sysfs);
     Ok(())
 }
