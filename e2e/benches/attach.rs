@@ -39,11 +39,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use knic_e2e::harness::ip;
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
 };
+use knic_e2e::harness::ip;
 use knic_proto::netconfig::{Cidr, Route};
 
 const DEFAULT_CYCLES: usize = 1000;

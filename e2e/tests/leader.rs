@@ -682,7 +682,6 @@ impl ScenarioEnv for Env {
     }
 }
 
-
 fn main() {
     let args = knic_e2e::harness::arguments();
     let mut trials = scenario_trials::<Env>(&knic_e2e::scenarios![

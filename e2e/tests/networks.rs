@@ -596,7 +596,6 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 /// The API refuses a template whose selector a real v1.36 apiserver finds too costly (the form
 /// knic once generated for every Network), with the apiserver's message, and accepts the form
 /// knic generates now; a Network whose own selector has that form is `Invalid` before anything

@@ -213,7 +213,6 @@ async fn prepared_device_stays_published(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![

@@ -129,6 +129,43 @@ impl WatchPacer {
     }
 }
 
+/// A [`WatchPacer`] both binaries' API clients share across their watchers: seeded from the
+/// clock and the process id (so replicas restarting together do not retry in step), and asked
+/// per request, so each client adapter is only the plumbing into its HTTP stack.
+#[derive(Debug)]
+pub struct RequestPacer(std::sync::Mutex<WatchPacer>);
+
+impl RequestPacer {
+    /// A pacer with a per-process seed.
+    pub fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        RequestPacer(std::sync::Mutex::new(WatchPacer::new(seed)))
+    }
+
+    /// How long to hold the request for `path` and `query` before sending it (zero for
+    /// anything but a watch that follows an early-ended one), and its track for logging.
+    pub fn pause(&self, path: &str, query: Option<&str>) -> (Duration, Option<String>) {
+        let Some(track) = watch_track(path, query.unwrap_or_default()) else {
+            return (Duration::ZERO, None);
+        };
+        let pause = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .before_watch(&track, Instant::now());
+        (pause, Some(track))
+    }
+}
+
+impl Default for RequestPacer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The pacing track of a request, `None` unless it is a watch (`watch=true` or `watch=1`):
 /// its path and the query parameters that select what is watched, without those that change
 /// from one watch of the same thing to the next (resourceVersion, timeouts, bookmarks).

@@ -82,6 +82,18 @@ pub struct Attachment {
     pub attached: bool,
 }
 
+impl Attachment {
+    /// A device not yet attached: only its plan.
+    pub fn planned(plan: crate::netns::AttachPlan) -> Self {
+        Attachment {
+            plan,
+            restore: None,
+            netns: None,
+            attached: false,
+        }
+    }
+}
+
 /// One allocated device of a prepared claim.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

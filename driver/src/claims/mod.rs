@@ -467,15 +467,7 @@ impl Preparer {
             .collect();
         let plans = crate::claims::plan::plans(&prepared, configs, &taken, ipam)
             .map_err(|e| claim_error(e.to_string()))?;
-        prepared.attachments = plans
-            .into_iter()
-            .map(|plan| Attachment {
-                plan,
-                restore: None,
-                netns: None,
-                attached: false,
-            })
-            .collect();
+        prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         locked.save(next, true).await?;

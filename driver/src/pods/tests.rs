@@ -95,12 +95,7 @@ mod hooks {
                 plan("dev-1", "ens1f0v1", "net2", &["192.0.2.11/24"]),
             ]
             .into_iter()
-            .map(|plan| Attachment {
-                plan,
-                restore: None,
-                netns: None,
-                attached: false,
-            })
+            .map(Attachment::planned)
             .collect(),
             allocations: vec![],
         };
