@@ -1,7 +1,10 @@
 //! knic's per-node driver.
 //!
-//! Modules are named by domain: [`claims`] decides what preparing a claim means, [`checkpoint`]
-//! remembers it durably, [`kubelet`] speaks the kubelet's plugin protocols. The outside world
+//! Modules are grouped along a pod's path (ARCHITECTURE.md has the table): [`kubelet`] speaks
+//! the kubelet's plugin protocols, [`claims`] decides what preparing a claim means and remembers
+//! it durably, [`pods`] moves interfaces in and out through [`netns`] when [`nri`] says a
+//! sandbox starts or stops; [`inventory`] finds devices and [`slices`] publishes them; every
+//! API object is read or written in [`api`]. The outside world
 //! (directories, sockets, the API client) always comes in as a parameter, so every part runs in
 //! tests against temporary directories and fakes.
 

@@ -28,7 +28,7 @@ const MAX_ENTRIES_PER_DEVICE: usize = 32;
 
 /// The exhausted Networks, in the order they became exhausted (the condition's
 /// `lastTransitionTime`, then name), so every node lists the same ones when more than
-/// [`MAX_EXHAUSTED_LISTED`] are full at once, and a network that has been full longest is never
+/// [`MAX_EXHAUSTED_LISTED`](knic_proto::network::MAX_EXHAUSTED_LISTED) are full at once, and a network that has been full longest is never
 /// the one left out.
 pub fn exhausted_names(networks: &[Network]) -> Vec<String> {
     let mut full: Vec<(Option<&Time>, String)> = networks
