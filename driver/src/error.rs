@@ -94,6 +94,22 @@ pub enum Error {
     /// it, or the runtime side's reason (the test runtime the demo and the e2e drive).
     #[error("{0}")]
     Nri(String),
+    /// The interface carrying a prepared device's name is another device (renamed by an admin,
+    /// or a different function): nothing is moved, and the claim's Ready condition says why.
+    #[error(
+        "interface {ifname} is {found}, but the device was prepared as {prepared}; refusing \
+         to move it into the pod"
+    )]
+    DeviceMismatch {
+        /// `pool/device` (callers name it in their own context, so the message does not).
+        device: String,
+        /// The host interface name in the plan.
+        ifname: String,
+        /// What the device was when prepared.
+        prepared: String,
+        /// What carries the name now.
+        found: String,
+    },
     /// A start-up setting is invalid.
     #[error("invalid setting {setting}: {reason}")]
     Setting {

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::{Rtnl, kernel_has_8021q};
 use knic_driver::netns::{
-    AttachMode, AttachPlan, Kernel, LinkState, Ns, Restore, Session, attach, capture, detach,
+    AttachMode, AttachPlan, DeviceIdentity, Kernel, LinkState, Ns, Restore, Session, attach,
+    capture, detach,
 };
 use knic_e2e::harness::{Netns, in_netns, ip, isolate, udp_echo};
 use knic_proto::netconfig::{Cidr, Route};
@@ -52,6 +53,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
             table: None,
         }],
         sysctls,
+        identity: None,
     }
 }
 
@@ -185,6 +187,68 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The MAC of `name` in the host namespace, as `ip` reads it.
+fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
+    let out = ip(&["-br", "link", "show", "dev", name])?;
+    let text = out
+        .split_whitespace()
+        .nth(2)
+        .context("no MAC in ip -br link")?;
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()?;
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("{text}: not a MAC"))
+}
+
+/// An admin renames the prepared device away and gives its name to another interface between
+/// prepare and pod start: attach refuses with both identities named, and nothing moves.
+async fn renamed_device_is_refused(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-i")?;
+    let _links = Links(vec!["knt-i0", "knt-i2", "knt-iold"]);
+    ip(&[
+        "link", "add", "knt-i0", "type", "veth", "peer", "name", "knt-i1",
+    ])?;
+    ip(&[
+        "link", "add", "knt-i2", "type", "veth", "peer", "name", "knt-i3",
+    ])?;
+    let mut p = plan("knt-i0", AttachMode::Move);
+    let prepared = mac_of("knt-i0")?;
+    p.identity = Some(DeviceIdentity::Mac { address: prepared });
+    // The swap: the prepared device is renamed, an unoffered one takes its name.
+    ip(&["link", "set", "knt-i0", "name", "knt-iold"])?;
+    ip(&["link", "set", "knt-i2", "name", "knt-i0"])?;
+    let impostor = mac_of("knt-i0")?;
+    let err = capture(k, &p)
+        .await
+        .err()
+        .context("capture must refuse the impostor")?
+        .to_string();
+    let want = format!(
+        "interface knt-i0 is MAC {}, but the device was prepared as MAC {}; refusing to move \
+         it into the pod",
+        knic_driver::netns::mac_text(&impostor),
+        knic_driver::netns::mac_text(&prepared)
+    );
+    ensure!(err == want, "{err}\nwanted: {want}");
+    let pod_links = ip(&["-n", "knt-pod-i", "-br", "link"])?;
+    ensure!(!pod_links.contains("net1"), "moved anyway: {pod_links}");
+    ensure!(
+        host_link(k, "knt-i0").await?.is_some(),
+        "the impostor left the host"
+    );
+    // Renamed back, the prepared device is accepted again.
+    ip(&["link", "set", "knt-i0", "name", "knt-i2"])?;
+    ip(&["link", "set", "knt-iold", "name", "knt-i0"])?;
+    let restore = capture(k, &p).await?;
+    attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
+    detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
+    ensure!(host_link(k, "knt-i0").await? == Some(restore.host.clone()));
+    Ok(())
+}
+
 async fn failed_attach_is_undone(k: &Rtnl) -> anyhow::Result<()> {
     let pod = Netns::new("knt-pod-c")?;
     let _links = Links(vec!["knt-c0"]);
@@ -298,6 +362,11 @@ fn main() {
         (
             "kernel/name_clash_in_pod",
             |k| Box::pin(name_clash(k)),
+            ignored,
+        ),
+        (
+            "kernel/renamed_device_is_refused",
+            |k| Box::pin(renamed_device_is_refused(k)),
             ignored,
         ),
         (

@@ -180,6 +180,49 @@ pub fn answer(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
         .collect()
 }
 
+/// Refuses allocation results this node must not act on: a pool that is not this node's (the
+/// claim was allocated elsewhere; acting on it would give this node's device of the same name
+/// to a pod that runs on another node), a device listed twice, or a device this node does not
+/// publish. `published` says whether the devices' published forms were looked up.
+fn check_results(
+    wanted: &ClaimRef,
+    prepared: &PreparedClaim,
+    pool: Option<&str>,
+    published: bool,
+) -> Result<()> {
+    let refuse = |reason: String| Error::Claim {
+        namespace: wanted.namespace.clone(),
+        name: wanted.name.clone(),
+        reason,
+    };
+    let mut seen: HashMap<&str, &str> = HashMap::new();
+    for d in &prepared.devices {
+        if let Some(pool) = pool
+            && d.pool != pool
+        {
+            return Err(refuse(format!(
+                "request {}: device {}/{} is in pool {:?}, not this node's pool {pool:?}: the \
+                 claim was allocated for another node",
+                d.request, d.pool, d.device, d.pool
+            )));
+        }
+        if let Some(first) = seen.insert(&d.device, &d.request) {
+            return Err(refuse(format!(
+                "device {} is allocated twice (requests {first} and {}); a device serves one \
+                 request",
+                d.device, d.request
+            )));
+        }
+        if published && d.published.is_none() {
+            return Err(refuse(format!(
+                "request {}: device {}/{} is not published by this node",
+                d.request, d.pool, d.device
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Puts a claim's devices back on the host before the claim is forgotten, for the case the
 /// sandbox stop never ran or failed: the pod-network layer, absent when only the kubelet plugin
 /// runs. Called with the [`ClaimStore`] locked (unprepare must not interleave with an attach),
@@ -197,6 +240,8 @@ pub struct Preparer {
     claims: Arc<ClaimStore>,
     /// The node's current devices, to snapshot what a prepared device looked like.
     inventory: Option<watch::Receiver<Vec<Device>>>,
+    /// This node's pool; results naming another are refused.
+    pool: Option<String>,
     release: Option<Arc<dyn Release>>,
     /// Where IPAM allocations are made and this node's name; unset (demo, tests) means claims
     /// with `ipam` cannot be prepared.
@@ -217,6 +262,7 @@ impl Preparer {
             source,
             claims,
             inventory: None,
+            pool: None,
             release: None,
             ipam: None,
             inflight: std::sync::Mutex::default(),
@@ -227,6 +273,12 @@ impl Preparer {
     /// ResourceSlice devices), so it stays published while it is in a pod.
     pub fn with_devices(mut self, devices: watch::Receiver<Vec<Device>>) -> Self {
         self.inventory = Some(devices);
+        self
+    }
+
+    /// Only results in `pool` (this node's pool, named after the node) are prepared.
+    pub fn with_pool(mut self, pool: impl Into<String>) -> Self {
+        self.pool = Some(pool.into());
         self
     }
 
@@ -330,6 +382,12 @@ impl Preparer {
                 d.published = current.iter().find(|c| c.name == d.device).cloned();
             }
         }
+        check_results(
+            wanted,
+            &prepared,
+            self.pool.as_deref(),
+            self.inventory.is_some(),
+        )?;
         if prepared.devices.is_empty() {
             tracing::warn!(claim = %wanted.name, namespace = %wanted.namespace,
                 "no allocation result is for this driver; preparing with no devices");
@@ -447,9 +505,11 @@ impl Preparer {
         }
         for device in &prepared.devices {
             let holder = checkpoint.claims.values().find(|other| {
-                other.devices.iter().any(|d| {
-                    d.pool == device.pool && d.device == device.device && d.share_id.is_none()
-                })
+                // By device alone: the pool string is the claim's to get wrong.
+                other
+                    .devices
+                    .iter()
+                    .any(|d| d.device == device.device && d.share_id.is_none())
             });
             if let Some(other) = holder {
                 return Err(claim_error(format!(

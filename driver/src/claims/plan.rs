@@ -8,7 +8,7 @@ use knic_proto::netconfig::{self, ConfigErrors, FieldError, NetworkConfig};
 
 use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
 use crate::claims::ipam::Addressing;
-use crate::netns::{AttachMode, AttachPlan};
+use crate::netns::{AttachMode, AttachPlan, DeviceIdentity};
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
 /// family would silently never work.
@@ -125,6 +125,7 @@ pub fn plans(
             addresses: valid.addresses,
             routes: valid.routes,
             sysctls: valid.sysctls,
+            identity: identity(device),
         });
     }
     if errors.is_empty() {
@@ -254,6 +255,25 @@ fn with_ipam(
     })
 }
 
+/// What the device was when published (see [`DeviceIdentity`]): its PCI function, else its
+/// MAC. `None` when discovery knew neither, which only a device without a MAC can be.
+fn identity(device: &PreparedDevice) -> Option<DeviceIdentity> {
+    let attributes = device.published.as_ref()?.attributes.as_ref()?;
+    let text = |key: &str| attributes.get(key).and_then(|a| a.string.clone());
+    if let Some(address) = text("pciAddress") {
+        return Some(DeviceIdentity::Pci { address });
+    }
+    let mac = text("mac")?;
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<std::result::Result<_, _>>()
+        .ok()?;
+    Some(DeviceIdentity::Mac {
+        address: bytes.try_into().ok()?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -303,6 +323,43 @@ mod tests {
             attachments: vec![],
             allocations: vec![],
         }
+    }
+
+    #[test]
+    fn the_plan_records_what_identifies_the_device() {
+        let published = |attributes: serde_json::Value| {
+            let mut d = device("a", "d0", None);
+            d.published = Some(
+                serde_json::from_value(json!({"name": "d0", "attributes": attributes}))
+                    .expect("device"),
+            );
+            d
+        };
+        let pci = published(json!({
+            "ifName": {"string": "ens1f0"},
+            "pciAddress": {"string": "0000:a2:00.0"},
+            "mac": {"string": "aa:bb:cc:dd:ee:01"}
+        }));
+        let veth = published(json!({
+            "ifName": {"string": "veth9"},
+            "mac": {"string": "aa:bb:cc:dd:ee:02"}
+        }));
+        let nothing = published(json!({"ifName": {"string": "lo9"}}));
+        let c = claim(vec![pci, veth, nothing], vec![]);
+        let p = plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new()).unwrap();
+        let identities: Vec<_> = p.iter().map(|p| p.identity.clone()).collect();
+        assert_eq!(
+            identities,
+            [
+                Some(DeviceIdentity::Pci {
+                    address: "0000:a2:00.0".into()
+                }),
+                Some(DeviceIdentity::Mac {
+                    address: [0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x02]
+                }),
+                None,
+            ]
+        );
     }
 
     #[test]

@@ -447,3 +447,97 @@ async fn corrupt_checkpoint_refuses_work_until_repaired() {
         .unwrap()
         .unwrap();
 }
+
+/// The error text prepare gave claim `u1`.
+async fn prepare_error(preparer: &Preparer) -> String {
+    match preparer.prepare(&[wanted("u1")]).await.remove("u1") {
+        Some(Err(e)) => e.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn results_this_node_must_not_act_on_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    let preparer = in_dir(source.clone(), &dir).with_pool("node-a");
+
+    // Allocated in another node's pool: this node's dev-a must not go to that pod.
+    let mut foreign = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .reserved_for(&[("p", "pu")]);
+    foreign.0["status"]["allocation"]["devices"]["results"][0]["pool"] = json!("node-b");
+    add(&source, foreign.build());
+    assert_eq!(
+        prepare_error(&preparer).await,
+        "ResourceClaim ns/claim: request nic: device node-b/dev-a is in pool \"node-b\", not this \
+         node's pool \"node-a\": the claim was allocated for another node"
+    );
+
+    // One device for two requests.
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    assert_eq!(
+        prepare_error(&preparer).await,
+        "ResourceClaim ns/claim: device dev-a is allocated twice (requests nic and second); a \
+         device serves one request"
+    );
+
+    // A device this node does not publish.
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-z")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    assert_eq!(
+        prepare_error(&preparer).await,
+        "ResourceClaim ns/claim: request nic: device node-a/dev-z is not published by this node"
+    );
+    assert!(
+        preparer
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn the_busy_check_is_on_the_device_whatever_the_pool_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    // No pool check configured (as before `with_pool`): the device alone decides.
+    let preparer = in_dir(source.clone(), &dir);
+    let mut other = ClaimBuilder::new("other", "u2")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .reserved_for(&[("q", "qu")]);
+    other.0["metadata"]["name"] = json!("other");
+    add(&source, other.build());
+    preparer
+        .prepare(&[claim_ref("other", "u2")])
+        .await
+        .remove("u2")
+        .unwrap()
+        .expect("the first claim gets dev-a");
+    let mut renamed = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .reserved_for(&[("p", "pu")]);
+    renamed.0["status"]["allocation"]["devices"]["results"][0]["pool"] = json!("another-pool");
+    add(&source, renamed.build());
+    let err = prepare_error(&preparer).await;
+    assert!(
+        err.starts_with(
+            "ResourceClaim ns/claim: device another-pool/dev-a is still prepared for claim ns/other"
+        ),
+        "{err}"
+    );
+}

@@ -44,6 +44,7 @@ pub(crate) fn plan(
         addresses: addresses.iter().filter_map(|a| a.parse().ok()).collect(),
         routes: vec![],
         sysctls: BTreeMap::new(),
+        identity: None,
     }
 }
 
@@ -97,8 +98,36 @@ impl FakeKernel {
             up: true,
             addresses: addresses.to_vec(),
             kind: kind.map(str::to_string),
+            permanent_mac: None,
+            pci_address: None,
         });
         index
+    }
+
+    /// Gives the link `name` in `ns` the ifindex `index` (indexes are per namespace, so a
+    /// pod's link can carry the same one as a host link).
+    pub fn renumber(&self, ns: &Ns, name: &str, index: u32) {
+        let mut s = self.lock();
+        if let Some(link) = s
+            .links
+            .get_mut(ns)
+            .and_then(|links| links.iter_mut().find(|l| l.name == name))
+        {
+            link.index = index;
+        }
+    }
+
+    /// Gives the link `name` in `ns` a permanent MAC and a PCI function, like a NIC port.
+    pub fn set_hardware(&self, ns: &Ns, name: &str, permanent_mac: [u8; 6], pci: &str) {
+        let mut s = self.lock();
+        if let Some(link) = s
+            .links
+            .get_mut(ns)
+            .and_then(|links| links.iter_mut().find(|l| l.name == name))
+        {
+            link.permanent_mac = Some(permanent_mac);
+            link.pci_address = Some(pci.to_owned());
+        }
     }
 
     /// Creates a pod namespace.
@@ -158,12 +187,7 @@ pub struct FakeSession {
     ns: Ns,
 }
 
-fn mac_text(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
+use super::mac_text;
 
 fn describe(change: &LinkChange) -> String {
     let mut parts = Vec::new();
@@ -392,6 +416,8 @@ impl Session for FakeSession {
             up: false,
             addresses: vec![],
             kind: Some("vlan".into()),
+            permanent_mac: None,
+            pci_address: None,
         });
         Ok(())
     }

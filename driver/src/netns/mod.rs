@@ -59,6 +59,70 @@ pub struct LinkState {
     pub addresses: Vec<Cidr>,
     /// `IFLA_INFO_KIND` (veth, macvlan, vlan…); `None` for physical devices.
     pub kind: Option<String>,
+    /// The burned-in MAC (`IFLA_PERM_ADDRESS`), which a rename or `ip link set address` does
+    /// not change; only physical devices have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permanent_mac: Option<[u8; 6]>,
+    /// The PCI function behind the netdev (`IFLA_PARENT_DEV_NAME` on the `pci` bus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+}
+
+/// What makes a prepared device that device and not merely whatever carries its name when the
+/// pod starts: interface names are the host admin's to change, so attach checks this before it
+/// moves anything (a renamed, unoffered interface must never end up in a pod).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "by")]
+pub enum DeviceIdentity {
+    /// A PCI function (NIC port, PF, VF): its address survives renames and MAC changes.
+    Pci {
+        /// `0000:a2:00.0`.
+        address: String,
+    },
+    /// A netdev without a PCI function (veth, macvlan…): its MAC as discovered, compared
+    /// with the permanent MAC when the device has one, else with the current one.
+    Mac {
+        /// The MAC the device was published with.
+        address: [u8; 6],
+    },
+}
+
+impl std::fmt::Display for DeviceIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceIdentity::Pci { address } => write!(f, "PCI function {address}"),
+            DeviceIdentity::Mac { address } => write!(f, "MAC {}", mac_text(address)),
+        }
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl DeviceIdentity {
+    /// `None` when `link` is this device; otherwise what `link` is instead, for the error.
+    fn mismatch(&self, link: &LinkState) -> Option<String> {
+        match self {
+            DeviceIdentity::Pci { address } => match &link.pci_address {
+                Some(found) if found == address => None,
+                Some(found) => Some(format!("PCI function {found}")),
+                None => Some("not a PCI function".to_owned()),
+            },
+            DeviceIdentity::Mac { address } => {
+                let found = link.permanent_mac.or(link.mac);
+                match found {
+                    Some(found) if &found == address => None,
+                    Some(found) => Some(format!("MAC {}", mac_text(&found))),
+                    None => Some("a device without a MAC".to_owned()),
+                }
+            }
+        }
+    }
 }
 
 /// Link attributes to change; `None` leaves one alone.
@@ -166,6 +230,10 @@ pub struct AttachPlan {
     pub routes: Vec<Route>,
     /// Per-interface sysctls inside the pod.
     pub sysctls: BTreeMap<String, String>,
+    /// What the device was when it was published; `None` only in checkpoints written before
+    /// knic recorded it (those attach by name, as they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<DeviceIdentity>,
 }
 
 impl AttachPlan {
@@ -188,6 +256,8 @@ pub struct Restore {
 }
 
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
+/// Refuses, before anything changes, when the interface under the prepared name is not the
+/// prepared device.
 pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore> {
     let mut host = open(kernel, &Ns::Host).await?;
     let link = host.link(&plan.host_ifname).await?.ok_or_else(|| {
@@ -200,6 +270,16 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
             ),
         )
     })?;
+    if let Some(identity) = &plan.identity
+        && let Some(found) = identity.mismatch(&link)
+    {
+        return Err(Error::DeviceMismatch {
+            device: format!("{}/{}", plan.pool, plan.device),
+            ifname: plan.host_ifname.clone(),
+            prepared: identity.to_string(),
+            found,
+        });
+    }
     Ok(Restore { host: link })
 }
 
@@ -213,7 +293,10 @@ async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
 /// Whether `link` (in the pod) is the plan's device: ifindexes are per namespace and can
 /// coincide, so the MAC the device carries in the pod must match too.
 fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> bool {
-    link.index == restore.host.index && link.mac == plan.mac.or(restore.host.mac)
+    link.index == restore.host.index
+        && link.mac == plan.mac.or(restore.host.mac)
+        && link.permanent_mac == restore.host.permanent_mac
+        && link.pci_address == restore.host.pci_address
 }
 
 /// Steps attach performed, undone in reverse on failure.

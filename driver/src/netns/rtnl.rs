@@ -122,9 +122,20 @@ fn state(msg: &LinkMessage) -> LinkState {
         up: msg.header.flags.contains(LinkFlags::Up),
         addresses: Vec::new(),
         kind: None,
+        permanent_mac: None,
+        pci_address: None,
     };
+    let mut parent: Option<&String> = None;
+    let mut on_pci = false;
     for attr in &msg.attributes {
         match attr {
+            LinkAttribute::PermAddress(a) if a.len() == 6 && a.iter().any(|b| *b != 0) => {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(a);
+                s.permanent_mac = Some(mac);
+            }
+            LinkAttribute::ParentDevName(name) => parent = Some(name),
+            LinkAttribute::ParentDevBusName(bus) => on_pci = bus == "pci",
             LinkAttribute::IfName(n) => s.name = n.clone(),
             LinkAttribute::Mtu(m) => s.mtu = *m,
             LinkAttribute::Address(a) if a.len() == 6 => {
@@ -141,6 +152,9 @@ fn state(msg: &LinkMessage) -> LinkState {
             }
             _ => {}
         }
+    }
+    if on_pci {
+        s.pci_address = parent.cloned();
     }
     s
 }

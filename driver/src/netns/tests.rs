@@ -310,3 +310,73 @@ async fn missing_pod_namespace_is_an_error_naming_it() {
         "/var/run/netns/gone: entering the network namespace: it does not exist"
     );
 }
+
+#[tokio::test]
+async fn capture_refuses_another_device_under_the_prepared_name() {
+    let (k, _) = kernel();
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0xaa, 0, 0, 0, 0, 1], "0000:a2:01.1");
+    let mut p = plan(AttachMode::Move);
+    p.identity = Some(DeviceIdentity::Pci {
+        address: "0000:a2:01.0".into(),
+    });
+    let err = capture(&k, &p).await.expect_err("another PCI function");
+    assert_eq!(
+        err.to_string(),
+        "interface ens1f0v0 is PCI function 0000:a2:01.1, but the device was prepared as PCI \
+         function 0000:a2:01.0; refusing to move it into the pod"
+    );
+    p.identity = Some(DeviceIdentity::Mac {
+        address: [0xaa, 0, 0, 0, 0, 2],
+    });
+    let err = capture(&k, &p).await.expect_err("another MAC");
+    assert_eq!(
+        err.to_string(),
+        "interface ens1f0v0 is MAC aa:00:00:00:00:01, but the device was prepared as MAC \
+         aa:00:00:00:00:02; refusing to move it into the pod"
+    );
+    // Nothing was changed: only reads happened (the fake logs changes only).
+    assert!(k.log().is_empty(), "{:?}", k.log());
+}
+
+#[tokio::test]
+async fn identity_survives_a_mac_change_through_the_permanent_mac() {
+    let (k, _) = kernel();
+    // The admin changed the current MAC; the burned-in one still identifies the port.
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0xaa, 0, 0, 0, 0, 9], "0000:a2:01.0");
+    let mut p = plan(AttachMode::Move);
+    p.identity = Some(DeviceIdentity::Mac {
+        address: [0xaa, 0, 0, 0, 0, 9],
+    });
+    capture(&k, &p).await.expect("the permanent MAC matches");
+    p.identity = Some(DeviceIdentity::Pci {
+        address: "0000:a2:01.0".into(),
+    });
+    let restore = capture(&k, &p).await.expect("the PCI function matches");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attach");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detach");
+}
+
+#[tokio::test]
+async fn detach_leaves_a_foreign_device_in_the_pod_alone() {
+    let (k, index) = kernel();
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0xaa, 0, 0, 0, 0, 1], "0000:a2:01.0");
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.expect("capture");
+    // Not attached by knic: the pod has its own net1 with the same ifindex and the MAC the
+    // plan would set, but it is another port.
+    k.add_link(&pod(), "net1", 1500, [0x02, 0, 0, 0, 0, 0x10], None, &[]);
+    k.renumber(&pod(), "net1", index);
+    k.set_hardware(&pod(), "net1", [0xcc, 0, 0, 0, 0, 1], "0000:b3:00.0");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detach");
+    assert!(
+        k.log().iter().all(|l| !l.contains("netns")),
+        "moved a device knic never moved: {:?}",
+        k.log()
+    );
+}

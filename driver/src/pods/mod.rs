@@ -71,13 +71,6 @@ impl StatusSink for LogStatus {
     }
 }
 
-fn mac_text(mac: [u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 /// The runtime-hook side of the driver: attach and detach, recorded in the claim store.
 pub struct PodNetworks<K> {
     kernel: K,
@@ -142,7 +135,7 @@ impl<K: Kernel> PodNetworks<K> {
                             message: format!("{} configured in pod {pod_name}", a.plan.pod_ifname),
                             interface_name: Some(a.plan.pod_ifname.clone()),
                             ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
-                            hardware_address: link.mac.map(mac_text),
+                            hardware_address: link.mac.as_ref().map(netns::mac_text),
                         });
                     }
                     Err(e) => {
@@ -161,7 +154,11 @@ impl<K: Kernel> PodNetworks<K> {
                             pool: a.plan.pool.clone(),
                             device: a.plan.device.clone(),
                             ready: false,
-                            reason: "AttachFailed".into(),
+                            reason: match &e {
+                                Error::DeviceMismatch { .. } => "DeviceMismatch",
+                                _ => "AttachFailed",
+                            }
+                            .into(),
                             message: e.to_string(),
                             interface_name: None,
                             ips: vec![],

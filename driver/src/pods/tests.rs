@@ -222,6 +222,38 @@ mod hooks {
     }
 
     #[tokio::test]
+    async fn another_device_under_a_prepared_name_is_refused_and_the_claim_says_so() {
+        let s = setup().await;
+        // ens1f0v1 was published with MAC aa:…:02; what carries the name now is another device.
+        s.claims
+            .update("claim-uid", |c| {
+                c.attachments[1].plan.identity = Some(crate::netns::DeviceIdentity::Mac {
+                    address: [0xaa, 0, 0, 0, 0, 7],
+                });
+            })
+            .await
+            .expect("update");
+        let err = s
+            .pods
+            .run_pod_sandbox(sandbox(Some(netns_path())))
+            .await
+            .expect_err("the impostor is refused")
+            .to_string();
+        assert_eq!(
+            err,
+            "ResourceClaim ns/c: device node-a/dev-1: interface ens1f0v1 is MAC \
+             aa:00:00:00:00:02, but the device was prepared as MAC aa:00:00:00:00:07; refusing \
+             to move it into the pod"
+        );
+        assert!(s.kernel.links(&pod_ns()).is_empty(), "nothing in the pod");
+        assert_eq!(names(&s.kernel, &Ns::Host), ["ens1f0v0", "ens1f0v1"]);
+        let seen = s.status.wait_for(1).await;
+        assert_eq!(seen[0].1[0].reason, "DeviceMismatch");
+        assert_eq!(seen[0].1[0].device, "dev-1");
+        assert!(!seen[0].1[0].ready);
+    }
+
+    #[tokio::test]
     async fn synchronize_resumes_a_cut_short_attach_of_a_running_pod() {
         let s = setup().await;
         // A crash right after the host state was recorded, before the move.
