@@ -5,8 +5,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use crate::netconfig::Cidr;
-use crate::netconfig::parse_ip_expecting;
+use crate::netconfig::{
+    Cidr, check_address_range, check_next_hop, check_not_reserved, parse_ip_expecting,
+    reserved_ends,
+};
 
 use crate::{Error, Result};
 
@@ -152,10 +154,10 @@ impl Hole {
 
 impl Pool {
     /// Builds the pool, refusing anything that would make allocation hand out an address hosts
-    /// cannot use: a subnet with host bits set, a multicast or loopback subnet, a gateway that is
-    /// outside the subnet or one of its reserved addresses, an exclusion not inside the subnet,
-    /// or no usable address left at all. The messages are the ones `validate_network` reports,
-    /// without the field path.
+    /// cannot use: a subnet [`check_subnet`] refuses (host bits set, `/0`, a special range), a
+    /// gateway [`check_gateway`] refuses (outside the subnet, one of its reserved addresses,
+    /// not a usable next hop), an exclusion not inside the subnet, or no usable address left.
+    /// The messages are the ones `validate_network` reports, without the field path.
     pub fn new(subnet: Cidr, gateway: Option<IpAddr>, exclude: &[Exclusion]) -> Result<Pool> {
         check_subnet(subnet).map_err(invalid)?;
         if let Some(gateway) = gateway {
@@ -314,7 +316,13 @@ impl Pool {
 }
 
 /// Rules a subnet must meet before it can be a pool; shared with `validate_network` so the
-/// spec and the allocator can never disagree.
+/// spec and the allocator can never disagree: network form, not `/0`, and no address of a
+/// special class ([`check_address_range`]: loopback, multicast, class E, IPv4-mapped, or the
+/// unspecified or limited broadcast address), reserved or not.
+///
+/// `/0` gets its own reason before the range rule would refuse it anyway: it is what a default
+/// route is written as, so a subnet of `0.0.0.0/0` is almost always a route pasted into the
+/// wrong field, and would put every address of the family on-link.
 pub fn check_subnet(subnet: Cidr) -> Result<()> {
     if subnet.network() != subnet {
         return Err(Error::Rule(format!(
@@ -322,21 +330,22 @@ pub fn check_subnet(subnet: Cidr) -> Result<()> {
             subnet.network()
         )));
     }
-    if subnet.addr.is_multicast() {
+    if subnet.prefix_len == 0 {
         return Err(Error::Rule(format!(
-            "{subnet} is a multicast range; pods need unicast addresses"
+            "{subnet} is every {} address, not a subnet (0.0.0.0/0 and ::/0 are how a default route is written); write the link's own subnet",
+            family(subnet.addr)
         )));
     }
-    if subnet.addr.is_loopback() {
-        return Err(Error::Rule(format!(
-            "{subnet} is a loopback range, which never leaves a host"
-        )));
-    }
-    Ok(())
+    check_address_range(subnet)
 }
 
-/// Rules for a subnet's gateway (see [`Pool`] for which addresses are reserved and why).
+/// Rules for a subnet's gateway (see [`Pool`] for which addresses are reserved and why): a
+/// next hop of the kind the kernel accepts ([`check_next_hop`]), of the subnet's family,
+/// inside it and not one of its reserved addresses ([`check_not_reserved`]). The IPv6
+/// subnet-router anycast address is refused although routers answer it: the pool reserves it,
+/// and a gateway must name one router rather than whichever answers.
 pub fn check_gateway(subnet: Cidr, gateway: IpAddr) -> Result<()> {
+    check_next_hop(gateway)?;
     if gateway.is_ipv4() != subnet.is_ipv4() {
         return Err(Error::Rule(format!(
             "{gateway} is {} but subnet {subnet} is {}",
@@ -349,22 +358,7 @@ pub fn check_gateway(subnet: Cidr, gateway: IpAddr) -> Result<()> {
             "{gateway} is not inside subnet {subnet}"
         )));
     }
-    let (base, _) = cidr_bounds(subnet);
-    let (first, last) = usable_offsets(subnet);
-    let offset = to_u128(gateway) - base;
-    if offset < first {
-        return Err(Error::Rule(if subnet.is_ipv4() {
-            format!("{gateway} is the network address of {subnet}")
-        } else {
-            format!("{gateway} is the subnet-router anycast address of {subnet}")
-        }));
-    }
-    if offset > last {
-        return Err(Error::Rule(format!(
-            "{gateway} is the broadcast address of {subnet}"
-        )));
-    }
-    Ok(())
+    check_not_reserved(subnet, gateway)
 }
 
 /// An exclusion must lie wholly inside its subnet: one that reaches outside is almost always a
@@ -429,17 +423,10 @@ fn host_max(cidr: Cidr) -> u128 {
     u128::MAX.checked_shr(128 - host_bits).unwrap_or(0)
 }
 
-/// The first and last offsets that are not reserved (see [`Pool`]).
+/// The first and last offsets that are not reserved (see [`Pool`] and [`reserved_ends`], the
+/// one definition shared with the checks of interface addresses and gateways).
 fn usable_offsets(cidr: Cidr) -> (u128, u128) {
     let max = host_max(cidr);
-    let reserves = if cidr.is_ipv4() {
-        cidr.prefix_len <= 30
-    } else {
-        cidr.prefix_len <= 126
-    };
-    match (reserves, cidr.is_ipv4()) {
-        (false, _) => (0, max),
-        (true, true) => (1, max - 1),
-        (true, false) => (1, max),
-    }
+    let (first, last) = reserved_ends(cidr);
+    (u128::from(first), max - u128::from(last))
 }

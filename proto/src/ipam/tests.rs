@@ -128,19 +128,20 @@ fn ipam_sizes_and_bounds_per_prefix() {
         ("2001:db8::/126", None, 3, "2001:db8::1", "2001:db8::3"),
         ("2001:db8::/127", None, 2, "2001:db8::", "2001:db8::1"),
         ("2001:db8::5/128", None, 1, "2001:db8::5", "2001:db8::5"),
+        // The largest pools left once /0 and the special ranges are refused.
         (
-            "0.0.0.0/0",
+            "128.0.0.0/2",
             None,
-            (1 << 32) - 2,
-            "0.0.0.1",
-            "255.255.255.254",
+            (1 << 30) - 2,
+            "128.0.0.1",
+            "191.255.255.254",
         ),
         (
-            "::/0",
+            "4000::/2",
             None,
-            u128::MAX,
-            "::1",
-            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            (1u128 << 126) - 1,
+            "4000::1",
+            "7fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
         ),
     ];
     for &(subnet, gateway, size, first, last) in cases {
@@ -901,5 +902,112 @@ fn network_address_object_is_named_by_allocation_name() {
         );
         let name = object.metadata.name.as_deref().expect("named");
         assert_eq!(parse_allocation_name(name), Some((network, ip)));
+    }
+}
+
+/// Issue 11: a pool refuses what Network validation refuses, with the same words, so the
+/// driver (which builds pools straight from the spec) never allocates from a subnet the
+/// controller would have called invalid.
+#[test]
+fn ipam_pool_refuses_default_and_special_subnets() {
+    let cases: &[(&str, Option<&str>, &str)] = &[
+        (
+            "0.0.0.0/0",
+            None,
+            "0.0.0.0/0 is every IPv4 address, not a subnet (0.0.0.0/0 and ::/0 are how a default route is written); write the link's own subnet",
+        ),
+        (
+            "::/0",
+            None,
+            "::/0 is every IPv6 address, not a subnet (0.0.0.0/0 and ::/0 are how a default route is written); write the link's own subnet",
+        ),
+        (
+            "240.0.0.0/4",
+            None,
+            "240.0.0.0/4 is in the reserved class E range 240.0.0.0/4, which hosts and routers drop",
+        ),
+        (
+            "::ffff:0:0/96",
+            None,
+            "::ffff:0.0.0.0/96 is an IPv4-mapped IPv6 range; write the IPv4 subnet instead",
+        ),
+        (
+            "0.0.0.0/24",
+            None,
+            "0.0.0.0/24 contains the unspecified address 0.0.0.0",
+        ),
+        ("::/127", None, "::/127 contains the unspecified address ::"),
+        (
+            "192.0.2.0/24",
+            Some("127.0.0.1"),
+            "127.0.0.1 is a loopback address, which never leaves a host",
+        ),
+        (
+            "192.0.2.0/24",
+            Some("224.0.0.1"),
+            "224.0.0.1 is not a unicast address",
+        ),
+    ];
+    for &(subnet, gateway, message) in cases {
+        assert_eq!(
+            pool_error(subnet, gateway, &[]),
+            message,
+            "{subnet} {gateway:?}"
+        );
+        // The same rule, unwrapped, is what validation reports with a path.
+        let rule = match gateway {
+            None => check_subnet(cidr(subnet)),
+            Some(g) => check_gateway(cidr(subnet), ip(g)),
+        };
+        assert_eq!(rule.map_err(|e| e.to_string()), Err(message.to_owned()));
+    }
+}
+
+/// The reserved ends a pool skips are exactly the ones the interface-address and gateway
+/// checks refuse.
+#[test]
+fn ipam_reserved_ends_match_the_pool() {
+    for subnet in [
+        "192.0.2.0/24",
+        "192.0.2.4/30",
+        "192.0.2.4/31",
+        "192.0.2.7/32",
+        "2001:db8::/64",
+        "2001:db8::/126",
+        "2001:db8::/127",
+        "2001:db8::5/128",
+    ] {
+        let p = pool(subnet, None, &[]);
+        let c = cidr(subnet);
+        let first = c.network().addr;
+        let last = p.nth(p.size() - 1).expect("non-empty");
+        let (first_reserved, _) = crate::netconfig::reserved_ends(c);
+        assert_eq!(!p.contains_usable(first), first_reserved, "{subnet}");
+        assert_eq!(
+            crate::netconfig::reserved_role(c, first).is_some(),
+            first_reserved,
+            "{subnet}"
+        );
+        assert_eq!(crate::netconfig::reserved_role(c, last), None, "{subnet}");
+        // The address after the last usable one, where the subnet has it, is the broadcast.
+        let after = match last {
+            IpAddr::V4(v4) => u32::from(v4).checked_add(1).map(|n| IpAddr::V4(n.into())),
+            IpAddr::V6(v6) => u128::from(v6).checked_add(1).map(|n| IpAddr::V6(n.into())),
+        }
+        .filter(|a| c.contains(*a));
+        assert_eq!(
+            after.and_then(|a| crate::netconfig::reserved_role(c, a)),
+            after.map(|_| "broadcast address"),
+            "{subnet}"
+        );
+        assert_eq!(
+            crate::netconfig::check_interface_address(Cidr {
+                addr: first,
+                prefix_len: c.prefix_len
+            })
+            .is_err(),
+            first_reserved,
+            "{subnet}"
+        );
     }
 }

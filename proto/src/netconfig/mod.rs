@@ -18,6 +18,7 @@
 //! This crate is Kubernetes-free on purpose: the controller, the driver and the tests agree on
 //! one contract without pulling `k8s-openapi` into every consumer.
 
+mod addr;
 mod cidr;
 mod parse;
 mod validate;
@@ -31,6 +32,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub use addr::{
+    SpecialClass, check_address_range, check_interface_address, check_next_hop, check_not_reserved,
+    check_route_destination, reserved_ends, reserved_role, special_class,
+};
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use parse::parse;

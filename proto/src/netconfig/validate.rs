@@ -3,6 +3,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use super::addr::{
+    check_interface_address, check_next_hop, check_not_reserved, check_route_destination,
+};
 use super::cidr::parse_ip;
 use super::{
     API_VERSION, Cidr, ConfigErrors, FieldError, KIND, NetworkConfig, Route, RouteConfig,
@@ -50,7 +53,10 @@ const SYSCTLS: &[(&str, &[u32])] = &[
 /// `isspace`, which includes byte 0xA0). knic is a little stricter, because these names also
 /// reach logs, sysctl paths and netlink: no `%` (the kernel treats it as a `eth%d` template and
 /// would pick a different name), no control characters (including NUL, which would truncate
-/// the name on the wire), and no Unicode whitespace.
+/// the name on the wire), and no Unicode whitespace. Nor the invisible characters that make
+/// one name look like another in `ip link`, logs and YAML: zero-width characters (U+200B to
+/// U+200D, U+2060, U+FEFF) and bidirectional controls (U+202A to U+202E, U+2066 to U+2069,
+/// U+200E, U+200F, U+061C), which can also reorder what a terminal shows around them.
 pub fn check_interface_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::Rule("interface name must not be empty".to_owned()));
@@ -73,6 +79,20 @@ pub fn check_interface_name(name: &str) -> Result<()> {
             )));
         }
     }
+    // Before the whitespace rule: U+2060 is E2 81 A0 in UTF-8, kernel whitespace by its last
+    // byte, but the rule an operator needs to hear is the invisible character.
+    if let Some(c) = name.chars().find(|c| ZERO_WIDTH.contains(c)) {
+        return Err(Error::Rule(format!(
+            "interface name {name:?} must not contain zero-width characters (U+{:04X} found)",
+            u32::from(c)
+        )));
+    }
+    if let Some(c) = name.chars().find(|c| BIDI_CONTROLS.contains(c)) {
+        return Err(Error::Rule(format!(
+            "interface name {name:?} must not contain bidirectional control characters (U+{:04X} found)",
+            u32::from(c)
+        )));
+    }
     if name.bytes().any(|b| b == 0xa0) || name.chars().any(char::is_whitespace) {
         return Err(Error::Rule(format!(
             "interface name {name:?} must not contain whitespace"
@@ -85,6 +105,18 @@ pub fn check_interface_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Characters that take no space: U+200B (zero width space), U+200C (non-joiner), U+200D
+/// (joiner), U+2060 (word joiner) and U+FEFF (byte order mark / zero width no-break space).
+const ZERO_WIDTH: &[char] = &['\u{200B}', '\u{200C}', '\u{200D}', '\u{2060}', '\u{FEFF}'];
+
+/// Unicode's bidirectional controls (the "Trojan Source" characters): the embeddings and
+/// overrides U+202A..U+202E, the isolates U+2066..U+2069, and the marks U+200E, U+200F and
+/// U+061C.
+const BIDI_CONTROLS: &[char] = &[
+    '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+];
 
 /// The `/proc/sys` file for an allowlisted short sysctl key on `interface`, or `None` if the
 /// key is not allowlisted or the name is not a valid interface name. The driver should build
@@ -109,12 +141,17 @@ pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
 /// * `interface.mtu` in 68..=65535, and at least 1280 when any static address is IPv6 (with
 ///   `ipam`, the driver checks this once the family is known);
 /// * `interface.hardwareAddress` is a unicast, non-zero MAC;
-/// * `addresses` are interface CIDRs that are not unspecified, multicast or IPv4-mapped, each
-///   IP listed once; `ipam` cannot be combined with a non-empty `addresses`;
-/// * a route's `destination` has no host bits; `gateway` and `source` are its family;
-///   `gateway` is not unspecified/multicast, not one of the addresses and, when static
-///   addresses are given, inside the subnet of one of them (IPv6 link-local gateways, as
-///   routers advertise them, are always on-link and exempt); `source` is one of the static
+/// * `addresses` are interface CIDRs passing [`super::check_interface_address`] (not
+///   unspecified, loopback, multicast, limited broadcast, class E or IPv4-mapped, and not the
+///   network or broadcast address of an IPv4 subnet up to /30 nor the subnet-router anycast
+///   address of an IPv6 subnet up to /126), each IP listed once; `ipam` cannot be combined
+///   with a non-empty `addresses`;
+/// * a route's `destination` has no host bits and passes [`super::check_route_destination`]
+///   (defaults, multicast and class E allowed; loopback and IPv4-mapped refused); `gateway`
+///   and `source` are its family; `gateway` passes [`super::check_next_hop`], is not one of
+///   the addresses and, when static addresses are given, inside the subnet of one of them
+///   (IPv6 link-local gateways, as routers advertise them, are always on-link and exempt) and
+///   not a reserved address of any of those subnets; `source` is one of the static
 ///   addresses (so it cannot be used with `ipam`); `table` is not 0 (unspecified) or one of
 ///   the kernel's 252 (compat), 253 (default) and 255 (local), while 254 (main) is allowed
 ///   and equals unset; no two routes share destination, table and metric (an unset metric is
@@ -333,16 +370,8 @@ impl Validator {
                     continue;
                 }
             };
-            let problem = match cidr.addr {
-                ip if ip.is_unspecified() => Some(format!("{cidr} is the unspecified address")),
-                ip if ip.is_multicast() => Some(format!("{cidr} is a multicast address")),
-                IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => Some(format!(
-                    "{cidr} is an IPv4-mapped IPv6 address; write the IPv4 address instead"
-                )),
-                _ => None,
-            };
-            if let Some(message) = problem {
-                self.error(path, message);
+            if let Err(e) = check_interface_address(cidr) {
+                self.error(path, e.to_string());
                 all_ok = false;
                 continue;
             }
@@ -378,7 +407,13 @@ impl Validator {
                     );
                     None
                 }
-                Ok(cidr) => Some(cidr),
+                Ok(cidr) => match check_route_destination(cidr) {
+                    Ok(()) => Some(cidr),
+                    Err(e) => {
+                        self.error(format!("{path}.destination"), e.to_string());
+                        None
+                    }
+                },
                 Err(e) => {
                     self.error(format!("{path}.destination"), e.to_string());
                     None
@@ -481,8 +516,8 @@ impl Validator {
     ) -> Option<IpAddr> {
         let path = format!("{path}.gateway");
         let gateway = self.route_ip(text, &path, destination)?;
-        if gateway.is_unspecified() || gateway.is_multicast() {
-            self.error(path, format!("{gateway} is not a unicast address"));
+        if let Err(e) = check_next_hop(gateway) {
+            self.error(path, e.to_string());
             return None;
         }
         let Some(addresses) = static_addresses.filter(|a| !a.is_empty()) else {
@@ -501,6 +536,15 @@ impl Validator {
                 path,
                 format!("{gateway} is not inside any address's subnet"),
             );
+            return None;
+        }
+        // Reserved in any subnet it is in: the kernel installs that subnet's broadcast route,
+        // which a next hop cannot be.
+        if let Some(e) = addresses
+            .iter()
+            .find_map(|a| check_not_reserved(a.network(), gateway).err())
+        {
+            self.error(path, e.to_string());
             return None;
         }
         Some(gateway)

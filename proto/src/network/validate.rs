@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::netconfig::{
-    self, Cidr, ConfigErrors, FieldError, NetworkConfig, RouteConfig, is_dns_label, parse_ip,
+    self, Cidr, ConfigErrors, FieldError, NetworkConfig, RouteConfig, check_not_reserved,
+    is_dns_label, parse_ip,
 };
 
 use super::devices::{self, DeviceSet};
@@ -34,11 +35,15 @@ pub(super) fn exhaustion_selectors(spec: &NetworkSpec) -> usize {
 ///   `pfName` an interface name and only without `kind: nic`, `minSpeed` at least 1);
 /// * `spec.interfacesPerPod` in 1..=32, and no fixed `interfaceName` with more than one;
 /// * `spec.mtu` at least 1280 when a subnet is IPv6;
-/// * `spec.ipam`: `subnets` or `static`; each subnet a unicast network-form CIDR not
-///   overlapping another of the Network's subnets, a gateway inside it and not its network,
-///   broadcast or subnet-router anycast address, exclusions (address, `a-b` range, CIDR) inside
-///   it, at least one allocatable address left; routes of the subnet's family, gateways on-link
-///   (inside the subnet, or IPv6 link-local) and not allocatable, no `source`;
+/// * `spec.ipam`: `subnets` or `static`; each subnet a network-form CIDR that
+///   [`check_subnet`] accepts (not `/0`, no loopback, multicast, class E, IPv4-mapped,
+///   unspecified or limited broadcast address in it) and not overlapping another of the
+///   Network's subnets, a gateway that [`check_gateway`] accepts (a unicast next hop inside the
+///   subnet, not its network, broadcast or subnet-router anycast address), exclusions (address,
+///   `a-b` range, CIDR) inside it, at least one allocatable address left; routes of the
+///   subnet's family (destinations and gateways by the driver's rules), gateways on-link
+///   (inside the subnet, or IPv6 link-local), not a reserved address of the subnet and not
+///   allocatable, no `source`;
 /// * `spec.stableAddresses`: a label key exactly when `by: label`; needs `subnets`;
 /// * `spec.namespaces`: `names` (DNS labels, no duplicates) or `selector.matchLabels` (valid
 ///   label keys and values).
@@ -393,6 +398,10 @@ impl Validator {
                     format!("{path}.gateway"),
                     format!("{gateway} is not inside subnet {cidr}, so pods cannot reach it"),
                 );
+            } else if let Err(e) = check_not_reserved(cidr, gateway) {
+                // Never allocatable, so the check below would let it through; the kernel would
+                // refuse it as a next hop (the subnet's broadcast route).
+                self.error(format!("{path}.gateway"), e.to_string());
             } else if pool.is_some_and(|p| p.contains_usable(gateway)) {
                 self.error(
                     format!("{path}.gateway"),
