@@ -110,6 +110,33 @@ pub enum Error {
         /// What carries the name now.
         found: String,
     },
+    /// The CDI hook's check at container creation: the pod's interface is not in place, so
+    /// the container must not start (fail-closed); the runtime fails the creation and the
+    /// kubelet retries it.
+    #[error(
+        "claim {claim}: interface {ifname} is not configured: {why}; the container must not \
+         start without it (knic attaches it as soon as its NRI plugin is connected; the \
+         kubelet retries)"
+    )]
+    InterfaceMissing {
+        /// `namespace/name` of the claim.
+        claim: String,
+        /// The interface name in the pod.
+        ifname: String,
+        /// What the check found.
+        why: String,
+    },
+    /// Prepare while knic is not registered with the runtime's NRI: a sandbox started now
+    /// would not reach knic, so the pod must wait (the kubelet retries prepare).
+    #[error(
+        "knic is not connected to the container runtime's NRI socket {socket}: a pod started \
+         now would run without its interfaces, so prepare is refused until it reconnects (the \
+         kubelet retries)"
+    )]
+    RuntimeHooksDown {
+        /// The NRI socket knic connects to.
+        socket: String,
+    },
     /// A start-up setting is invalid.
     #[error("invalid setting {setting}: {reason}")]
     Setting {

@@ -9,6 +9,7 @@
 //! tests against temporary directories and fakes.
 
 pub mod api;
+pub mod cdi;
 pub mod claims;
 pub mod error;
 pub mod failpoint;

@@ -149,6 +149,7 @@ fn knic_plan() -> AttachPlan {
             table: None,
         }],
         sysctls: BTreeMap::new(),
+        identity: None,
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Device {
     pub device: String,
     /// Request names.
     pub request_names: Vec<String>,
+    /// CDI devices the runtime must inject into every container using the claim.
+    pub cdi_device_ids: Vec<String>,
 }
 
 /// A per-claim prepare outcome.
@@ -245,6 +247,7 @@ impl Plugin {
                                 pool: d.pool_name,
                                 device: d.device_name,
                                 request_names: d.request_names,
+                                cdi_device_ids: d.cdi_device_ids,
                             })
                             .collect();
                         let error = r.error;

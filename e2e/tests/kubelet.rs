@@ -44,6 +44,7 @@ impl Env {
             pool: self.cluster.node.clone(),
             device: dev.into(),
             request_names: vec!["nic".into()],
+            cdi_device_ids: vec![],
         }]
     }
 }

@@ -29,6 +29,7 @@ mod store;
 pub use store::{ClaimStore, Locked};
 
 use crate::BoxFuture;
+use crate::cdi::CdiSpecs;
 use crate::claims::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, PreparedDevice};
 use crate::claims::ipam::{AddressBook, Allocation, Requester};
 use crate::claims::plan::{DeviceConfigs, IpamAddresses};
@@ -66,6 +67,9 @@ pub struct PreparedAnswer {
     pub device: String,
     /// Consumable-capacity share ID, if any.
     pub share_id: Option<String>,
+    /// The CDI devices whose hook checks the device's interface at container creation (see
+    /// [`crate::cdi`]); empty without CDI or for a device that is not attached.
+    pub cdi_device_ids: Vec<String>,
 }
 
 /// Computes what must be remembered about `claim` for `driver`, or why it cannot be prepared.
@@ -176,8 +180,24 @@ pub fn answer(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
             pool: d.pool.clone(),
             device: d.device.clone(),
             share_id: d.share_id.clone(),
+            cdi_device_ids: Vec::new(),
         })
         .collect()
+}
+
+/// [`answer`] with each attached device's CDI device ID.
+fn answer_with_cdi(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
+    let mut answers = answer(claim);
+    for a in &mut answers {
+        if let Some(index) = claim
+            .attachments
+            .iter()
+            .position(|at| at.plan.device == a.device)
+        {
+            a.cdi_device_ids = vec![CdiSpecs::device_id(&claim.uid, index)];
+        }
+    }
+    answers
 }
 
 /// Refuses allocation results this node must not act on: a pool that is not this node's (the
@@ -242,6 +262,11 @@ pub struct Preparer {
     inventory: Option<watch::Receiver<Vec<Device>>>,
     /// This node's pool; results naming another are refused.
     pool: Option<String>,
+    /// Where the CDI specs of prepared claims go (fail-closed at container creation).
+    cdi: Option<CdiSpecs>,
+    /// Whether knic is registered with the runtime's NRI, and its socket; prepare refuses while
+    /// it is not (fail-closed before the sandbox exists).
+    runtime_hooks: Option<(watch::Receiver<bool>, String)>,
     release: Option<Arc<dyn Release>>,
     /// Where IPAM allocations are made and this node's name; unset (demo, tests) means claims
     /// with `ipam` cannot be prepared.
@@ -263,6 +288,8 @@ impl Preparer {
             claims,
             inventory: None,
             pool: None,
+            cdi: None,
+            runtime_hooks: None,
             release: None,
             ipam: None,
             inflight: std::sync::Mutex::default(),
@@ -280,6 +307,36 @@ impl Preparer {
     pub fn with_pool(mut self, pool: impl Into<String>) -> Self {
         self.pool = Some(pool.into());
         self
+    }
+
+    /// Every prepared claim gets a CDI spec in `specs` whose hook checks its interfaces at
+    /// container creation, and the answer names its devices.
+    pub fn with_cdi(mut self, specs: CdiSpecs) -> Self {
+        self.cdi = Some(specs);
+        self
+    }
+
+    /// New claims are refused while `connected` is false (knic not registered with the NRI
+    /// socket `socket`).
+    pub fn with_runtime_hooks(
+        mut self,
+        connected: watch::Receiver<bool>,
+        socket: impl Into<String>,
+    ) -> Self {
+        self.runtime_hooks = Some((connected, socket.into()));
+        self
+    }
+
+    /// The answer for a prepared claim, with its CDI spec (re)written first: a crash between
+    /// the checkpoint and the spec is repaired by the kubelet's retry.
+    fn answered(&self, claim: &PreparedClaim) -> Result<Vec<PreparedAnswer>> {
+        match &self.cdi {
+            Some(specs) => {
+                specs.write(claim)?;
+                Ok(answer_with_cdi(claim))
+            }
+            None => Ok(answer(claim)),
+        }
     }
 
     /// Unprepare puts devices still in a pod back through `release` before forgetting them.
@@ -363,7 +420,7 @@ impl Preparer {
         // Already prepared: answer from the checkpoint without touching the API or the node.
         if let Some(done) = self.claims.claim(&wanted.uid).await? {
             tracing::debug!(claim = %wanted.name, "already prepared");
-            return Ok(answer(&done));
+            return self.answered(&done);
         }
         // The API read happens outside the lock, so a slow apiserver never serialises pods.
         let claim = self
@@ -388,6 +445,14 @@ impl Preparer {
             self.pool.as_deref(),
             self.inventory.is_some(),
         )?;
+        if let Some((connected, socket)) = &self.runtime_hooks
+            && !prepared.devices.is_empty()
+            && !*connected.borrow()
+        {
+            return Err(Error::RuntimeHooksDown {
+                socket: socket.clone(),
+            });
+        }
         if prepared.devices.is_empty() {
             tracing::warn!(claim = %wanted.name, namespace = %wanted.namespace,
                 "no allocation result is for this driver; preparing with no devices");
@@ -501,7 +566,7 @@ impl Preparer {
         let checkpoint = locked.checkpoint()?;
         // A concurrent call for the same claim may have won the race while we read the API.
         if let Some(done) = checkpoint.claims.get(&wanted.uid) {
-            return Ok((answer(done), done.allocations.clone()));
+            return Ok((self.answered(done)?, done.allocations.clone()));
         }
         for device in &prepared.devices {
             let holder = checkpoint.claims.values().find(|other| {
@@ -533,7 +598,7 @@ impl Preparer {
         locked.save(next, true).await?;
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
             devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
-        Ok((answer(&prepared), prepared.allocations))
+        Ok((self.answered(&prepared)?, prepared.allocations))
     }
 
     async fn unprepare_one(&self, wanted: &ClaimRef) -> Result<()> {
@@ -550,6 +615,10 @@ impl Preparer {
             let checkpoint = locked.checkpoint()?;
             let Some(claim) = checkpoint.claims.get(&wanted.uid) else {
                 tracing::debug!(claim = %wanted.name, "unprepare of a claim that is not prepared");
+                // A crash after the claim was forgotten may have left its spec.
+                if let Some(specs) = &self.cdi {
+                    specs.remove(&wanted.uid)?;
+                }
                 return Ok(());
             };
             if claim.attachments.iter().any(|a| a.restore.is_some())
@@ -592,6 +661,11 @@ impl Preparer {
         let mut next = checkpoint.clone();
         next.claims.remove(&wanted.uid);
         locked.save(next, true).await?;
+        if let Some(specs) = &self.cdi {
+            // After the claim is forgotten: a spec without a claim only blocks containers of a
+            // pod that is gone, a claim without its spec would let them start bare.
+            specs.remove(&wanted.uid)?;
+        }
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, "claim unprepared");
         Ok(())
     }

@@ -541,3 +541,100 @@ async fn the_busy_check_is_on_the_device_whatever_the_pool_string() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn prepare_is_refused_while_the_runtime_hooks_are_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    let (connected, hooks) = watch::channel(false);
+    let preparer = in_dir(source, &dir).with_runtime_hooks(hooks, "/run/nri/nri.sock");
+    assert_eq!(
+        prepare_error(&preparer).await,
+        "knic is not connected to the container runtime's NRI socket /run/nri/nri.sock: a pod \
+         started now would run without its interfaces, so prepare is refused until it reconnects \
+         (the kubelet retries)"
+    );
+    assert!(
+        preparer
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .is_empty()
+    );
+    connected.send_replace(true);
+    preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .expect("prepared once connected");
+    // Already prepared: answered from the checkpoint even while disconnected (the CDI check
+    // still holds its containers back).
+    connected.send_replace(false);
+    preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .expect("a repeat is answered");
+}
+
+#[tokio::test]
+async fn prepared_devices_carry_a_cdi_device_whose_spec_lives_as_long_as_the_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-b")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    let specs = crate::cdi::CdiSpecs::new(cdi_dir.path(), "/hook/knic-driver");
+    let preparer = in_dir(source, &dir).with_cdi(specs.clone());
+    let answer = preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .expect("prepared");
+    let ids: Vec<_> = answer.iter().map(|a| a.cdi_device_ids.clone()).collect();
+    assert_eq!(
+        ids,
+        [
+            vec!["knic.dev/interface=u1-0".to_string()],
+            vec!["knic.dev/interface=u1-1".to_string()]
+        ]
+    );
+    // A spec lost in a crash is written again by the kubelet's retry.
+    std::fs::remove_file(specs.path("u1")).unwrap();
+    preparer
+        .prepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .expect("repeat");
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(specs.path("u1")).unwrap()).unwrap();
+    assert_eq!(
+        spec["devices"][1]["containerEdits"]["hooks"][0]["args"][5],
+        "net2"
+    );
+    preparer
+        .unprepare(&[wanted("u1")])
+        .await
+        .remove("u1")
+        .unwrap()
+        .expect("unprepared");
+    assert!(!specs.path("u1").exists(), "the spec goes with the claim");
+}

@@ -217,7 +217,18 @@ impl NriSettings {
 pub async fn run<H: NriHandler>(
     settings: NriSettings,
     handler: Arc<H>,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_reporting(settings, handler, shutdown, watch::channel(false).0).await;
+}
+
+/// [`run`], keeping `connected` true exactly while knic is registered with the runtime: while it
+/// is false, a sandbox started now would not reach knic, so prepare refuses (fail-closed).
+pub async fn run_reporting<H: NriHandler>(
+    settings: NriSettings,
+    handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
+    connected: watch::Sender<bool>,
 ) {
     if let Err(e) = settings.validate() {
         tracing::error!(error = %e, "NRI plugin not started");
@@ -230,9 +241,13 @@ pub async fn run<H: NriHandler>(
         }
         let registered = AtomicBool::new(false);
         let result = tokio::select! {
-            result = serve_connection(&settings, &handler, &registered) => result,
-            _ = shutdown.wait_for(|stop| *stop) => return,
+            result = serve_connection(&settings, &handler, &registered, &connected) => result,
+            _ = shutdown.wait_for(|stop| *stop) => {
+                connected.send_replace(false);
+                return;
+            }
         };
+        connected.send_replace(false);
         match result {
             Ok(()) => tracing::info!(socket = %settings.socket.display(), "NRI connection closed"),
             Err(e) => tracing::warn!(error = %e, "NRI connection failed"),
@@ -255,13 +270,15 @@ pub async fn run<H: NriHandler>(
 /// `Ok` when the runtime closed the connection or sent Shutdown; `Err` for invalid settings, a
 /// failed connect, a refused or unanswered registration, or a broken stream.
 pub async fn serve_once<H: NriHandler>(settings: &NriSettings, handler: &Arc<H>) -> Result<()> {
-    serve_connection(settings, handler, &AtomicBool::new(false)).await
+    let connected = watch::channel(false).0;
+    serve_connection(settings, handler, &AtomicBool::new(false), &connected).await
 }
 
 async fn serve_connection<H: NriHandler>(
     settings: &NriSettings,
     handler: &Arc<H>,
     registered: &AtomicBool,
+    connected: &watch::Sender<bool>,
 ) -> Result<()> {
     settings.validate()?;
     let socket = settings.socket.display().to_string();
@@ -318,6 +335,7 @@ async fn serve_connection<H: NriHandler>(
         ));
     }
     registered.store(true, Ordering::Relaxed);
+    connected.send_replace(true);
     tracing::info!(
         socket = %socket,
         name = %settings.plugin_name,

@@ -467,3 +467,103 @@ impl ttrpc::Service for RuntimeService {
         Ok(Vec::new())
     }
 }
+
+/// Creates a container that uses `cdi_devices` the way containerd with CDI does, as far as
+/// knic's devices go: each ID is resolved from the spec files in `cdi_dirs` (an ID no spec
+/// declares fails the creation), and each device's `createRuntime` hooks run with the OCI state
+/// on stdin (`pid`: the container's process, in the pod's network namespace). A hook that
+/// exits non-zero or overruns its timeout fails the creation with runc's wording.
+pub async fn create_container(
+    cdi_dirs: &[PathBuf],
+    cdi_devices: &[String],
+    container_id: &str,
+    pid: u32,
+) -> Result<()> {
+    let mut hooks = Vec::new();
+    for id in cdi_devices {
+        let (kind, name) = id
+            .split_once('=')
+            .ok_or_else(|| Error::Nri(format!("invalid CDI device {id:?}")))?;
+        let device = cdi_dirs
+            .iter()
+            .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+            .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
+            .filter_map(|entry| std::fs::read(entry.path()).ok())
+            .filter_map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .filter(|spec| spec["kind"] == kind)
+            .flat_map(|spec| spec["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == name)
+            .ok_or_else(|| {
+                Error::Nri(format!(
+                    "failed to inject CDI devices: unresolvable CDI devices {id}"
+                ))
+            })?;
+        for hook in device["containerEdits"]["hooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if hook["hookName"] == "createRuntime" {
+                hooks.push(hook.clone());
+            }
+        }
+    }
+    let state = serde_json::json!({
+        "ociVersion": "1.2.0",
+        "id": container_id,
+        "status": "creating",
+        "pid": pid,
+        "bundle": "/",
+    })
+    .to_string();
+    for (n, hook) in hooks.iter().enumerate() {
+        run_hook(n, hook, &state).await?;
+    }
+    Ok(())
+}
+
+async fn run_hook(n: usize, hook: &serde_json::Value, state: &str) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |what: String| {
+        Error::Nri(format!(
+            "OCI runtime create failed: error running createRuntime hook #{n}: {what}"
+        ))
+    };
+    let path = hook["path"].as_str().unwrap_or_default();
+    let args: Vec<String> = hook["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let timeout = Duration::from_secs(hook["timeout"].as_u64().unwrap_or(30));
+    let mut command = tokio::process::Command::new(path);
+    command
+        .args(args.iter().skip(1))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(arg0) = args.first() {
+        command.arg0(arg0);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| failed(format!("{path}: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(state.as_bytes()).await;
+    }
+    let output = tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .map_err(|_| failed(format!("timeout after {} seconds", timeout.as_secs())))?
+        .map_err(|e| failed(e.to_string()))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(failed(format!(
+        "{}, stdout: {}, stderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
+}

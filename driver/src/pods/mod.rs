@@ -382,9 +382,15 @@ impl<K: Kernel> PodNetworks<K> {
                 .claims
                 .values()
                 .any(|c| c.pod_uid == uid && c.attachments.iter().any(|a| a.restore.is_some()));
+            let missing = checkpoint
+                .claims
+                .values()
+                .any(|c| c.pod_uid == uid && c.attachments.iter().any(|a| !a.attached));
             match running.get(&uid) {
-                // Running pod: make sure its devices are there (a crash mid-attach resumes).
-                Some(pod) if away => {
+                // Running pod: make sure its devices are there. A crash mid-attach resumes; a
+                // sandbox that started while knic was disconnected gets them now (its
+                // containers were held back by the CDI check, see `crate::cdi`).
+                Some(pod) if away || missing => {
                     if let Some(path) = pod.netns.clone()
                         && let Err(e) = self
                             .attach_pod(&uid, &format!("{}/{}", pod.namespace, pod.name), path)

@@ -273,6 +273,19 @@ mod hooks {
     }
 
     #[tokio::test]
+    async fn synchronize_attaches_a_running_pod_whose_start_knic_missed() {
+        let s = setup().await;
+        // The sandbox started while knic was disconnected: no RunPodSandbox ever arrived.
+        s.pods.synchronize(vec![sandbox(Some(netns_path()))]).await;
+        assert_eq!(names(&s.kernel, &pod_ns()), ["net1", "net2"]);
+        assert!(attachments(&s.claims).await.iter().all(|a| a.attached));
+        // A second Synchronize changes nothing.
+        let moves = s.kernel.log().len();
+        s.pods.synchronize(vec![sandbox(Some(netns_path()))]).await;
+        assert_eq!(s.kernel.log().len(), moves);
+    }
+
+    #[tokio::test]
     async fn synchronize_returns_the_devices_of_a_pod_that_is_gone() {
         let s = setup().await;
         s.pods

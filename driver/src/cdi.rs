@@ -1,0 +1,300 @@
+//! Fail-closed at container creation: no container of a pod whose claim knic prepared starts
+//! without its interface, even when the NRI hook never ran (knic disconnected or restarting
+//! when the sandbox started, or an event lost).
+//!
+//! Two guards, because NRI alone cannot promise it: the runtime does not wait for plugins, so a
+//! sandbox created while knic is not connected simply starts without knic.
+//! * Prepare refuses while knic is not registered with the runtime (see
+//!   [`crate::claims::Preparer::with_runtime_hooks`]); the kubelet retries prepare, and the pod
+//!   waits instead of starting bare. This closes the window before prepare.
+//! * Every prepared device comes with a CDI device (a per-claim spec file in the runtime's CDI
+//!   directory) whose only edit is a `createRuntime` OCI hook: the runtime runs
+//!   `knic-driver check-interface` for every container that uses the claim, after the
+//!   container's namespaces exist and before it starts. The check fails unless the interface is
+//!   in the container's network namespace and up, and a failed hook fails the container's
+//!   creation; the kubelet retries it. Meanwhile, when knic reconnects, the runtime's
+//!   Synchronize lists the running sandbox and knic attaches what is missing
+//!   ([`crate::pods::PodNetworks`]), after which the retry succeeds. This closes the window
+//!   between prepare and sandbox start.
+//!
+//! The hook runs the driver's own binary, copied by the driver at start-up to a host path
+//! under its plugin directory ([`install_hook`]), because the runtime executes hooks in the
+//! host's mount namespace, where the image's files are not.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::claims::checkpoint::PreparedClaim;
+use crate::error::{Error, Result};
+use crate::netns::{Kernel, Ns, Session};
+
+/// The CDI kind of knic's devices (`vendor/class`).
+pub const CDI_KIND: &str = "knic.dev/interface";
+
+/// The subcommand the hook runs.
+pub const CHECK_COMMAND: &str = "check-interface";
+
+/// How long the runtime lets the hook run; a netlink lookup takes milliseconds.
+pub const HOOK_TIMEOUT_SECONDS: u32 = 5;
+
+/// Where CDI specs go and which binary their hooks run.
+#[derive(Debug, Clone)]
+pub struct CdiSpecs {
+    dir: PathBuf,
+    hook: PathBuf,
+}
+
+impl CdiSpecs {
+    /// Specs in `dir` (the runtime's, usually `/var/run/cdi`), hooks running `hook` (a host
+    /// path).
+    pub fn new(dir: impl Into<PathBuf>, hook: impl Into<PathBuf>) -> Self {
+        CdiSpecs {
+            dir: dir.into(),
+            hook: hook.into(),
+        }
+    }
+
+    /// The spec file of a claim.
+    pub fn path(&self, claim_uid: &str) -> PathBuf {
+        self.dir.join(format!("knic.dev-{claim_uid}.json"))
+    }
+
+    /// The fully qualified CDI device ID of a claim's `index`th attachment.
+    pub fn device_id(claim_uid: &str, index: usize) -> String {
+        format!("{CDI_KIND}={claim_uid}-{index}")
+    }
+
+    /// Writes (or rewrites: a repeated prepare must be able to repair a spec lost in a crash)
+    /// the spec of `claim`, atomically. A claim without attachments gets none.
+    pub fn write(&self, claim: &PreparedClaim) -> Result<()> {
+        if claim.attachments.is_empty() {
+            return Ok(());
+        }
+        let spec = spec(claim, &self.hook);
+        let bytes = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| Error::io("encoding a CDI spec", std::io::Error::other(e)))?;
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
+        let path = self.path(&claim.uid);
+        let tmp = self.dir.join(format!(".knic.dev-{}.json.tmp", claim.uid));
+        std::fs::write(&tmp, &bytes)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+
+    /// Removes a claim's spec; a missing one is fine (never written, or already removed).
+    pub fn remove(&self, claim_uid: &str) -> Result<()> {
+        let path = self.path(claim_uid);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io(format!("removing {}", path.display()), e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The CDI spec of a claim: one device per attachment, whose hook checks that attachment's
+/// interface in the container's network namespace.
+pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
+    let devices: Vec<serde_json::Value> = claim
+        .attachments
+        .iter()
+        .enumerate()
+        .map(|(index, a)| {
+            json!({
+                "name": format!("{}-{index}", claim.uid),
+                "containerEdits": {
+                    "hooks": [{
+                        "hookName": "createRuntime",
+                        "path": hook,
+                        "args": [
+                            "knic-driver",
+                            CHECK_COMMAND,
+                            "--claim",
+                            format!("{}/{}", claim.namespace, claim.name),
+                            "--interface",
+                            a.plan.pod_ifname,
+                        ],
+                        "timeout": HOOK_TIMEOUT_SECONDS,
+                    }]
+                }
+            })
+        })
+        .collect();
+    json!({
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": devices,
+    })
+}
+
+/// Copies the running binary to `to` (atomically, mode 0755) so hooks can run it from the
+/// host's mount namespace.
+pub fn install_hook(to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().map_err(|e| Error::io("finding the driver binary", e))?;
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    }
+    let tmp = to.with_extension("tmp");
+    std::fs::copy(&me, &tmp)
+        .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)))
+        .and_then(|()| std::fs::rename(&tmp, to))
+        .map_err(|e| Error::io(format!("installing the CDI hook at {}", to.display()), e))
+}
+
+/// The process id in the OCI state a runtime passes a hook on stdin.
+pub fn hook_pid(state: &str) -> Result<u32> {
+    let value: serde_json::Value = serde_json::from_str(state).map_err(|e| {
+        Error::io(
+            "reading the OCI state on stdin",
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    value
+        .get("pid")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            Error::io(
+                "reading the OCI state on stdin",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "no \"pid\" in the state"),
+            )
+        })
+}
+
+/// The hook's check: `ifname` is in the network namespace `ns` and up.
+pub async fn check_interface<K: Kernel>(
+    kernel: &K,
+    ns: &Ns,
+    claim: &str,
+    ifname: &str,
+) -> Result<()> {
+    let missing = |why: &str| Error::InterfaceMissing {
+        claim: claim.to_owned(),
+        ifname: ifname.to_owned(),
+        why: why.to_owned(),
+    };
+    let Some(mut session) = kernel.open(ns).await? else {
+        return Err(missing("the container's network namespace is gone"));
+    };
+    match session.link(ifname).await? {
+        Some(link) if link.up => Ok(()),
+        Some(_) => Err(missing("it is in the pod but down")),
+        None => Err(missing("it is not in the pod's network namespace")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::checkpoint::Attachment;
+    use crate::netns::fake::{FakeKernel, plan};
+
+    fn claim() -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u1".into(),
+            pod_uid: "p".into(),
+            pod_name: "pod".into(),
+            devices: vec![],
+            configs: vec![],
+            prepared_at: 0,
+            attachments: vec![
+                Attachment::planned(plan("dev-0", "eth0", "net1", &[])),
+                Attachment::planned(plan("dev-1", "eth1", "data0", &[])),
+            ],
+            allocations: vec![],
+        }
+    }
+
+    #[test]
+    fn one_cdi_device_per_attachment_with_a_create_runtime_hook() {
+        let spec = spec(
+            &claim(),
+            Path::new("/var/lib/kubelet/plugins/knic.dev/bin/knic-driver"),
+        );
+        assert_eq!(spec["kind"], "knic.dev/interface");
+        assert_eq!(spec["devices"][0]["name"], "u1-0");
+        assert_eq!(spec["devices"][1]["name"], "u1-1");
+        let hook = &spec["devices"][1]["containerEdits"]["hooks"][0];
+        assert_eq!(hook["hookName"], "createRuntime");
+        assert_eq!(
+            hook["args"],
+            json!([
+                "knic-driver",
+                "check-interface",
+                "--claim",
+                "ns/c",
+                "--interface",
+                "data0"
+            ])
+        );
+        assert_eq!(CdiSpecs::device_id("u1", 1), "knic.dev/interface=u1-1");
+    }
+
+    #[test]
+    fn specs_are_written_atomically_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let specs = CdiSpecs::new(dir.path().join("cdi"), "/hook");
+        specs.write(&claim()).expect("write");
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(specs.path("u1")).expect("read")).expect("json");
+        assert_eq!(written["devices"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("cdi"))
+                .expect("dir")
+                .count(),
+            1
+        );
+        specs.remove("u1").expect("remove");
+        specs.remove("u1").expect("a second remove is fine");
+        assert!(!specs.path("u1").exists());
+    }
+
+    #[test]
+    fn the_pid_comes_from_the_oci_state() {
+        let state =
+            r#"{"ociVersion":"1.2.0","id":"c1","status":"creating","pid":4242,"bundle":"/b"}"#;
+        assert_eq!(hook_pid(state).expect("pid"), 4242);
+        let err = hook_pid(r#"{"ociVersion":"1.2.0","id":"c1"}"#).expect_err("no pid");
+        assert_eq!(
+            err.to_string(),
+            "reading the OCI state on stdin: no \"pid\" in the state"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_check_fails_unless_the_interface_is_there_and_up() {
+        let k = FakeKernel::new();
+        let pod = Ns::Pod("/proc/4242/ns/net".into());
+        k.add_namespace(&pod);
+        let err = check_interface(&k, &pod, "ns/c", "net1")
+            .await
+            .expect_err("missing");
+        assert_eq!(
+            err.to_string(),
+            "claim ns/c: interface net1 is not configured: it is not in the pod's network \
+             namespace; the container must not start without it (knic attaches it as soon as \
+             its NRI plugin is connected; the kubelet retries)"
+        );
+        k.add_link(&pod, "net1", 1500, [2, 0, 0, 0, 0, 1], None, &[]);
+        check_interface(&k, &pod, "ns/c", "net1")
+            .await
+            .expect("present and up");
+        let gone = Ns::Pod("/proc/1/ns/none".into());
+        let err = check_interface(&k, &gone, "ns/c", "net1")
+            .await
+            .expect_err("no namespace");
+        assert!(
+            err.to_string()
+                .contains("the container's network namespace is gone"),
+            "{err}"
+        );
+    }
+}
