@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod cdi;
+pub mod bounded;
 pub mod claims;
 pub mod error;
 pub mod failpoint;

@@ -8,15 +8,32 @@
 //!
 //! On-disk form (one JSON object):
 //! `{"version":1,"crc32":"<8 hex digits of the CRC-32 of the exact data text>","data":{...}}`.
+//!
+//! A file that decodes is also checked for consistency, because a hand-edited or restored file
+//! can carry a valid checksum and still mean something impossible; each broken rule is an
+//! [`Error::CheckpointCorrupt`] naming it:
+//! - every claim is keyed by its own uid (`claims.<key>.uid` equals `<key>`), since prepare and
+//!   unprepare look claims up by the kubelet's uid;
+//! - a device (`pool`/`device`) is in at most one claim, once, unless every entry holding it
+//!   has a `shareId` (consumable capacity) and no share id repeats: two owners of one device
+//!   would each move it, and unpreparing one would take it from the other.
+//!
+//! Bounds and access: the file must be a regular file (not a symlink, FIFO or device: a FIFO
+//! there hung start-up) of at most [`MAX_FILE_BYTES`], and a save that would exceed that is
+//! refused rather than written unreadable. The file is created `0600` and the directories the
+//! store creates `0700`, set explicitly whatever the process umask: it names every pod's devices
+//! and addresses and is only ever read by the driver (root).
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounded::{Links, quote, read_regular};
 use crate::error::{Error, Result};
 
 /// File name of the checkpoint inside the plugin data directory.
@@ -25,6 +42,16 @@ pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// data's meaning changes.
 pub const FORMAT_VERSION: u32 = 1;
 const TMP_PREFIX: &str = "checkpoint.json.tmp-";
+/// The largest checkpoint read or written. A prepared claim takes a few KiB (devices as
+/// published, plans, addresses), so this holds thousands of claims, far more than a node runs,
+/// while a file that is not a checkpoint is refused before it is parsed into memory.
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Permissions of the checkpoint file: it is read by the driver (root) only.
+pub const FILE_MODE: u32 = 0o600;
+/// Permissions of every directory the store creates.
+pub const DIR_MODE: u32 = 0o700;
+/// How much of a uid, pool or device name a corruption reason quotes.
+const MAX_ECHOED_BYTES: usize = 256;
 
 /// All prepared claims on this node, keyed by claim UID (the kubelet's key too).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -147,6 +174,8 @@ struct EnvelopeIn<'a> {
 pub struct CheckpointStore {
     dir: PathBuf,
     path: PathBuf,
+    /// [`MAX_FILE_BYTES`], smaller in tests so the limit is reached without writing 64 MiB.
+    limit: u64,
 }
 
 impl CheckpointStore {
@@ -154,7 +183,17 @@ impl CheckpointStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         let path = dir.join(CHECKPOINT_FILE);
-        CheckpointStore { dir, path }
+        CheckpointStore {
+            dir,
+            path,
+            limit: MAX_FILE_BYTES,
+        }
+    }
+
+    #[cfg(test)]
+    fn with_limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// The checkpoint file, for messages and tests.
@@ -163,12 +202,13 @@ impl CheckpointStore {
     }
 
     /// Reads the checkpoint. A missing file is an empty checkpoint (first start); anything that
-    /// cannot be fully verified is [`Error::CheckpointCorrupt`]. Temp files left by a crash in
-    /// the middle of `save` are removed: the rename never happened, so they hold nothing that
-    /// was ever acknowledged to the kubelet.
+    /// cannot be fully verified is [`Error::CheckpointCorrupt`]; a path that is not a regular
+    /// file or is over [`MAX_FILE_BYTES`] is an I/O error naming it. Temp files left by a crash
+    /// in the middle of `save` are removed: the rename never happened, so they hold nothing
+    /// that was ever acknowledged to the kubelet.
     pub fn load(&self) -> Result<Checkpoint> {
         self.remove_stale_temp_files();
-        let text = match fs::read(&self.path) {
+        let text = match read_regular(&self.path, self.limit, Links::Refuse) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
             Err(e) => return Err(Error::io(format!("reading {}", self.path.display()), e)),
@@ -179,11 +219,26 @@ impl CheckpointStore {
         })
     }
 
-    /// Replaces the checkpoint atomically and durably.
+    /// Replaces the checkpoint atomically and durably, as a `0600` file in directories created
+    /// `0700`.
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let bytes = encode(checkpoint)?;
-        fs::create_dir_all(&self.dir)
+        if bytes.len() as u64 > self.limit {
+            return Err(Error::io(
+                format!("writing {}", self.path.display()),
+                std::io::Error::new(
+                    std::io::ErrorKind::FileTooLarge,
+                    format!(
+                        "the checkpoint would be {} bytes, over the {}-byte limit it is read \
+                         back with; nothing was written",
+                        bytes.len(),
+                        self.limit
+                    ),
+                ),
+            ));
+        }
+        create_private_dirs(&self.dir)
             .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
         let tmp = self.dir.join(format!(
             "{TMP_PREFIX}{}-{}",
@@ -194,7 +249,10 @@ impl CheckpointStore {
             let mut file = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
+                .mode(FILE_MODE)
                 .open(&tmp)?;
+            // The umask may have taken bits away, never added them; set the mode exactly.
+            file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
             file.write_all(&bytes)?;
             // Data must be on disk before the rename makes it visible.
             file.sync_all()?;
@@ -218,6 +276,30 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// Creates `dir` and its missing ancestors as [`DIR_MODE`], set explicitly after creation so the
+/// umask cannot widen or narrow it. Directories that already exist are left as they are: they
+/// may be shared (the kubelet's plugin directory) and are not the store's to change.
+fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        if d.as_os_str().is_empty() || fs::symlink_metadata(d).is_ok() {
+            break;
+        }
+        missing.push(d);
+        cur = d.parent();
+    }
+    for d in missing.into_iter().rev() {
+        match fs::DirBuilder::new().mode(DIR_MODE).create(d) {
+            Ok(()) => fs::set_permissions(d, fs::Permissions::from_mode(DIR_MODE))?,
+            // Another process made it meanwhile: not ours, left alone.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
@@ -263,8 +345,53 @@ fn decode(bytes: &[u8]) -> std::result::Result<Checkpoint, Corrupt> {
             envelope.crc32
         )));
     }
-    serde_json::from_str(envelope.data.get())
-        .map_err(|e| Corrupt(format!("data does not decode ({e})")))
+    let checkpoint: Checkpoint = serde_json::from_str(envelope.data.get())
+        .map_err(|e| Corrupt(format!("data does not decode ({e})")))?;
+    check_consistency(&checkpoint)?;
+    Ok(checkpoint)
+}
+
+/// The rules a decoded checkpoint must keep (the module documentation lists them), each
+/// reported by name with the claims that break it.
+fn check_consistency(checkpoint: &Checkpoint) -> std::result::Result<(), Corrupt> {
+    let q = |s: &str| quote(s, MAX_ECHOED_BYTES);
+    // (pool, device) → every (claim uid, share id) holding it.
+    type Holders<'a> = Vec<(&'a str, Option<&'a str>)>;
+    let mut holders: BTreeMap<(&str, &str), Holders<'_>> = BTreeMap::new();
+    for (key, claim) in &checkpoint.claims {
+        if *key != claim.uid {
+            return Err(Corrupt(format!(
+                "claim key {} differs from that claim's uid {} (rule: every claim is keyed by \
+                 its own uid)",
+                q(key),
+                q(&claim.uid)
+            )));
+        }
+        for device in &claim.devices {
+            let entry = holders
+                .entry((device.pool.as_str(), device.device.as_str()))
+                .or_default();
+            let share = device.share_id.as_deref();
+            let clash = entry
+                .iter()
+                .find(|(_, other)| share.is_none() || other.is_none() || *other == share);
+            if let Some((other_uid, _)) = clash {
+                let whom = if *other_uid == key.as_str() {
+                    format!("twice in claim {}", q(key))
+                } else {
+                    format!("in claims {} and {}", q(other_uid), q(key))
+                };
+                return Err(Corrupt(format!(
+                    "device {}/{} is {whom} (rule: a device belongs to one claim, once, unless \
+                     every holder has a distinct shareId)",
+                    q(&device.pool),
+                    q(&device.device)
+                )));
+            }
+            entry.push((key.as_str(), share));
+        }
+    }
+    Ok(())
 }
 
 /// CRC-32 (IEEE 802.3, the zlib one), table built at compile time: a checksum catches damage
@@ -420,5 +547,203 @@ mod tests {
         fs::write(&tmp, b"{\"version\":1,\"cr").unwrap();
         assert_eq!(store.load().unwrap(), sample());
         assert!(!tmp.exists());
+    }
+    /// Writes `checkpoint` with a valid envelope whatever its content, as a hand edit or a
+    /// restore from elsewhere would.
+    fn write_unchecked(store: &CheckpointStore, checkpoint: &Checkpoint) {
+        fs::write(store.path(), encode(checkpoint).unwrap()).unwrap();
+    }
+
+    fn corrupt_reason(store: &CheckpointStore) -> String {
+        let err = store.load().unwrap_err();
+        assert!(matches!(err, Error::CheckpointCorrupt { .. }), "{err}");
+        err.to_string()
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_claims_uid_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        let mut cp = sample();
+        let claim = cp.claims.remove("uid-1").unwrap();
+        cp.claims.insert("uid-2".into(), claim);
+        write_unchecked(&store, &cp);
+        let err = corrupt_reason(&store);
+        assert!(
+            err.contains(
+                "claim key \"uid-2\" differs from that claim's uid \"uid-1\" (rule: every \
+                 claim is keyed by its own uid)"
+            ),
+            "{err}"
+        );
+        // The echoed key is bounded however long it is.
+        let mut cp = sample();
+        let claim = cp.claims.remove("uid-1").unwrap();
+        cp.claims.insert("k".repeat(100_000), claim);
+        write_unchecked(&store, &cp);
+        let err = corrupt_reason(&store);
+        assert!(err.len() < 2048, "{} bytes", err.len());
+        assert!(err.contains("(99744 more bytes cut) differs"), "{err}");
+    }
+
+    #[test]
+    fn one_device_in_two_claims_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        let mut cp = sample();
+        let mut second = cp.claims["uid-1"].clone();
+        second.uid = "uid-2".into();
+        second.devices[0].request = "other".into();
+        cp.claims.insert("uid-2".into(), second);
+        write_unchecked(&store, &cp);
+        let err = corrupt_reason(&store);
+        assert!(
+            err.contains(
+                "device \"node-a\"/\"pci-0000-03-00-0\" is in claims \"uid-1\" and \"uid-2\" \
+                 (rule: a device belongs to one claim, once, unless every holder has a distinct \
+                 shareId)"
+            ),
+            "{err}"
+        );
+
+        // Listed twice in one claim.
+        let mut cp = sample();
+        let claim = cp.claims.get_mut("uid-1").unwrap();
+        let again = claim.devices[0].clone();
+        claim.devices.push(again);
+        write_unchecked(&store, &cp);
+        let err = corrupt_reason(&store);
+        assert!(
+            err.contains("is twice in claim \"uid-1\" (rule: a device belongs"),
+            "{err}"
+        );
+
+        // One shared and one exclusive holder, or a repeated share id, clash too.
+        let mut cp = sample();
+        let mut second = cp.claims["uid-1"].clone();
+        second.uid = "uid-2".into();
+        second.devices[0].share_id = Some("s1".into());
+        cp.claims.insert("uid-2".into(), second.clone());
+        write_unchecked(&store, &cp);
+        assert!(corrupt_reason(&store).contains("is in claims \"uid-1\" and \"uid-2\""));
+        cp.claims.get_mut("uid-1").unwrap().devices[0].share_id = Some("s1".into());
+        write_unchecked(&store, &cp);
+        assert!(corrupt_reason(&store).contains("is in claims \"uid-1\" and \"uid-2\""));
+
+        // Distinct shares of one device (consumable capacity) and one device name in another
+        // pool are fine.
+        cp.claims.get_mut("uid-1").unwrap().devices[0].share_id = Some("s0".into());
+        let mut third = cp.claims["uid-1"].clone();
+        third.uid = "uid-3".into();
+        third.devices[0].share_id = None;
+        third.devices[0].pool = "node-b".into();
+        cp.claims.insert("uid-3".into(), third);
+        write_unchecked(&store, &cp);
+        assert_eq!(store.load().unwrap(), cp);
+    }
+
+    #[test]
+    fn a_checkpoint_path_that_is_not_a_bounded_regular_file_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        nix::unistd::mkfifo(store.path(), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let loader = store.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(loader.load().map_err(|e| e.to_string()));
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("loading a FIFO checkpoint hung")
+            .unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "reading {}: not a regular file (it is a FIFO)",
+                store.path().display()
+            )
+        );
+
+        fs::remove_file(store.path()).unwrap();
+        let file = fs::File::create(store.path()).unwrap();
+        file.set_len(MAX_FILE_BYTES + 1).unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "reading {}: larger than the 67108864-byte limit for this file",
+                store.path().display()
+            )
+        );
+
+        fs::remove_file(store.path()).unwrap();
+        let elsewhere = dir.path().join("elsewhere.json");
+        CheckpointStore::new(dir.path()).save(&sample()).unwrap();
+        fs::rename(store.path(), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, store.path()).unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "reading {}: not a regular file (it is a symlink)",
+                store.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn file_is_0600_and_created_directories_0700_whatever_the_umask() {
+        use nix::sys::stat::{Mode, umask};
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        for (i, mask) in [0o000, 0o022, 0o077].into_iter().enumerate() {
+            let base = dir.path().join(format!("run{i}"));
+            let plugin = base.join("plugins/knic.dev");
+            let store = CheckpointStore::new(&plugin);
+            // The umask is process-wide: set it only around the save under test.
+            let old = umask(Mode::from_bits_truncate(mask));
+            let saved = store.save(&sample());
+            umask(old);
+            saved.unwrap();
+            assert_eq!(mode(store.path()), 0o600, "file, umask {mask:o}");
+            for d in [base.clone(), base.join("plugins"), plugin.clone()] {
+                assert_eq!(mode(&d), 0o700, "{}, umask {mask:o}", d.display());
+            }
+            // A second save replaces the file; the mode stays.
+            let old = umask(Mode::from_bits_truncate(mask));
+            let saved = store.save(&sample());
+            umask(old);
+            saved.unwrap();
+            assert_eq!(
+                mode(store.path()),
+                0o600,
+                "file after replace, umask {mask:o}"
+            );
+        }
+    }
+    #[test]
+    fn a_save_over_the_read_limit_is_refused_and_the_old_file_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path()).with_limit(4096);
+        store.save(&sample()).unwrap();
+        let mut big = sample();
+        big.claims.get_mut("uid-1").unwrap().configs[0].parameters =
+            serde_json::Value::String("x".repeat(4096));
+        let err = store.save(&big).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "writing {}: the checkpoint would be ",
+                store.path().display()
+            )),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(
+                "bytes, over the 4096-byte limit it is read back with; nothing was written"
+            ),
+            "{err}"
+        );
+        assert_eq!(store.load().unwrap(), sample());
     }
 }

@@ -21,15 +21,27 @@
 //! a config file (YAML or JSON) has `include:` and `exclude:` lists of entry strings. A bad
 //! entry is an [`Error::Setting`] naming the list, index and text, e.g.
 //! `filter include[2] "pci=8086:zz": pci vendor/device must be 4 hex digits each`.
+//!
+//! Bounds: a config file must be a regular file of at most [`MAX_CONFIG_BYTES`] (a FIFO there
+//! hung start-up), and an entry quoted in an error is cut to [`MAX_ECHOED_BYTES`], so one
+//! pasted-in megabyte cannot become a megabyte of log line.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 use super::DeviceKind;
+use crate::bounded::{Links, quote, read_regular};
 use crate::error::{Error, Result};
 
 const KEYS: &str = "name, pci, driver, kind";
+
+/// The largest filter config file read: far above any real list of entries, small enough that a
+/// wrong path (a log, an image) is refused at once instead of parsed.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// How much of an entry an error quotes.
+pub const MAX_ECHOED_BYTES: usize = 256;
 
 /// A parsed, validated admin filter; the default one (no entries) advertises the default set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,10 +107,19 @@ impl Filter {
         Filter::from_config_named(text, "config")
     }
 
-    /// Reads and parses a config file (see [`Filter::from_config`]).
+    /// Reads and parses a config file (see [`Filter::from_config`]); it must be a regular file
+    /// (a symlink to one is fine: ConfigMap mounts are symlinks) of at most
+    /// [`MAX_CONFIG_BYTES`].
     pub fn from_config_file(path: &Path) -> Result<Filter> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading filter config {}", path.display()), e))?;
+        let context = || format!("reading filter config {}", path.display());
+        let bytes = read_regular(path, MAX_CONFIG_BYTES, Links::Follow)
+            .map_err(|e| Error::io(context(), e))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Error::io(
+                context(),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+            )
+        })?;
         Filter::from_config_named(&text, &format!("config {}", path.display()))
     }
 
@@ -107,9 +128,9 @@ impl Filter {
             return Ok(Filter::default());
         }
         let config: FilterConfig = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).map_err(|e| setting(format!("{what}: {e}")))?
+            serde_json::from_str(text).map_err(|e| parse_error(what, &e))?
         } else {
-            serde_yaml_ng::from_str(text).map_err(|e| setting(format!("{what}: {e}")))?
+            serde_yaml_ng::from_str(text).map_err(|e| parse_error(what, &e))?
         };
         Filter::from_entries(&config.include, &config.exclude)
     }
@@ -158,6 +179,16 @@ impl Rule {
     }
 }
 
+/// A parser's error, which may quote the offending value whole, cut to a few quoted
+/// entries' worth.
+fn parse_error(what: &str, error: &dyn std::fmt::Display) -> Error {
+    let text = error.to_string();
+    setting(format!(
+        "{what}: {}",
+        crate::bounded::cap_text(&text, 4 * MAX_ECHOED_BYTES)
+    ))
+}
+
 fn setting(reason: String) -> Error {
     Error::Setting {
         setting: "filter",
@@ -200,7 +231,10 @@ fn parse_rules<S: AsRef<str>>(list: &str, entries: &[S]) -> Result<Vec<Rule>> {
                     text: text.to_owned(),
                     matcher,
                 })
-                .map_err(|Invalid(why)| setting(format!("{list}[{i}] {text:?}: {why}")))
+                .map_err(|Invalid(why)| {
+                    let text = quote(text, MAX_ECHOED_BYTES);
+                    setting(format!("{list}[{i}] {text}: {why}"))
+                })
         })
         .collect()
 }
@@ -222,7 +256,10 @@ fn parse_rule(text: &str) -> std::result::Result<Matcher, Invalid> {
     };
     let (key, value) = (key.trim(), value.trim());
     if value.is_empty() {
-        return Err(Invalid(format!("empty value for {key:?}")));
+        return Err(Invalid(format!(
+            "empty value for {}",
+            quote(key, MAX_ECHOED_BYTES)
+        )));
     }
     match key {
         "name" => {
@@ -275,7 +312,8 @@ fn parse_rule(text: &str) -> std::result::Result<Matcher, Invalid> {
             )),
         },
         _ => Err(Invalid(format!(
-            "unknown key {key:?}; expected one of {KEYS}"
+            "unknown key {}; expected one of {KEYS}",
+            quote(key, MAX_ECHOED_BYTES)
         ))),
     }
 }
@@ -391,7 +429,10 @@ fn parse_class(
     let mut first = true;
     loop {
         let Some(&c) = chars.get(i) else {
-            return Err(Invalid(format!("unclosed \"[\" in glob {pattern:?}")));
+            return Err(Invalid(format!(
+                "unclosed \"[\" in glob {}",
+                quote(pattern, MAX_ECHOED_BYTES)
+            )));
         };
         if c == ']' && !first {
             return Ok((Token::Class { negated, ranges }, i + 1));
@@ -401,7 +442,8 @@ fn parse_class(
             let hi = chars[i + 2];
             if hi < c {
                 return Err(Invalid(format!(
-                    "bad range \"{c}-{hi}\" in glob {pattern:?}"
+                    "bad range \"{c}-{hi}\" in glob {}",
+                    quote(pattern, MAX_ECHOED_BYTES)
                 )));
             }
             ranges.push((c, hi));
@@ -658,5 +700,69 @@ mod tests {
         let mut merged = Filter::from_config("include: [kind=vf]").unwrap();
         merged.extend(Filter::parse_lists("", "name=eth0").unwrap());
         assert_eq!(merged, Filter::parse_lists("kind=vf", "name=eth0").unwrap());
+    }
+    #[test]
+    fn inventory_filter_config_file_must_be_a_bounded_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("filter.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(Filter::from_config_file(&path).map_err(|e| e.to_string()));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("reading a FIFO as the filter config hung")
+            .unwrap_err();
+        assert_eq!(
+            got,
+            format!(
+                "reading filter config {}: not a regular file (it is a FIFO)",
+                fifo.display()
+            )
+        );
+
+        let big = dir.path().join("big.yaml");
+        let limit = usize::try_from(MAX_CONFIG_BYTES).unwrap();
+        std::fs::write(&big, format!("include: [kind=vf]\n#{}", "x".repeat(limit))).unwrap();
+        let got = Filter::from_config_file(&big).unwrap_err().to_string();
+        assert_eq!(
+            got,
+            format!(
+                "reading filter config {}: larger than the 1048576-byte limit for this file",
+                big.display()
+            )
+        );
+
+        // A symlink to a regular file (how a ConfigMap is mounted) is still read.
+        let real = dir.path().join("real.yaml");
+        std::fs::write(&real, "include: [kind=vf]\n").unwrap();
+        let link = dir.path().join("link.yaml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(Filter::from_config_file(&link).unwrap().has_include());
+    }
+
+    #[test]
+    fn inventory_filter_errors_quote_at_most_a_bounded_part_of_an_entry() {
+        let long = format!("kind={}", "v".repeat(100_000));
+        let got = err(&[long.as_str()], &[]);
+        assert!(got.len() < 1024, "{} bytes", got.len());
+        assert!(
+            got.contains(&format!(
+                "include[0] \"kind={}\"… (99749 more bytes cut): kind must be one of",
+                "v".repeat(251)
+            )),
+            "{got}"
+        );
+        let got = err(&[format!("{}=x", "k".repeat(100_000)).as_str()], &[]);
+        assert!(got.len() < 1024, "{} bytes", got.len());
+        assert!(
+            got.contains("more bytes cut); expected one of name"),
+            "{got}"
+        );
+        let doc = format!("include: {}", "y".repeat(100_000));
+        let got = Filter::from_config(&doc).unwrap_err().to_string();
+        assert!(got.len() < 2048, "{} bytes", got.len());
     }
 }

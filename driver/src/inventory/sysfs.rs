@@ -4,6 +4,12 @@
 //! resolved by hand with `read_link` plus lexical joins, clamped to the root: `canonicalize` would
 //! fail on the dangling links of captured trees and would escape a test root through absolute
 //! links. Every read that fails for any reason, or yields empty text, is "unknown" (`None`).
+//!
+//! Nothing here may let the OS follow a link the resolver did not: a chain longer than
+//! [`MAX_LINK_HOPS`] is unreadable as a whole (handing its remainder to the OS would follow it
+//! out of the root), and files are read with `O_NOFOLLOW`, only when regular and at most
+//! [`MAX_ATTRIBUTE_BYTES`] long, so a FIFO or a huge file planted in a tree cannot hang or
+//! flood discovery.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -11,9 +17,16 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use crate::bounded::{Links, read_regular};
+use crate::error::{Error, Result};
+
 /// How many symlinks one resolution may follow before it is taken as a loop (the kernel's
-/// `MAXSYMLINKS`).
-const MAX_LINK_HOPS: usize = 40;
+/// `MAXSYMLINKS`); a path needing more is unreadable.
+pub const MAX_LINK_HOPS: usize = 40;
+
+/// The most bytes one attribute read takes. The kernel's text attributes are at most one page
+/// (4 KiB, 64 KiB on 64K-page kernels); anything larger is not an attribute discovery knows.
+pub const MAX_ATTRIBUTE_BYTES: u64 = 64 * 1024;
 
 /// A sysfs tree below a root directory, with optional injected read faults.
 ///
@@ -56,8 +69,17 @@ impl Sysfs {
 
     /// Resolves every symlink along root-relative `rel`, lexically and clamped to the root, and
     /// returns the root-relative real path. A dangling link is followed as far as its text goes,
-    /// so the caller still learns where it pointed.
+    /// so the caller still learns where it pointed. A path whose links run out of hops comes
+    /// back as given: every reader resolves again and finds it unreadable (see
+    /// [`Sysfs::try_resolve`]).
     pub fn resolve(&self, rel: &Path) -> PathBuf {
+        self.try_resolve(rel).unwrap_or_else(|| rel.to_path_buf())
+    }
+
+    /// Like [`Sysfs::resolve`], but `None` when the links along `rel` need more than
+    /// [`MAX_LINK_HOPS`] hops: the rest of such a chain is never handed to the OS, which would
+    /// follow it without the root clamp.
+    pub fn try_resolve(&self, rel: &Path) -> Option<PathBuf> {
         let mut done: Vec<OsString> = Vec::new();
         let mut pending: VecDeque<OsString> = components(rel).into();
         let mut hops = 0;
@@ -73,8 +95,8 @@ impl Sysfs {
             };
             hops += 1;
             if hops > MAX_LINK_HOPS {
-                tracing::debug!(path = %here.display(), "symlink loop in sysfs; giving up");
-                break;
+                tracing::debug!(path = %here.display(), "symlink chain too long in sysfs; unreadable");
+                return None;
             }
             done.pop();
             if target.is_absolute() {
@@ -84,48 +106,69 @@ impl Sysfs {
                 pending.push_front(part);
             }
         }
-        join_parts(&done)
+        Some(join_parts(&done))
     }
 
     /// Where the symlink at `rel` points, resolved and root-relative; `None` when `rel` is not a
     /// symlink (after resolving its parents).
     pub fn link_target(&self, rel: &Path) -> Option<PathBuf> {
-        let parent = self.resolve(rel.parent()?);
+        let parent = self.try_resolve(rel.parent()?)?;
         let name = rel.file_name()?;
         let here = parent.join(name);
         fs::read_link(self.root.join(&here)).ok()?;
-        Some(self.resolve(&here))
+        self.try_resolve(&here)
     }
 
     /// The last component of the symlink text at `rel`: enough for `driver`, `subsystem` and
     /// `physfn`, whose targets may not exist in a captured tree.
     pub fn link_name(&self, rel: &Path) -> Option<String> {
-        let parent = self.resolve(rel.parent()?);
+        let parent = self.try_resolve(rel.parent()?)?;
         let target = fs::read_link(self.root.join(parent).join(rel.file_name()?)).ok()?;
         let name = target.file_name()?.to_str()?;
         Some(name.to_owned())
     }
 
     /// The trimmed text of the file at `rel`; `None` for missing, unreadable (including injected
-    /// faults), non-UTF-8 or empty files.
+    /// faults, non-regular files, oversized files and over-long link chains), non-UTF-8 or
+    /// empty files.
     pub fn read(&self, rel: &Path) -> Option<String> {
-        let real = self.resolve(rel);
+        match self.try_read(rel) {
+            Ok(text) => text,
+            Err(err) => {
+                tracing::trace!(%err, "sysfs read failed; unknown");
+                None
+            }
+        }
+    }
+
+    /// Like [`Sysfs::read`], but says why a file that exists could not be read: `Ok(None)` is
+    /// a missing, empty or non-UTF-8 file, `Err` names the path and the rule (not a regular
+    /// file, over [`MAX_ATTRIBUTE_BYTES`], link chain over [`MAX_LINK_HOPS`], an OS error).
+    pub fn try_read(&self, rel: &Path) -> Result<Option<String>> {
+        let Some(real) = self.try_resolve(rel) else {
+            return Err(Error::io(
+                format!("reading sysfs {}", self.root.join(rel).display()),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("symlink chain longer than {MAX_LINK_HOPS} hops; unreadable"),
+                ),
+            ));
+        };
+        let path = self.root.join(&real);
         let result = match self.faults.get(&real) {
             Some(errno) => Err(io::Error::from_raw_os_error(*errno)),
-            None => fs::read(self.root.join(&real)),
+            None => read_regular(&path, MAX_ATTRIBUTE_BYTES, Links::Refuse),
         };
         match result {
             Ok(bytes) => {
-                let text = String::from_utf8(bytes).ok()?;
+                let Ok(text) = String::from_utf8(bytes) else {
+                    return Ok(None);
+                };
                 let text = text.trim();
-                (!text.is_empty()).then(|| text.to_owned())
+                Ok((!text.is_empty()).then(|| text.to_owned()))
             }
-            Err(err) => {
-                if err.kind() != io::ErrorKind::NotFound {
-                    tracing::trace!(path = %real.display(), %err, "sysfs read failed; unknown");
-                }
-                None
-            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(Error::io(format!("reading sysfs {}", path.display()), err)),
         }
     }
 
@@ -148,8 +191,10 @@ impl Sysfs {
     /// Sorted entry names of the directory at `rel` (after resolving it); empty when it is
     /// missing or unreadable.
     pub fn list(&self, rel: &Path) -> Vec<String> {
-        let real = self.root.join(self.resolve(rel));
-        let Ok(entries) = fs::read_dir(&real) else {
+        let Some(real) = self.try_resolve(rel) else {
+            return Vec::new();
+        };
+        let Ok(entries) = fs::read_dir(self.root.join(real)) else {
             return Vec::new();
         };
         let mut names: Vec<String> = entries
@@ -161,15 +206,21 @@ impl Sysfs {
 
     /// Whether `rel` resolves to an existing directory.
     pub fn is_dir(&self, rel: &Path) -> bool {
-        self.root.join(self.resolve(rel)).is_dir()
+        self.try_resolve(rel)
+            .and_then(|real| fs::symlink_metadata(self.root.join(real)).ok())
+            .is_some_and(|meta| meta.is_dir())
     }
 
     /// Whether something (file, directory or symlink, even dangling) exists at `rel`.
     pub fn exists(&self, rel: &Path) -> bool {
         let Some(name) = rel.file_name() else {
-            return self.root.join(self.resolve(rel)).exists();
+            return self
+                .try_resolve(rel)
+                .is_some_and(|real| fs::symlink_metadata(self.root.join(real)).is_ok());
         };
-        let parent = self.resolve(rel.parent().unwrap_or(Path::new("")));
+        let Some(parent) = self.try_resolve(rel.parent().unwrap_or(Path::new(""))) else {
+            return false;
+        };
         fs::symlink_metadata(self.root.join(parent).join(name)).is_ok()
     }
 }
@@ -287,5 +338,113 @@ mod tests {
         symlink("a", dir.path().join("sys/b")).unwrap();
         let sysfs = Sysfs::new(dir.path());
         assert_eq!(sysfs.read(Path::new("sys/a")), None);
+    }
+
+    /// Runs `f` on another thread and fails the test if it does not return within seconds: a
+    /// read that hangs must fail the test, not block the suite.
+    fn within_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the read hung instead of failing")
+    }
+
+    #[test]
+    fn inventory_sysfs_refuses_a_fifo_attribute_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join("sys/class/net/eth0");
+        fs::create_dir_all(&net).unwrap();
+        nix::unistd::mkfifo(&net.join("speed"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let sysfs = Sysfs::new(dir.path());
+        let (read, err) = within_seconds(move || {
+            let rel = Path::new("sys/class/net/eth0/speed");
+            (
+                sysfs.read(rel),
+                sysfs.try_read(rel).unwrap_err().to_string(),
+            )
+        });
+        assert_eq!(read, None);
+        assert_eq!(
+            err,
+            format!(
+                "reading sysfs {}: not a regular file (it is a FIFO)",
+                net.join("speed").display()
+            )
+        );
+    }
+
+    #[test]
+    fn inventory_sysfs_refuses_an_oversized_attribute() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join("sys/class/net/eth0");
+        fs::create_dir_all(&net).unwrap();
+        let limit = usize::try_from(MAX_ATTRIBUTE_BYTES).unwrap();
+        fs::write(net.join("ifalias"), "a".repeat(limit + 1)).unwrap();
+        fs::write(net.join("mtu"), format!("{}1500", " ".repeat(limit - 4))).unwrap();
+        let sysfs = Sysfs::new(dir.path());
+        let rel = Path::new("sys/class/net/eth0/ifalias");
+        assert!(sysfs.read(rel).is_none());
+        let err = sysfs.try_read(rel).unwrap_err().to_string();
+        assert!(err.contains("larger than the 65536-byte limit"), "{err}");
+        assert!(
+            err.contains(&net.join("ifalias").display().to_string()),
+            "{err}"
+        );
+        // Exactly at the limit is still read.
+        assert_eq!(
+            sysfs.read_i64(Path::new("sys/class/net/eth0/mtu")),
+            Some(1500)
+        );
+    }
+
+    #[test]
+    fn inventory_sysfs_link_chain_over_the_hop_limit_never_leaves_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(root.join("sys/class/net")).unwrap();
+        fs::create_dir_all(outside.join("secrets")).unwrap();
+        fs::write(outside.join("secret"), "outside the root\n").unwrap();
+        fs::write(outside.join("secrets/key"), "k\n").unwrap();
+        // Two chains of MAX_LINK_HOPS + 5 links whose last link points outside the root by
+        // absolute path: the resolver would clamp it, the OS would not.
+        for (prefix, target) in [
+            ("f", outside.join("secret")),
+            ("d", outside.join("secrets")),
+        ] {
+            let len = MAX_LINK_HOPS + 5;
+            for i in 0..len {
+                let next = if i + 1 == len {
+                    target.clone()
+                } else {
+                    PathBuf::from(format!("{prefix}{}", i + 1))
+                };
+                symlink(next, root.join(format!("sys/class/net/{prefix}{i}"))).unwrap();
+            }
+        }
+        let sysfs = Sysfs::new(&root);
+        let file = Path::new("sys/class/net/f0");
+        assert_eq!(sysfs.read(file), None);
+        let err = sysfs.try_read(file).unwrap_err().to_string();
+        assert!(
+            err.contains("symlink chain longer than 40 hops; unreadable"),
+            "{err}"
+        );
+        assert_eq!(sysfs.try_resolve(file), None);
+        assert_eq!(sysfs.link_target(file), None);
+        let dir_chain = Path::new("sys/class/net/d0");
+        assert!(sysfs.list(dir_chain).is_empty());
+        assert!(!sysfs.is_dir(dir_chain));
+        assert_eq!(sysfs.read(&dir_chain.join("key")), None);
+        assert!(!sysfs.exists(&dir_chain.join("key")));
+        // A chain within the limit still resolves.
+        assert_eq!(
+            sysfs.try_resolve(Path::new("sys/class/net/f5")),
+            Some(PathBuf::from(
+                outside.join("secret").strip_prefix("/").unwrap()
+            ))
+        );
     }
 }

@@ -3,6 +3,13 @@
 //!
 //! Both sockets accept every `:authority` real clients send (see [`authority`]).
 //!
+//! Every per-claim error leaves through [`DraService`], the one place bounds are enforced: a
+//! claim's namespace and name must be DNS names before any API request is built from them, and
+//! each claim's error text is cut to [`MAX_CLAIM_ERROR_BYTES`] (all of a response's errors to
+//! about [`MAX_RESPONSE_ERROR_BYTES`]), so one claim with a huge invalid config is that claim's
+//! error, never a response over the kubelet's 4 MiB gRPC message limit that fails the whole
+//! call.
+//!
 //! Order matters and is the Go helper's: the DRA service listens first, registration second,
 //! because the kubelet may call prepare right after `GetInfo`. On shutdown the registration
 //! socket goes first (the kubelet deregisters the plugin) and the DRA socket last.
@@ -23,6 +30,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use self::authority::AuthorityShim;
+use crate::bounded;
 use crate::claims::{ClaimRef, PreparedAnswer, Preparer};
 use crate::error::{Error, Result};
 
@@ -41,6 +49,22 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
 ];
 /// Plugin type the kubelet's plugin watcher routes to its DRA handler.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
+
+/// How much of a refused namespace or name an error quotes (a valid one is at most 253 bytes).
+const MAX_ECHOED_BYTES: usize = 256;
+
+/// The most bytes of one claim's error text in a prepare or unprepare answer: room for hundreds
+/// of field errors, so the first problems are always readable, at 1/256 of the kubelet's 4 MiB
+/// message limit.
+pub const MAX_CLAIM_ERROR_BYTES: usize = 16 * 1024;
+/// The error bytes one answer carries before later claims' errors (in uid order) are cut to
+/// [`MIN_CLAIM_ERROR_BYTES`] each: a pod has few claims, but the kubelet batches whatever it
+/// has, and the answer as a whole must stay far below 4 MiB (this budget, one claim's error
+/// crossing it, and the floor per further claim).
+pub const MAX_RESPONSE_ERROR_BYTES: usize = 1024 * 1024;
+/// What a claim's error keeps once the answer's budget is spent: the start of its first
+/// problem and the cut marker.
+pub const MIN_CLAIM_ERROR_BYTES: usize = 512;
 
 /// Where the two sockets live. Both are parameters because the kubelet root differs between
 /// distributions and tests use temporary directories.
@@ -160,15 +184,18 @@ impl DraService {
                     error: String::new(),
                 },
                 Err(e) => {
-                    tracing::warn!(claim_uid = %uid, error = %e, "prepare failed");
+                    let error = e.to_string();
+                    let error = bounded::cap_text(&error, MAX_CLAIM_ERROR_BYTES);
+                    tracing::warn!(claim_uid = %uid, error = %error, "prepare failed");
                     v1::NodePrepareResourceResponse {
                         devices: vec![],
-                        error: e.to_string(),
+                        error: error.into_owned(),
                     }
                 }
             };
             out.insert(uid, entry);
         }
+        cap_errors(&mut out, |r| &mut r.error);
         v1::NodePrepareResourcesResponse { claims: out }
     }
 
@@ -180,18 +207,45 @@ impl DraService {
             let error = match outcome {
                 Ok(()) => String::new(),
                 Err(e) => {
-                    tracing::warn!(claim_uid = %uid, error = %e, "unprepare failed");
-                    e.to_string()
+                    let error = e.to_string();
+                    let error = bounded::cap_text(&error, MAX_CLAIM_ERROR_BYTES);
+                    tracing::warn!(claim_uid = %uid, error = %error, "unprepare failed");
+                    error.into_owned()
                 }
             };
             out.insert(uid, v1::NodeUnprepareResourceResponse { error });
         }
+        cap_errors(&mut out, |r| &mut r.error);
         v1::NodeUnprepareResourcesResponse { claims: out }
     }
 }
 
+/// Holds every error of one answer to [`MAX_CLAIM_ERROR_BYTES`] and, in uid order, to the
+/// answer's [`MAX_RESPONSE_ERROR_BYTES`], cutting the errors past it to
+/// [`MIN_CLAIM_ERROR_BYTES`].
+fn cap_errors<T>(out: &mut HashMap<String, T>, error: impl Fn(&mut T) -> &mut String) {
+    let mut uids: Vec<String> = out.keys().cloned().collect();
+    uids.sort();
+    let mut spent = 0usize;
+    for uid in uids {
+        let Some(entry) = out.get_mut(&uid) else {
+            continue;
+        };
+        let text = error(entry);
+        let room = MAX_CLAIM_ERROR_BYTES
+            .min(MAX_RESPONSE_ERROR_BYTES.saturating_sub(spent))
+            .max(MIN_CLAIM_ERROR_BYTES);
+        if text.len() > room {
+            *text = bounded::cap_text(text, room).into_owned();
+        }
+        spent += text.len();
+    }
+}
+
 /// Splits the request into well-formed claims and ready-made error entries for the rest, so
-/// every UID the kubelet sent gets an entry.
+/// every UID the kubelet sent gets an entry. Namespace and name become path segments of an API
+/// URL, so they must be what Kubernetes allows there (a DNS label and a DNS subdomain); a
+/// claim breaking that is refused here, before anything reads the API.
 fn check_claims<T>(
     claims: &[v1::Claim],
     error: impl Fn(String) -> T,
@@ -208,19 +262,42 @@ fn check_claims<T>(
         .filter(|(_, v)| v.is_empty())
         .map(|(k, _)| k)
         .collect();
-        if missing.is_empty() {
-            refs.push(ClaimRef {
-                namespace: c.namespace.clone(),
-                name: c.name.clone(),
-                uid: c.uid.clone(),
-            });
-        } else {
+        if !missing.is_empty() {
             errors.insert(
                 c.uid.clone(),
                 error(format!(
                     "claims[{i}]: {} must not be empty",
                     missing.join(", ")
                 )),
+            );
+            continue;
+        }
+        let mut problems = Vec::new();
+        if !knic_proto::names::is_dns_label(&c.namespace) {
+            problems.push(format!(
+                "namespace {}: must be a DNS label (RFC 1123): 1 to 63 lower-case letters, \
+                 digits and '-', starting and ending with a letter or digit",
+                bounded::quote(&c.namespace, MAX_ECHOED_BYTES)
+            ));
+        }
+        if let Err(e) = knic_proto::names::check_dns_subdomain(&c.name) {
+            problems.push(format!(
+                "name {}: must be a DNS subdomain (RFC 1123): {e}",
+                bounded::quote(&c.name, MAX_ECHOED_BYTES)
+            ));
+        }
+        if problems.is_empty() {
+            refs.push(ClaimRef {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            });
+        } else {
+            tracing::warn!(claim_uid = %c.uid, problems = %problems.join("; "),
+                "kubelet sent a claim reference that is not a valid name; refused");
+            errors.insert(
+                c.uid.clone(),
+                error(format!("claims[{i}]: {}", problems.join("; "))),
             );
         }
     }
@@ -232,7 +309,7 @@ fn to_v1_device(d: PreparedAnswer) -> v1::Device {
         request_names: d.request_names,
         pool_name: d.pool,
         device_name: d.device,
-        cdi_device_ids: vec![],
+        cdi_device_ids: d.cdi_device_ids,
         share_id: d.share_id,
     }
 }
@@ -494,5 +571,38 @@ pub async fn serve(
             format!("server on {}", socket.display()),
             std::io::Error::other(join),
         )),
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    const KUBELET_LIMIT: usize = 4 * 1024 * 1024;
+
+    #[test]
+    fn cap_errors_holds_each_claim_and_the_whole_answer_to_its_bound() {
+        let huge = "field: bad value; ".repeat(10_000);
+        let mut out: HashMap<String, String> = (0..200)
+            .map(|i| (format!("uid-{i:03}"), huge.clone()))
+            .collect();
+        out.insert("uid-ok".into(), String::new());
+        out.insert("uid-short".into(), "short".into());
+        cap_errors(&mut out, |e| e);
+        let total: usize = out.values().map(String::len).sum();
+        // The budget, plus the claim that crossed it, plus the floor for each claim after it.
+        assert!(
+            total <= MAX_RESPONSE_ERROR_BYTES + MAX_CLAIM_ERROR_BYTES + 200 * MIN_CLAIM_ERROR_BYTES,
+            "{total} bytes"
+        );
+        assert!(total < KUBELET_LIMIT / 3, "{total} bytes");
+        assert!(out["uid-000"].len() <= MAX_CLAIM_ERROR_BYTES);
+        assert!(out["uid-000"].len() > MAX_CLAIM_ERROR_BYTES / 2);
+        // Past the budget, errors keep their start and the marker.
+        assert!(out["uid-199"].len() <= MIN_CLAIM_ERROR_BYTES);
+        assert!(out["uid-199"].starts_with("field: bad value"));
+        assert!(out["uid-199"].ends_with(" more bytes cut)"));
+        assert_eq!(out["uid-ok"], "");
+        assert_eq!(out["uid-short"], "short");
     }
 }

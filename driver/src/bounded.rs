@@ -1,0 +1,197 @@
+//! Reads and texts with an upper bound, for everything the driver takes from a path it does not
+//! fully control or hands to a peer with a message limit.
+//!
+//! A plain `fs::read` of a path blocks forever when the path is a FIFO nobody writes to, and
+//! reads without limit from a huge file or a character device; a plain error string can exceed
+//! the 4 MiB a gRPC peer accepts. Both turned one bad input into a hung or failed driver, so
+//! every such read and every per-claim error text goes through here.
+
+use std::borrow::Cow;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+
+/// Whether the last component of a bounded read may be a symlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow a final symlink (admin-supplied files: ConfigMap mounts are symlinks).
+    Follow,
+    /// Refuse one: the caller resolved every link itself (sysfs) or owns the file (checkpoint),
+    /// so a link there is not what it expects.
+    Refuse,
+}
+
+/// Reads the whole regular file at `path`, refusing anything else and anything over `limit`
+/// bytes.
+///
+/// The file type is checked before opening (opening a FIFO for reading waits for a writer; a
+/// device may act on open) and again on the open descriptor, which is opened non-blocking so a
+/// FIFO swapped in between cannot hang the read either. Errors are `io::Error`s whose text says
+/// which rule was broken; callers add the path and what they were doing.
+pub fn read_regular(path: &Path, limit: u64, links: Links) -> io::Result<Vec<u8>> {
+    let meta = match links {
+        Links::Follow => std::fs::metadata(path)?,
+        Links::Refuse => std::fs::symlink_metadata(path)?,
+    };
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    if meta.len() > limit {
+        return Err(too_large(limit));
+    }
+    let mut flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    if links == Links::Refuse {
+        flags |= OFlag::O_NOFOLLOW;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    read_at_most(file, limit)
+}
+
+/// Reads at most `limit` bytes, failing when there is more: a silently truncated file would be
+/// read as a different, valid-looking content.
+fn read_at_most(file: File, limit: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(limit));
+    }
+    Ok(bytes)
+}
+
+fn too_large(limit: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::FileTooLarge,
+        format!("larger than the {limit}-byte limit for this file"),
+    )
+}
+
+fn not_regular(kind: std::fs::FileType) -> io::Error {
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symlink"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else {
+        "of an unknown type"
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("not a regular file (it is {what})"),
+    )
+}
+
+/// Cuts `text` to at most `max` bytes (marker included, for `max` ≥ 96) on a character boundary,
+/// preferring the end of a whole problem (`"; "`, the separator of every multi-problem text in
+/// knic), and says how much was cut, so a reader knows the list goes on.
+pub fn cap_text(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    // The marker's words plus two numbers of at most 20 digits each.
+    const MARKER_ROOM: usize = 96;
+    let mut end = max.saturating_sub(MARKER_ROOM);
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    // Keep whole problems when a separator is in the last half of what is kept.
+    if let Some(sep) = text[..end].rfind("; ")
+        && sep >= end / 2
+    {
+        end = sep;
+    }
+    let rest = &text[end..];
+    let more = rest.matches("; ").count();
+    let problems = if more > 0 {
+        format!("{more} more problems, ")
+    } else {
+        String::new()
+    };
+    Cow::Owned(format!(
+        "{} … ({problems}{} more bytes cut)",
+        &text[..end],
+        rest.len()
+    ))
+}
+
+/// An echoed value (an entry, a name, a key) quoted with `{:?}` and cut to `max` bytes, so an
+/// error that repeats what it was given stays bounded however long the input was.
+pub fn quote(value: &str, max: usize) -> String {
+    if value.len() <= max {
+        return format!("{value:?}");
+    }
+    let mut end = max;
+    while end > 0 && !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{:?}… ({} more bytes cut)",
+        &value[..end],
+        value.len() - end
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_text_keeps_short_text_and_cuts_long_text_with_a_marker() {
+        assert_eq!(cap_text("short", 100), "short");
+        let long = vec!["problem number x"; 1000].join("; ");
+        let cut = cap_text(&long, 1024);
+        assert!(cut.len() <= 1024, "{}", cut.len());
+        assert!(cut.ends_with(" more bytes cut)"), "{cut}");
+        assert!(cut.contains("more problems, "), "{cut}");
+        // Whole problems only: the kept text ends with a complete problem.
+        let kept = cut.split(" … (").next().unwrap();
+        assert!(kept.ends_with("problem number x"), "{kept}");
+        // Multi-byte characters are never split.
+        let wide = "é".repeat(10_000);
+        let cut = cap_text(&wide, 333);
+        assert!(cut.len() <= 333 && cut.contains("more bytes cut"), "{cut}");
+    }
+
+    #[test]
+    fn quote_bounds_echoed_values() {
+        assert_eq!(quote("eth0", 10), "\"eth0\"");
+        let q = quote(&"x".repeat(1000), 16);
+        assert_eq!(q, format!("\"{}\"… (984 more bytes cut)", "x".repeat(16)));
+    }
+
+    #[test]
+    fn read_regular_refuses_directories_and_oversized_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_regular(dir.path(), 10, Links::Follow).unwrap_err();
+        assert_eq!(err.to_string(), "not a regular file (it is a directory)");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(read_regular(&file, 10, Links::Follow).unwrap().len(), 10);
+        let err = read_regular(&file, 9, Links::Follow).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "larger than the 9-byte limit for this file"
+        );
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_regular(&link, 10, Links::Follow).unwrap().len(), 10);
+        let err = read_regular(&link, 10, Links::Refuse).unwrap_err();
+        assert_eq!(err.to_string(), "not a regular file (it is a symlink)");
+    }
+}
