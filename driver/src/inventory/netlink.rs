@@ -378,8 +378,14 @@ async fn eswitch_modes() -> std::io::Result<BTreeMap<String, EswitchMode>> {
 /// Interfaces that carry the node's IPv4 or IPv6 default route, from `<root>/proc/net/route`
 /// and `<root>/proc/net/ipv6_route`: giving one of them to a pod would cut the node off.
 pub fn default_route_interfaces(root: &Path) -> BTreeSet<String> {
-    let v4 = std::fs::read_to_string(root.join("proc/net/route")).unwrap_or_default();
-    let v6 = std::fs::read_to_string(root.join("proc/net/ipv6_route")).unwrap_or_default();
+    // Bounded and regular-files-only like every read under the configurable root.
+    let read = |path: &str| {
+        crate::bounded::read_regular(&root.join(path), 4 << 20, crate::bounded::Links::Follow)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    };
+    let v4 = read("proc/net/route");
+    let v6 = read("proc/net/ipv6_route");
     let mut out = parse_ipv4_default_routes(&v4);
     out.extend(parse_ipv6_default_routes(&v6));
     out

@@ -5,10 +5,14 @@
 //! the copy embedded in the `pci-ids` crate fills the gaps. A missing database is never an error:
 //! the name attributes are simply left out.
 
+use crate::bounded::Links;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+/// pci.ids is about 1.4 MB today; 8 MiB leaves room and bounds a hostile file.
+const MAX_PCI_IDS_BYTES: u64 = 8 << 20;
 
 /// Where distributions install `pci.ids`, relative to the root: Debian first, then
 /// Fedora/RHEL/Arch (Debian's `hwdata` links the second to the first).
@@ -126,7 +130,9 @@ impl PciNames {
             {
                 return Some(db.clone());
             }
-            let text = std::fs::read(&path).ok()?;
+            // A FIFO or a huge file under the sysfs root must not hang or bloat discovery.
+            let text =
+                crate::bounded::read_regular(&path, MAX_PCI_IDS_BYTES, Links::Follow).ok()?;
             let db = Arc::new(PciDb::parse(&String::from_utf8_lossy(&text)));
             tracing::debug!(path = %path.display(), vendors = db.vendor_count(), "loaded pci.ids");
             cache.insert(path, (stamp.0, stamp.1, db.clone()));

@@ -85,13 +85,24 @@ impl fmt::Display for FieldError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigErrors(pub Vec<FieldError>);
 
+/// At most this many problems are shown; a config with thousands of bad entries must not turn
+/// into an error text larger than what the kubelet, an Event or a status condition can carry.
+pub const MAX_SHOWN_PROBLEMS: usize = 20;
+
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, error) in self.0.iter().enumerate() {
+        for (i, error) in self.0.iter().take(MAX_SHOWN_PROBLEMS).enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
             }
             write!(f, "{error}")?;
+        }
+        if self.0.len() > MAX_SHOWN_PROBLEMS {
+            write!(
+                f,
+                "; … and {} more problems",
+                self.0.len() - MAX_SHOWN_PROBLEMS
+            )?;
         }
         Ok(())
     }

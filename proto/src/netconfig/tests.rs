@@ -1056,3 +1056,25 @@ fn kernel_edge_values_that_accept() {
     }));
     assert_eq!(v.routes.len(), 2);
 }
+
+#[test]
+fn a_flood_of_problems_is_shown_bounded() {
+    let errors = ConfigErrors(
+        (0..25)
+            .map(|i| FieldError {
+                path: format!("addresses[{i}]"),
+                message: "bad".into(),
+            })
+            .collect(),
+    );
+    let text = errors.to_string();
+    assert!(
+        text.starts_with("addresses[0]: bad; addresses[1]: bad;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("addresses[19]: bad; … and 5 more problems"),
+        "{text}"
+    );
+    assert!(!text.contains("addresses[20]"), "{text}");
+}
