@@ -54,9 +54,63 @@ struct Args {
     #[arg(long, env = "KNIC_LEADER_NAMESPACE", default_value = "kube-system",
         value_parser = dns_label)]
     leader_namespace: String,
-    /// This replica's identity in the Lease and in Events.
-    #[arg(long, env = "POD_NAME")]
+    /// This replica's identity in the Lease and in Events [default: host name and a random
+    /// suffix, unique per process].
+    #[arg(long, env = "POD_NAME", value_parser = replica_identity)]
     identity: Option<String>,
+}
+
+/// The lease treats an empty holder as "nobody": two replicas both named "" would each take
+/// the lease as free and lead at once, so an identity that is (or looks) empty is refused.
+fn replica_identity(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        return Err(format!(
+            "{value:?} is not a replica identity (it must not be empty or only whitespace: \
+             the lease would look free and two replicas would lead)"
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!(
+            "{value:?} is not a replica identity (it must not contain control characters)"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// What a replica calls itself without `--identity`: unique per process, which the pid alone
+/// is not (every container's first process is pid 1, so two replicas would share a name and
+/// both believe they hold the lease). client-go does the same: host name plus a random part.
+fn default_identity() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let suffix = hasher.finish();
+    if host.is_empty() {
+        format!("knic-controller_{suffix:016x}")
+    } else {
+        format!("{host}_{suffix:016x}")
+    }
+}
+
+/// anyhow's alternate form prints every cause after its context, but several errors (kube's
+/// kubeconfig errors, io wrappers) already embed their source in their own text, so that
+/// source would be printed twice. A cause whose text is already there adds nothing.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(text.as_str()) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// A namespace name is a DNS label; checked at start-up so a typo in the chart fails the pod
@@ -73,8 +127,18 @@ fn dns_label(value: &str) -> Result<String, String> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("knic-controller: {}", error_text(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .with_context(|| format!("--log-level {:?}", args.log_level))?;
     match args.log_format {
@@ -93,10 +157,7 @@ async fn main() -> anyhow::Result<()> {
         None => kube::Config::infer().await?,
     };
     let client = knic_controller::client::paced(kube::Client::try_from(config)?);
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| format!("knic-controller-{}", std::process::id()));
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
     let reconciler = Config {
         resync: Duration::from_secs(args.resync_seconds),
         gc_interval: Duration::from_secs(args.gc_seconds),

@@ -98,3 +98,73 @@ fn a_missing_kubeconfig_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn an_empty_identity_is_refused() {
+    // The lease reads an empty holder as "free": two replicas named "" would both lead.
+    for bad in ["", " ", "\t\n"] {
+        let flag = format!("--identity={bad}");
+        fails_with(
+            &[&flag],
+            &[],
+            &format!(
+                "invalid value '{bad}' for '--identity <IDENTITY>': {bad:?} is not a replica \
+                 identity (it must not be empty or only whitespace"
+            ),
+        );
+        fails_with(
+            &[],
+            &[("POD_NAME", bad)],
+            &format!("invalid value '{bad}' for '--identity <IDENTITY>'"),
+        );
+    }
+    fails_with(
+        &["--identity", "knic\u{1b}[2J"],
+        &[],
+        "is not a replica identity (it must not contain control characters)",
+    );
+    // A good identity gets past the check (and fails later, on the missing kubeconfig).
+    fails_with(
+        &["--identity", "knic-controller-0"],
+        &[],
+        "reading kubeconfig /nonexistent/knt-kubeconfig",
+    );
+}
+
+/// Asserts `cause` occurs exactly once in `err` (an error that embeds its source and also
+/// reports it as its cause would print it twice).
+fn once(err: &str, cause: &str) {
+    assert_eq!(
+        err.matches(cause).count(),
+        1,
+        "{cause:?} not exactly once in: {err}"
+    );
+}
+
+#[test]
+fn error_texts_name_their_cause_once() {
+    let enoent = "No such file or directory (os error 2)";
+    let out = run(&[], &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("knic-controller: reading kubeconfig /nonexistent/knt-kubeconfig: "),
+        "{err}"
+    );
+    once(&err, enoent);
+
+    // No kubeconfig and not in a cluster: kube's inference error embeds its causes too.
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("HOME", "/nonexistent/knt-home")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("failed to infer config"), "{err}");
+    once(&err, enoent);
+
+    let out = run(&["--log-level", "info,["], &[]);
+    let err = stderr(&out);
+    once(&err, "invalid filter directive");
+}

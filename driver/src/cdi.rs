@@ -167,6 +167,14 @@ pub fn hook_pid(state: &str) -> Result<u32> {
         })
 }
 
+/// The hook as the runtime runs it: the OCI state on `stdin` names the container's process,
+/// whose network namespace must hold `ifname`, up.
+pub async fn run_check(claim: &str, ifname: &str, stdin: &str) -> Result<()> {
+    let pid = hook_pid(stdin)?;
+    let ns = Ns::Pod(PathBuf::from(format!("/proc/{pid}/ns/net")));
+    check_interface(&crate::netns::rtnl::Rtnl::new(None), &ns, claim, ifname).await
+}
+
 /// The hook's check: `ifname` is in the network namespace `ns` and up.
 pub async fn check_interface<K: Kernel>(
     kernel: &K,

@@ -2,8 +2,15 @@
 //! namespace and a veth pair playing a NIC (its far end in a "peer" namespace), discovery and
 //! the ResourceSlice it would publish, a prepare through the real kubelet gRPC socket, an attach
 //! through the real NRI protocol against a built-in runtime, the interface shown inside the pod
-//! and a UDP echo through it, then detach and unprepare — with the time of each step. Everything
-//! it creates is removed at the end, also on Ctrl-C.
+//! and a UDP echo through it, then detach and unprepare — with the time of each step.
+//!
+//! Nothing it creates can outlive it, however it ends: before the async runtime starts, the
+//! process moves into a network and a mount namespace of its own ([`isolate`]). The veth pair
+//! lives in that network namespace, the pod and peer namespaces are bind-mounted only in that
+//! mount namespace, and its temp directory is a tmpfs mounted only there; the kernel destroys
+//! all of it when the last thread exits, also after SIGKILL. SIGINT and SIGTERM are blocked
+//! from the first instruction of the demo until their handlers are installed, so a Ctrl-C is
+//! never lost: it always leads to the orderly clean-up (a second one exits at once).
 
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
@@ -28,7 +35,9 @@ use knic_driver::wiring::{self, Parts};
 use knic_proto::dra::v1;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, setns, unshare};
+use nix::sys::signal::{SigSet, Signal};
 use serde_json::json;
+use tokio::signal::unix::SignalKind;
 
 /// `println!` that never panics: a closed pipe (`demo | head`) must not skip the clean-up.
 macro_rules! say {
@@ -207,9 +216,9 @@ async fn cleanup(scratch: &Scratch) {
     }
 }
 
-fn udp_echo(scratch: &Scratch) -> anyhow::Result<Duration> {
-    let server = in_netns(&scratch.peer_ns(), || UdpSocket::bind("192.0.2.1:7007"))??;
-    let client = in_netns(&scratch.pod_ns(), || UdpSocket::bind("192.0.2.10:0"))??;
+fn udp_echo(pod_ns: &Path, peer_ns: &Path) -> anyhow::Result<Duration> {
+    let server = in_netns(peer_ns, || UdpSocket::bind("192.0.2.1:7007"))??;
+    let client = in_netns(pod_ns, || UdpSocket::bind("192.0.2.10:0"))??;
     client.set_read_timeout(Some(Duration::from_secs(2)))?;
     server.set_read_timeout(Some(Duration::from_secs(2)))?;
     let echo = std::thread::spawn(move || {
@@ -230,7 +239,9 @@ fn udp_echo(scratch: &Scratch) -> anyhow::Result<Duration> {
     Ok(rtt)
 }
 
-async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
+async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
+    // `isolate` mounted a sysfs of the demo's own network namespace on /sys.
+    let sysfs_root = Path::new("/");
     let mut steps = Steps(Vec::new());
     let t = Instant::now();
     setup_links(scratch).await?;
@@ -294,6 +305,8 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
         kernel: Rtnl::new(None),
         status: Arc::new(LogStatus),
         address_book: None,
+        pool: NODE.into(),
+        fail_closed: None,
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = DraService::new(wired.preparer.clone());
@@ -408,7 +421,9 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     say!("      route 203.0.113.0/24 via 192.0.2.1 dev net1\n");
     drop(inside);
     let t = Instant::now();
-    let rtt = udp_echo(scratch)?;
+    // Off the runtime: its blocking reads must not delay a Ctrl-C.
+    let (pod_ns, peer_ns) = (scratch.pod_ns(), scratch.peer_ns());
+    let rtt = tokio::task::spawn_blocking(move || udp_echo(&pod_ns, &peer_ns)).await??;
     steps.record(
         &format!(
             "UDP echo 192.0.2.10 → 192.0.2.1 through net1, round trip {}",
@@ -463,11 +478,123 @@ async fn demo(scratch: &Scratch, sysfs_root: &Path) -> anyhow::Result<Steps> {
     Ok(steps)
 }
 
-/// Runs the demo; clean-up happens whatever the outcome, including Ctrl-C.
-pub async fn run(sysfs_root: &Path) -> anyhow::Result<()> {
+/// The demo stopped by a signal; the process exits with the shell's status for it (128 + n).
+#[derive(Debug)]
+pub struct Interrupted(Signal);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted by {}", self.0.as_str())
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+impl Interrupted {
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        // Signal numbers are small positive integers (SIGINT 2, SIGTERM 15).
+        std::process::ExitCode::from(128u8.saturating_add(self.0 as u8))
+    }
+}
+
+/// Proof that [`isolate`] ran: only then may [`run`] create anything.
+pub struct Isolated(());
+
+fn stop_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set
+}
+
+/// Blocks SIGINT and SIGTERM (they stay pending until [`run`] can handle them), then moves
+/// the process into a network and a mount namespace of its own, with a sysfs that shows that
+/// network namespace on /sys and a private tmpfs on the temp directory. Must run before any
+/// other thread exists: namespaces and signal masks are per thread, and threads started later
+/// (the runtime's) inherit them from this one.
+pub fn isolate() -> anyhow::Result<Isolated> {
+    stop_signals()
+        .thread_block()
+        .context("blocking SIGINT and SIGTERM until their handlers are installed")?;
+    let tmp = std::env::temp_dir();
+    if tmp.canonicalize().is_ok_and(|t| t == Path::new("/")) {
+        bail!(
+            "invalid TMPDIR {}: the demo mounts a private tmpfs over it, which must not hide /",
+            tmp.display()
+        );
+    }
     if !nix::unistd::geteuid().is_root() {
         bail!("knic-driver demo needs root: it creates network namespaces and a veth pair");
     }
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
+        .context("moving into a network and a mount namespace of the demo's own")?;
+    // Nothing mounted from here on may propagate to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making the demo's mounts private")?;
+    // A sysfs shows the network namespace of whoever mounts it; the host's would not show the
+    // demo's veth.
+    mount(
+        Some("sysfs"),
+        "/sys",
+        Some("sysfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .context("mounting a sysfs of the demo's network namespace on /sys")?;
+    mount(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0700"),
+    )
+    .with_context(|| format!("mounting a private tmpfs on {}", tmp.display()))?;
+    Ok(Isolated(()))
+}
+
+/// SIGINT and SIGTERM as streams; created while both are still blocked, then unblocked, so
+/// one that arrived earlier is delivered now rather than lost or fatal.
+struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<StopSignals> {
+        let int = tokio::signal::unix::signal(SignalKind::interrupt())
+            .context("installing the SIGINT handler")?;
+        let term = tokio::signal::unix::signal(SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        // Only this thread (the one `block_on` runs on) takes them; the runtime's threads
+        // keep them blocked, which is fine: a process-directed signal goes to a thread that
+        // does not block it.
+        stop_signals()
+            .thread_unblock()
+            .context("unblocking SIGINT and SIGTERM")?;
+        Ok(StopSignals { int, term })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+        }
+    }
+}
+
+/// How long the clean-up may take before the demo leaves it to the kernel.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the demo; clean-up happens whatever the outcome, including SIGINT and SIGTERM.
+pub async fn run(_isolated: Isolated) -> anyhow::Result<()> {
+    let mut signals = StopSignals::install()?;
+    // The names only have to be unique in the demo's own network namespace.
     let id = std::process::id() % 100_000;
     let scratch = Scratch {
         dir: tempfile::Builder::new().prefix("knic-demo-").tempdir()?,
@@ -477,15 +604,27 @@ pub async fn run(sysfs_root: &Path) -> anyhow::Result<()> {
     say!("knic demo: a pod gets a NIC, no cluster needed\n");
     let started = Instant::now();
     let outcome = tokio::select! {
-        r = demo(&scratch, sysfs_root) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        r = demo(&scratch) => r,
+        signal = signals.next() => Err(Interrupted(signal).into()),
     };
     let t = Instant::now();
-    cleanup(&scratch).await;
-    say!(
-        "  ✓ clean-up: namespaces and veth pair removed ({})",
-        fmt(t.elapsed())
-    );
+    tokio::select! {
+        done = tokio::time::timeout(CLEANUP_TIMEOUT, cleanup(&scratch)) => match done {
+            Ok(()) => say!(
+                "  ✓ clean-up: namespaces and veth pair removed ({})",
+                fmt(t.elapsed())
+            ),
+            Err(_) => say!(
+                "  ✗ clean-up took over {}; the kernel removes the rest with the process",
+                fmt(CLEANUP_TIMEOUT)
+            ),
+        },
+        signal = signals.next() => {
+            say!("  ✗ clean-up cut short by {}; the kernel removes the rest with the process",
+                signal.as_str());
+            return Err(Interrupted(signal).into());
+        }
+    }
     let steps = outcome?;
     let attach = steps
         .0

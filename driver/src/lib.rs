@@ -9,8 +9,8 @@
 //! tests against temporary directories and fakes.
 
 pub mod api;
-pub mod cdi;
 pub mod bounded;
+pub mod cdi;
 pub mod claims;
 pub mod error;
 pub mod failpoint;

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use knic_driver::api::slices::{Publisher, PublisherSettings};
 use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
+use knic_driver::cdi::CdiSpecs;
 use knic_driver::claims::checkpoint::CheckpointStore;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
@@ -19,7 +20,7 @@ use knic_driver::nri::{self, NriSettings};
 use knic_driver::slices::exhaustion;
 use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
 use knic_driver::slices::{self, PoolOwner};
-use knic_driver::wiring::{self, Parts};
+use knic_driver::wiring::{self, FailClosed, Parts};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -62,14 +63,22 @@ enum Command {
     Inventory(InventoryArgs),
     /// Show knic's whole job on this machine, no cluster needed (root): a throwaway pod
     /// namespace gets a veth "NIC" through the real gRPC and NRI protocols, then it is undone.
-    Demo(DemoArgs),
+    /// It runs in network and mount namespaces of its own, so nothing it creates can outlive
+    /// it, whatever stops it.
+    Demo,
+    /// The CDI hook the runtime runs at container creation (OCI state on stdin): fails unless
+    /// the claim's interface is in the container's network namespace and up.
+    CheckInterface(CheckArgs),
 }
 
 #[derive(Debug, clap::Args)]
-struct DemoArgs {
-    /// Root under which sys/ shows this network namespace's interfaces.
-    #[arg(long, env = "KNIC_SYSFS_ROOT", default_value = "/")]
-    sysfs_root: PathBuf,
+struct CheckArgs {
+    /// The claim, `namespace/name` (for the error text).
+    #[arg(long)]
+    claim: String,
+    /// The interface name in the pod.
+    #[arg(long)]
+    interface: String,
 }
 
 /// How devices are discovered and which are offered; shared by `run` and `inventory`.
@@ -188,8 +197,17 @@ struct RunArgs {
     /// NRI plugin index: two digits; plugins run in ascending order.
     #[arg(long, env = "KNIC_NRI_INDEX", default_value = "10")]
     nri_index: String,
-    /// Rescan at least this often, in seconds (link events trigger rescans too).
-    #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60)]
+    /// Where the container runtime reads CDI specs: every prepared device gets one whose hook
+    /// keeps containers from starting without their interface.
+    #[arg(long, env = "KNIC_CDI_DIR", default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Where the host's `/proc/sys/net` is: per-interface sysctls are written there (the chart
+    /// mounts it elsewhere, because an unprivileged container's own `/proc/sys` is read-only).
+    #[arg(long, env = "KNIC_SYSCTL_DIR", default_value = knic_driver::netns::rtnl::DEFAULT_SYSCTL_ROOT)]
+    sysctl_dir: PathBuf,
+    /// Rescan at least this often, in seconds (link events trigger rescans too); at least 1.
+    #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..))]
     rescan_seconds: u64,
     #[command(flatten)]
     discovery: DiscoveryArgs,
@@ -334,17 +352,27 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
+    // The CDI hook runs the driver's own binary from the host's mount namespace.
+    let hook = paths.plugin_dir.join("bin").join("knic-driver");
+    knic_driver::cdi::install_hook(&hook)?;
+    let (nri_connected_tx, nri_connected) = tokio::sync::watch::channel(false);
     // `ipam: {network}` claims get their addresses from this node, through the API.
     let wired = wiring::node(Parts {
         source: Arc::new(KubeClaims::new(client.clone())),
         checkpoint: CheckpointStore::new(&paths.plugin_dir),
         devices: devices_rx.clone(),
-        kernel: Rtnl::new(None),
+        kernel: Rtnl::new(None).with_sysctl_root(&args.sysctl_dir),
         status: Arc::new(KubeStatus::new(client.clone())),
         address_book: Some((
             Arc::new(KubeAddressBook::new(client.clone())),
             args.node_name.clone(),
         )),
+        pool: args.node_name.clone(),
+        fail_closed: Some(FailClosed {
+            cdi: CdiSpecs::new(&args.cdi_dir, &hook),
+            nri_connected,
+            nri_socket: args.nri_socket.display().to_string(),
+        }),
     });
 
     // Discover before anything is published or served, so the first slice is the real one.
@@ -386,7 +414,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .await;
     });
     let rescan = RescanSettings {
-        period: std::time::Duration::from_secs(args.rescan_seconds.max(1)),
+        period: std::time::Duration::from_secs(args.rescan_seconds),
         ..Default::default()
     };
     let rescans = tokio::spawn(rescan::keep_current(
@@ -399,7 +427,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     // Runtime hooks: attach when the sandbox exists, detach when it stops.
-    let hooks = tokio::spawn(nri::run(nri_settings, wired.pods, stop_rx.clone()));
+    let hooks = tokio::spawn(nri::run_reporting(
+        nri_settings,
+        wired.pods,
+        stop_rx.clone(),
+        nri_connected_tx,
+    ));
 
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
     let service = DraService::new(wired.preparer);
@@ -414,11 +447,38 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// anyhow's alternate form prints every cause after its context, but several errors (kube's
+/// kubeconfig errors, io wrappers) already embed their source in their own text, so that
+/// source would be printed twice. A cause whose text is already there adds nothing.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(text.as_str()) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+fn report(format: LogFormat, error: &anyhow::Error) {
+    let text = error_text(error);
+    match format {
+        LogFormat::Json => tracing::error!("{text}"),
+        LogFormat::Human => eprintln!("knic-driver: {text}"),
+    }
+}
+
+/// Not `#[tokio::main]`: the demo moves into namespaces of its own before the runtime starts,
+/// because namespaces belong to threads and every runtime thread must inherit the demo's.
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The demo prints its own narrative; routine log lines would drown it.
-    let default_level = if matches!(cli.command, Command::Demo(_)) {
+    let default_level = if matches!(cli.command, Command::Demo) {
         "warn"
     } else {
         "info"
@@ -428,22 +488,65 @@ async fn main() -> std::process::ExitCode {
         .clone()
         .unwrap_or_else(|| default_level.to_string());
     if let Err(e) = init_logging(cli.log_format, &level) {
-        eprintln!("knic-driver: {e:#}");
+        eprintln!("knic-driver: {}", error_text(&e));
         return std::process::ExitCode::from(2);
     }
-    let result = match cli.command {
-        Command::Run(args) => run(args).await,
-        Command::Inventory(args) => inventory(args).await,
-        Command::Demo(args) => demo::run(&args.sysfs_root).await,
+    let isolated = match cli.command {
+        Command::Demo => match demo::isolate() {
+            Ok(isolated) => Some(isolated),
+            Err(e) => {
+                report(cli.log_format, &e);
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        _ => None,
     };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            report(
+                cli.log_format,
+                &anyhow::Error::new(e).context("starting the runtime"),
+            );
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let is_demo = isolated.is_some();
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Inventory(args) => inventory(args).await,
+            Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
+            Command::CheckInterface(args) => {
+                use std::io::Read;
+                // The OCI state is a few hundred bytes; a runtime never sends more than 1 MiB.
+                let mut state = String::new();
+                std::io::stdin()
+                    .take(1 << 20)
+                    .read_to_string(&mut state)
+                    .context("reading the OCI state on stdin")?;
+                Ok(knic_driver::cdi::run_check(&args.claim, &args.interface, &state).await?)
+            }
+        }
+    });
+    if is_demo {
+        // The demo's blocking helpers (a UDP echo waiting for its timeout) must not hold up
+        // the exit after an interrupt; everything they use dies with the process anyway.
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    } else {
+        drop(runtime);
+    }
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            match cli.log_format {
-                LogFormat::Json => tracing::error!("{e:#}"),
-                LogFormat::Human => eprintln!("knic-driver: {e:#}"),
+            report(cli.log_format, &e);
+            match e.downcast_ref::<demo::Interrupted>() {
+                Some(interrupted) => interrupted.exit_code(),
+                None => std::process::ExitCode::FAILURE,
             }
-            std::process::ExitCode::FAILURE
         }
     }
 }

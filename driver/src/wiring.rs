@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::Device;
 use tokio::sync::watch;
 
+use crate::cdi::CdiSpecs;
 use crate::claims::checkpoint::CheckpointStore;
 use crate::claims::ipam::AddressBook;
 use crate::claims::{ClaimSource, ClaimStore, Preparer};
@@ -38,6 +39,21 @@ pub struct Parts<K> {
     pub status: Arc<dyn StatusSink>,
     /// IPAM's address book and this node's name; `None` refuses `ipam` claims.
     pub address_book: Option<(Arc<dyn AddressBook>, String)>,
+    /// This node's pool: allocation results in another pool are refused.
+    pub pool: String,
+    /// The fail-closed guards (see [`crate::cdi`]); `None` where no runtime runs containers
+    /// (the demo's test runtime).
+    pub fail_closed: Option<FailClosed>,
+}
+
+/// What keeps a pod's containers from starting without its interfaces.
+pub struct FailClosed {
+    /// Where the CDI specs of prepared claims go.
+    pub cdi: CdiSpecs,
+    /// Whether the NRI plugin is registered with the runtime.
+    pub nri_connected: watch::Receiver<bool>,
+    /// The runtime's NRI socket (named in the prepare refusal).
+    pub nri_socket: String,
 }
 
 /// Builds the parts and connects them.
@@ -46,7 +62,13 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
     let pods = PodNetworks::new(parts.kernel, claims.clone(), parts.status);
     let mut preparer = Preparer::new(knic_proto::DRIVER_NAME, parts.source, claims.clone())
         .with_devices(parts.devices)
+        .with_pool(parts.pool)
         .with_release(pods.clone());
+    if let Some(guards) = parts.fail_closed {
+        preparer = preparer
+            .with_cdi(guards.cdi)
+            .with_runtime_hooks(guards.nri_connected, guards.nri_socket);
+    }
     if let Some((book, node)) = parts.address_book {
         preparer = preparer.with_address_book(book, node);
     }
@@ -121,6 +143,8 @@ mod tests {
             kernel: kernel.clone(),
             status: Arc::new(LogStatus),
             address_book: None,
+            pool: "node-a".into(),
+            fail_closed: None,
         });
         let wanted = ClaimRef {
             namespace: "ns".into(),

@@ -34,6 +34,29 @@ fn run(dir: &Path, envs: &[(&str, &str)]) -> Output {
     cmd.output().unwrap()
 }
 
+/// Like [`run`], but the process is killed after `limit`: a setting wrongly accepted starts the
+/// driver, which must fail the test rather than hang it.
+fn run_bounded(dir: &Path, envs: &[(&str, &str)], limit: Duration) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig(dir))
+        .env("KNIC_REGISTRY_DIR", dir.join("registry"))
+        .env("KNIC_PLUGIN_DIR", dir.join("plugin"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -252,4 +275,133 @@ fn inventory_filter_excludes_by_kind() {
         "{table}"
     );
     assert!(table.contains("Not offered: 2 device(s)"), "{table}");
+}
+
+#[test]
+fn a_zero_rescan_period_is_refused_not_clamped() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in ["0", "soon", "-5"] {
+        let out = run_bounded(
+            dir.path(),
+            &[("NODE_NAME", "n1"), ("KNIC_RESCAN_SECONDS", value)],
+            Duration::from_secs(10),
+        );
+        assert!(!out.status.success(), "{value} was accepted");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "invalid value '{value}' for '--rescan-seconds <RESCAN_SECONDS>'"
+            )),
+            "{err}"
+        );
+    }
+    let out = run_bounded(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_RESCAN_SECONDS", "0")],
+        Duration::from_secs(10),
+    );
+    assert!(
+        stderr(&out).contains("0 is not in 1..18446744073709551615"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dir.path().join("registry").exists(),
+        "nothing may be created on bad input"
+    );
+}
+
+/// Asserts `cause` occurs exactly once in `err` (an error that embeds its source and also
+/// reports it as its cause would print it twice).
+fn once(err: &str, cause: &str) {
+    assert_eq!(
+        err.matches(cause).count(),
+        1,
+        "{cause:?} not exactly once in: {err}"
+    );
+}
+
+#[test]
+fn error_texts_name_their_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let enoent = "No such file or directory (os error 2)";
+
+    let out = run(
+        dir.path(),
+        &[
+            ("NODE_NAME", "n1"),
+            ("KUBECONFIG", "/nonexistent/kubeconfig"),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("knic-driver: reading kubeconfig /nonexistent/kubeconfig: "),
+        "{err}"
+    );
+    once(&err, enoent);
+
+    // No kubeconfig and not in a cluster: kube's inference error embeds its causes too.
+    let out = Command::new(BIN)
+        .args(["run", "--node-name", "n1"])
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
+        .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("no kubeconfig given and not in a cluster"),
+        "{err}"
+    );
+    once(&err, enoent);
+
+    let missing = dir.path().join("no-filter.yaml");
+    let out = inventory(&[
+        "--sample",
+        "e810-vfs",
+        "--filter-config",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("reading filter config {}", missing.display())),
+        "{err}"
+    );
+    once(&err, enoent);
+}
+
+#[test]
+fn the_demo_refuses_a_temp_dir_of_slash() {
+    // It mounts a private tmpfs over the temp directory; over `/` that would hide everything.
+    // As root, inside throwaway namespaces: a demo that wrongly accepted it must not run here.
+    let isolated = nix::unistd::geteuid().is_root()
+        && Command::new("unshare").arg("--version").output().is_ok();
+    let mut cmd = if isolated {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--net", "--mount", "--", BIN]);
+        cmd
+    } else {
+        Command::new(BIN)
+    };
+    let out = cmd
+        .arg("demo")
+        .env_clear()
+        .env("TMPDIR", "/")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("knic-driver: invalid TMPDIR /: the demo mounts a private tmpfs over it"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -59,6 +59,11 @@ pub struct DriverConfig {
     pub log_file: PathBuf,
     /// More environment, e.g. `KNIC_SYSFS_ROOT`, `KNIC_NETLINK`, `KNIC_INCLUDE`.
     pub env: Vec<(String, String)>,
+    /// Whether [`DriverProcess::start`] serves the NRI socket with a test runtime that accepts
+    /// the plugin (and again after every reconnect): the driver refuses prepare while no
+    /// runtime has it registered (fail-closed), so a test of the kubelet plugin alone still
+    /// needs a runtime on the other end. Off for tests that drive their own runtime.
+    pub stand_in_runtime: bool,
 }
 
 impl DriverConfig {
@@ -88,8 +93,28 @@ impl DriverConfig {
                     "KNIC_NRI_SOCKET".into(),
                     dir.join("nri.sock").to_string_lossy().into_owned(),
                 ),
+                // Never the host's CDI directory.
+                (
+                    "KNIC_CDI_DIR".into(),
+                    dir.join("cdi").to_string_lossy().into_owned(),
+                ),
             ],
+            stand_in_runtime: true,
         }
+    }
+
+    /// The test brings its own runtime on the NRI socket.
+    pub fn without_stand_in_runtime(mut self) -> Self {
+        self.stand_in_runtime = false;
+        self
+    }
+
+    /// The value of `key` in the driver's environment.
+    pub fn env_value(&self, key: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Sets (or replaces) one environment variable.
@@ -100,10 +125,35 @@ impl DriverConfig {
     }
 }
 
-/// A running driver; killed when dropped.
+/// A running driver; killed when dropped (with its stand-in runtime, if any).
 pub struct DriverProcess {
     child: Child,
     config: DriverConfig,
+    runtime: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for DriverProcess {
+    fn drop(&mut self) {
+        if let Some(runtime) = &self.runtime {
+            runtime.abort();
+        }
+    }
+}
+
+/// Accepts the plugin on `socket` whenever it (re)connects, as a node's runtime would.
+async fn stand_in_runtime(socket: PathBuf) {
+    let Ok(mut runtime) = knic_driver::nri::runtime::TestRuntime::listen(&socket).await else {
+        return;
+    };
+    loop {
+        if runtime.accept(Vec::new()).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        while runtime.is_connected() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl DriverProcess {
@@ -129,9 +179,14 @@ impl DriverProcess {
             .kill_on_drop(true)
             .spawn()
             .context("spawning knic-driver")?;
+        let runtime = match (config.stand_in_runtime, config.env_value("KNIC_NRI_SOCKET")) {
+            (true, Some(socket)) => Some(tokio::spawn(stand_in_runtime(PathBuf::from(socket)))),
+            _ => None,
+        };
         Ok(DriverProcess {
             child,
             config: config.clone(),
+            runtime,
         })
     }
 

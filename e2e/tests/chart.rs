@@ -15,12 +15,15 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use libtest_mimic::{Failed, Trial};
 use serde::Deserialize;
 use serde_json::Value;
+
+#[path = "chart/policies.rs"]
+mod policies;
 
 /// The namespace the chart is rendered into.
 const RELEASE_NAMESPACE: &str = "knic-system";
@@ -29,13 +32,12 @@ const CONTROLLER_SA: &str = "knic-controller";
 /// The Lease the controller elects its leader with (controller/src/main.rs).
 const LEASE: &str = "knic-controller";
 
-/// Why a permission is in the list.
+/// Why a permission is in the list: where the code calls it. There is no "kept just in case":
+/// a grant no code uses is one a compromised node could use instead (issue 11).
 #[derive(Debug, Clone, Copy)]
 enum Why {
     /// Called by the code today, at the place named.
     Used(&'static str),
-    /// Not called, but kept on purpose (named).
-    Kept(&'static str),
 }
 
 /// One permission a ServiceAccount needs.
@@ -149,52 +151,6 @@ const DRIVER: &[Need] = &[
             "driver/src/api/addresses.rs KubeAddressBook::namespace_labels: a Network offered by \
              namespace selector",
         ),
-    ),
-    // The DaemonSet baseline of shared/spec §3.6 that no code calls today.
-    cluster(
-        "resource.k8s.io",
-        "resourceclaims",
-        &["list", "watch"],
-        Why::Kept("shared/spec §3.6 baseline (an informer over claims)"),
-    ),
-    cluster(
-        "resource.k8s.io",
-        "resourceclaims/status",
-        &["update"],
-        Why::Kept("shared/spec §3.6 baseline"),
-    ),
-    Need {
-        name: Some("knic.dev"),
-        ..cluster(
-            "resource.k8s.io",
-            "resourceclaims/driver",
-            &["associated-node:update"],
-            Why::Kept("shared/spec §3.6 baseline"),
-        )
-    },
-    cluster(
-        "resource.k8s.io",
-        "resourceslices",
-        &["get", "deletecollection"],
-        Why::Kept("shared/spec §3.6 baseline"),
-    ),
-    cluster(
-        "resource.k8s.io",
-        "deviceclasses",
-        &["get"],
-        Why::Kept("shared/spec §3.6 baseline"),
-    ),
-    cluster(
-        "",
-        "events",
-        &["create", "patch"],
-        Why::Kept("shared/spec §3.6 baseline (the driver publishes no Event yet)"),
-    ),
-    cluster(
-        "events.k8s.io",
-        "events",
-        &["create", "patch"],
-        Why::Kept("shared/spec §3.6 baseline (the driver publishes no Event yet)"),
     ),
 ];
 
@@ -340,9 +296,12 @@ fn chart_dir() -> PathBuf {
 }
 
 /// What a template can refer to.
+#[derive(Clone)]
 struct Scope {
     values: Value,
     chart: Value,
+    /// `.` inside `with`.
+    dot: Option<Value>,
 }
 
 impl Scope {
@@ -356,6 +315,7 @@ impl Scope {
         Ok(Scope {
             values: read("values.yaml")?,
             chart: read("Chart.yaml")?,
+            dot: None,
         })
     }
 
@@ -366,6 +326,9 @@ impl Scope {
         }
         if let Ok(n) = term.parse::<i64>() {
             return Ok(Value::from(n));
+        }
+        if term == "." {
+            return self.dot.clone().context("'.' outside a with block");
         }
         let missing = || anyhow::anyhow!("{term} is not defined by values.yaml / Chart.yaml");
         let path: Vec<&str> = term.trim_start_matches('.').split('.').collect();
@@ -409,12 +372,40 @@ impl Scope {
             let value = match *head {
                 "quote" => Value::String(format!("{:?}", text(one(&args, head)?)?)),
                 "toJson" => Value::String(serde_json::to_string(one(&args, head)?)?),
+                // Only `%s`, the one verb the templates use.
+                "printf" => {
+                    let Some((format, rest)) = args.split_first() else {
+                        bail!("printf without a format in {{{{ {expression} }}}}");
+                    };
+                    let mut pieces = text(format)?
+                        .split("%s")
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>();
+                    ensure!(
+                        pieces.len() == rest.len() + 1 && !pieces.iter().any(|p| p.contains('%')),
+                        "printf takes one argument per %s (and no other verb) in {{{{ {expression} }}}}"
+                    );
+                    let mut out = pieces.remove(0);
+                    for (arg, piece) in rest.iter().zip(pieces) {
+                        out.push_str(&text(arg)?);
+                        out.push_str(&piece);
+                    }
+                    Value::String(out)
+                }
+                // A stand-in digest (std's hasher, not SHA-256): only used as a rollout trigger
+                // in an annotation, whose value no check reads.
+                "sha256sum" => {
+                    use std::hash::{Hash, Hasher};
+                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                    text(one(&args, head)?)?.hash(&mut hasher);
+                    Value::String(format!("{:064x}", hasher.finish()))
+                }
                 "default" => match args.as_slice() {
                     [fallback, value] if empty(value) => fallback.clone(),
                     [_, value] => value.clone(),
                     _ => bail!("default takes two arguments in {{{{ {expression} }}}}"),
                 },
-                term if term.starts_with('.') || term.starts_with('"') => {
+                term if term.starts_with('.') || term.starts_with('"') || term == "." => {
                     ensure!(
                         args.is_empty(),
                         "{term} is not a function in {{{{ {expression} }}}}"
@@ -463,13 +454,19 @@ fn text(v: &Value) -> anyhow::Result<String> {
     }
 }
 
-/// Renders one template file: `{{ expression }}` with `{{-`/`-}}` whitespace trimming.
+/// Renders one template file.
 fn render(scope: &Scope, file: &str) -> anyhow::Result<String> {
     let path = chart_dir().join("templates").join(file);
     let source =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    render_text(scope, &source, file)
+}
+
+/// `{{ expression }}` with `{{-`/`-}}` whitespace trimming, and `{{ with X }}...{{ end }}`
+/// (not nested): the body once with `.` = X when X is not empty, else nothing.
+fn render_text(scope: &Scope, source: &str, file: &str) -> anyhow::Result<String> {
     let mut out = String::new();
-    let mut rest = source.as_str();
+    let mut rest = source;
     while let Some(open) = rest.find("{{") {
         out.push_str(&rest[..open]);
         let after = &rest[open + 2..];
@@ -486,6 +483,20 @@ fn render(scope: &Scope, file: &str) -> anyhow::Result<String> {
             rest = rest.trim_start();
             inner = trimmed;
         }
+        if let Some(subject) = inner.trim().strip_prefix("with ") {
+            let (body, after) =
+                with_body(rest).with_context(|| format!("{file}: {{{{{inner}}}}}"))?;
+            rest = after;
+            let value = scope.eval(subject.trim())?;
+            if !empty(&value) {
+                let inner_scope = Scope {
+                    dot: Some(value),
+                    ..scope.clone()
+                };
+                out.push_str(&render_text(&inner_scope, body, file)?);
+            }
+            continue;
+        }
         let value = scope
             .eval(inner.trim())
             .and_then(|v| text(&v))
@@ -494,6 +505,42 @@ fn render(scope: &Scope, file: &str) -> anyhow::Result<String> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The body of a `with` block up to its `{{ end }}` (whose `{{-` trims the body's end), and
+/// the text after it (trimmed by `-}}`).
+fn with_body(rest: &str) -> anyhow::Result<(&str, &str)> {
+    let mut search = 0;
+    while let Some(open) = rest[search..].find("{{").map(|i| i + search) {
+        let close = rest[open..]
+            .find("}}")
+            .map(|i| i + open)
+            .context("unclosed {{")?;
+        let inner = &rest[open + 2..close];
+        let word = inner.trim_matches('-').trim();
+        if word == "end" {
+            let body = if inner.starts_with('-') {
+                rest[..open].trim_end()
+            } else {
+                &rest[..open]
+            };
+            let after = &rest[close + 2..];
+            let after = if inner.ends_with('-') {
+                after.trim_start()
+            } else {
+                after
+            };
+            return Ok((body, after));
+        }
+        ensure!(
+            !["with ", "if ", "range "]
+                .iter()
+                .any(|k| word.starts_with(k)),
+            "nested blocks are not rendered by the chart test"
+        );
+        search = close + 2;
+    }
+    bail!("with without end")
 }
 
 /// Every object of the rendered files, as JSON.
@@ -682,10 +729,8 @@ fn describe(need: &Need, verb: &str) -> String {
         Some(ns) => s.push_str(&format!(" in namespace {ns}")),
         None => s.push_str(" cluster-wide"),
     }
-    let why = match need.why {
-        Why::Used(w) => format!("used by {w}"),
-        Why::Kept(w) => format!("kept: {w}"),
-    };
+    let Why::Used(why) = need.why;
+    let why = format!("used by {why}");
     format!("{s} ({why})")
 }
 
@@ -923,6 +968,106 @@ fn controller_deployment() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The driver DaemonSet: capabilities instead of `privileged`, and only the host paths it uses.
+fn driver_daemonset() -> anyhow::Result<()> {
+    let objects = objects(&["daemonset.yaml"])?;
+    let sets: Vec<DaemonSet> = of_kind(&objects, "DaemonSet")?;
+    let [set] = sets.as_slice() else {
+        bail!("daemonset.yaml renders {} DaemonSets", sets.len());
+    };
+    let pod = set
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .context("pod spec")?;
+    ensure!(pod.service_account_name.as_deref() == Some(DRIVER_SA));
+    // hostNetwork: the driver's own namespace is the node's, where the devices are.
+    ensure!(pod.host_network == Some(true));
+    ensure!(pod.host_pid != Some(true) && pod.host_ipc != Some(true));
+    let [container] = pod.containers.as_slice() else {
+        bail!("one container, got {}", pod.containers.len());
+    };
+    let security = container
+        .security_context
+        .as_ref()
+        .context("container securityContext")?;
+    ensure!(
+        security.privileged == Some(false),
+        "the driver must not run privileged: {security:?}"
+    );
+    let caps = security.capabilities.as_ref().context("capabilities")?;
+    ensure!(caps.drop.as_deref() == Some(&["ALL".to_owned()][..]));
+    let mut added = caps.add.clone().unwrap_or_default();
+    added.sort();
+    ensure!(
+        added == ["NET_ADMIN", "SYS_ADMIN"],
+        "exactly NET_ADMIN (rtnetlink) and SYS_ADMIN (setns), got {added:?}"
+    );
+    ensure!(security.read_only_root_filesystem == Some(true));
+    ensure!(
+        security
+            .seccomp_profile
+            .as_ref()
+            .is_some_and(|p| p.type_ == "RuntimeDefault")
+    );
+    // The apiserver refuses allowPrivilegeEscalation false together with SYS_ADMIN.
+    ensure!(security.allow_privilege_escalation.is_none());
+
+    // Host paths: exactly these, each mounted where the driver expects it.
+    let scope = Scope::load()?;
+    let kubelet = text(&scope.lookup(".Values.kubeletRootDir")?)?;
+    let want: BTreeSet<String> = [
+        format!("{kubelet}/plugins/knic.dev"),
+        format!("{kubelet}/plugins_registry"),
+        text(&scope.lookup(".Values.nriSocketDir")?)?,
+        text(&scope.lookup(".Values.cdiDir")?)?,
+        "/var/run/netns".to_owned(),
+        "/proc/sys/net".to_owned(),
+    ]
+    .into();
+    let volumes = pod.volumes.as_deref().unwrap_or_default();
+    let host_paths: BTreeSet<String> = volumes
+        .iter()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect();
+    ensure!(
+        host_paths == want,
+        "host paths {host_paths:?}, want {want:?}"
+    );
+    for mount in container.volume_mounts.iter().flatten() {
+        let volume = volumes
+            .iter()
+            .find(|v| v.name == mount.name)
+            .with_context(|| format!("mount of unknown volume {}", mount.name))?;
+        if let Some(host) = &volume.host_path {
+            // The host's /proc/sys/net sits beside the container's own, read-only /proc.
+            let expected = if host.path == "/proc/sys/net" {
+                "/host/proc/sys/net".to_owned()
+            } else {
+                host.path.clone()
+            };
+            ensure!(
+                mount.mount_path == expected,
+                "{} mounted at {}, not at its host path",
+                host.path,
+                mount.mount_path
+            );
+        }
+        let propagation = mount.mount_propagation.as_deref();
+        if mount.mount_path == "/var/run/netns" {
+            // Namespaces the runtime creates after the driver started must appear inside.
+            ensure!(propagation == Some("HostToContainer"));
+        } else {
+            ensure!(
+                propagation.is_none(),
+                "{} propagates mounts",
+                mount.mount_path
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The renderer itself: values resolve, pipes chain, unknown constructs are refused.
 fn renderer_subset() -> anyhow::Result<()> {
     let scope = Scope::load()?;
@@ -934,6 +1079,26 @@ fn renderer_subset() -> anyhow::Result<()> {
     );
     ensure!(scope.eval("toJson .Values.controller.tolerations")? == Value::from("[]"));
     ensure!(scope.eval(".Values.controller.nope").is_err());
+    ensure!(scope.eval("printf \"%s/x\" .Release.Namespace")? == Value::from("knic-system/x"));
+    ensure!(scope.eval("printf \"%d\" 1").is_err());
+    ensure!(
+        scope
+            .eval("toJson .Values.driver.filter | sha256sum")?
+            .as_str()
+            .map(str::len)
+            == Some(64)
+    );
+    let with = "a:{{- with .Values.driver.nodeSelector }} x: {{ toJson . }}{{- end }}\nb: {{- with .Values.image }} {{ toJson . }}{{- end }}";
+    let rendered = render_text(&scope, with, "inline")?;
+    ensure!(rendered.starts_with("a:\nb: {"), "{rendered:?}");
+    ensure!(
+        render_text(
+            &scope,
+            "{{ with .Values.image }}{{ with . }}{{ end }}{{ end }}",
+            "x"
+        )
+        .is_err()
+    );
     ensure!(scope.eval("if .Values.controller.replicas").is_err());
     Ok(())
 }
@@ -946,7 +1111,7 @@ fn check(name: &str, f: fn() -> anyhow::Result<()>) -> Trial {
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let trials = vec![
+    let mut trials = vec![
         check("chart/renderer_handles_the_subset_used", renderer_subset),
         check("chart/rbac_driver_covers_its_calls", || {
             covers(DRIVER_SA, DRIVER)
@@ -961,6 +1126,8 @@ fn main() {
             minimal(CONTROLLER_SA, CONTROLLER)
         }),
         check("chart/controller_deployment", controller_deployment),
+        check("chart/driver_daemonset", driver_daemonset),
     ];
+    trials.extend(policies::trials());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -187,6 +187,41 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sysctls written through the host's `/proc/sys/net` mounted elsewhere (what the chart does
+/// for an unprivileged driver) land in the pod's namespace.
+async fn sysctls_through_a_mounted_proc_sys_net(_: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-s")?;
+    let _links = Links(vec!["knt-s0"]);
+    ip(&[
+        "link", "add", "knt-s0", "type", "veth", "peer", "name", "knt-s1",
+    ])?;
+    let mount = std::env::temp_dir().join(format!("knt-sysctl-{}", std::process::id()));
+    std::fs::create_dir_all(&mount)?;
+    nix::mount::mount(
+        Some("/proc/sys/net"),
+        &mount,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )?;
+    let k = Rtnl::new(None).with_sysctl_root(&mount);
+    let p = plan("knt-s0", AttachMode::Move);
+    let outcome = async {
+        let restore = capture(&k, &p).await?;
+        attach(&k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
+        let arp = in_netns(&pod.path(), || {
+            std::fs::read_to_string("/proc/sys/net/ipv4/conf/net1/arp_ignore")
+        })??;
+        ensure!(arp.trim() == "1", "arp_ignore {arp}");
+        detach(&k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = nix::mount::umount(&mount);
+    let _ = std::fs::remove_dir(&mount);
+    outcome
+}
+
 /// The MAC of `name` in the host namespace, as `ip` reads it.
 fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
     let out = ip(&["-br", "link", "show", "dev", name])?;
@@ -362,6 +397,11 @@ fn main() {
         (
             "kernel/name_clash_in_pod",
             |k| Box::pin(name_clash(k)),
+            ignored,
+        ),
+        (
+            "kernel/sysctls_through_a_mounted_proc_sys_net",
+            |k| Box::pin(sysctls_through_a_mounted_proc_sys_net(k)),
             ignored,
         ),
         (

@@ -39,12 +39,14 @@ impl Env {
         Ok(())
     }
 
-    fn expect_device(&self, dev: &str) -> Vec<Device> {
+    /// The answer for `dev` prepared for claim `uid`: with the CDI device whose hook holds
+    /// the pod's containers until the interface is there.
+    fn expect_device(&self, dev: &str, uid: &str) -> Vec<Device> {
         vec![Device {
             pool: self.cluster.node.clone(),
             device: dev.into(),
             request_names: vec!["nic".into()],
-            cdi_device_ids: vec![],
+            cdi_device_ids: vec![format!("knic.dev/interface={uid}-0")],
         }]
     }
 }
@@ -144,7 +146,7 @@ async fn prepare_allocated(env: &mut Env) -> anyhow::Result<()> {
     let got = out.get(&claim.uid).context("no entry for the claim")?;
     ensure!(got.error.is_empty(), "error: {}", got.error);
     ensure!(
-        got.devices == env.expect_device(&vf_device(0)),
+        got.devices == env.expect_device(&vf_device(0), &claim.uid),
         "devices: {:?}",
         got.devices
     );
@@ -178,7 +180,7 @@ async fn prepare_unallocated(env: &mut Env) -> anyhow::Result<()> {
     );
     ensure!(
         out[&good.uid].error.is_empty()
-            && out[&good.uid].devices == env.expect_device(&vf_device(1))
+            && out[&good.uid].devices == env.expect_device(&vf_device(1), &good.uid)
     );
     Ok(())
 }
@@ -326,7 +328,7 @@ async fn prepare_repeated(env: &mut Env) -> anyhow::Result<()> {
     let first = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     let second = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
     ensure!(first == second, "{first:?} != {second:?}");
-    ensure!(first[&claim.uid].devices == env.expect_device(&vf_device(3)));
+    ensure!(first[&claim.uid].devices == env.expect_device(&vf_device(3), &claim.uid));
     if let Some(fake) = &env.cluster.fake {
         let gets = fake
             .requests()
@@ -401,7 +403,7 @@ async fn concurrent_prepares(env: &mut Env) -> anyhow::Result<()> {
         let got = &out[&claim.uid];
         ensure!(got.error.is_empty(), "claim {i}: {}", got.error);
         ensure!(
-            got.devices == env.expect_device(&vf_device(8 + i)),
+            got.devices == env.expect_device(&vf_device(8 + i), &claim.uid),
             "claim {i}: {:?}",
             got.devices
         );

@@ -110,10 +110,7 @@ async fn setup(root: &Path, tag: &'static str, real: Option<&RealCluster>) -> an
         .with_env("KNIC_NETLINK", "true")
         .with_env("KNIC_INCLUDE", format!("name=knt-{tag}0,name=knt-{tag}2"))
         .with_env("KNIC_NRI_SOCKET", nri_socket.to_string_lossy())
-        .with_env(
-            "KNIC_CDI_DIR",
-            cluster.tmp.path().join("cdi").to_string_lossy(),
-        );
+        .without_stand_in_runtime();
     let driver = DriverProcess::start(&config)?;
     let registered = tokio::time::timeout(Duration::from_secs(20), runtime.accept(vec![]))
         .await
@@ -447,21 +444,31 @@ async fn no_container_starts_without_its_interface(env: &mut Env) -> anyhow::Res
             Some(network_config(json!({"addresses": ["198.51.100.40/24"]}))),
         )
         .await?;
-    eventually("prepare refused while NRI is down", Duration::from_secs(10), || async {
-        let out = env.plugin.prepare(DraVersion::V1, &[env.id(&other)]).await?;
-        let error = out[&other.uid].error.clone();
-        Ok(error
-            .contains("knic is not connected to the container runtime's NRI socket")
-            .then_some(error))
-    })
+    eventually(
+        "prepare refused while NRI is down",
+        Duration::from_secs(10),
+        || async {
+            let out = env
+                .plugin
+                .prepare(DraVersion::V1, &[env.id(&other)])
+                .await?;
+            let error = out[&other.uid].error.clone();
+            Ok(error
+                .contains("knic is not connected to the container runtime's NRI socket")
+                .then_some(error))
+        },
+    )
     .await?;
 
     // The runtime is back and lists the running sandbox: knic attaches, the retry succeeds.
     env.runtime = TestRuntime::listen(&socket).await?;
     let pod = env.pod(&c, Some(&ns));
-    tokio::time::timeout(Duration::from_secs(20), env.runtime.accept(vec![pod.clone()]))
-        .await
-        .context("no reconnect")??;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        env.runtime.accept(vec![pod.clone()]),
+    )
+    .await
+    .context("no reconnect")??;
     eventually("the container starts", Duration::from_secs(10), || async {
         Ok(knic_driver::nri::runtime::create_container(
             std::slice::from_ref(&cdi_dir),
@@ -474,8 +481,15 @@ async fn no_container_starts_without_its_interface(env: &mut Env) -> anyhow::Res
     })
     .await?;
     ensure!(ip(&["-n", &ns.0, "addr", "show", "net1"])?.contains("192.0.2.40/24"));
-    let out = env.plugin.prepare(DraVersion::V1, &[env.id(&other)]).await?;
-    ensure!(out[&other.uid].error.is_empty(), "{}", out[&other.uid].error);
+    let out = env
+        .plugin
+        .prepare(DraVersion::V1, &[env.id(&other)])
+        .await?;
+    ensure!(
+        out[&other.uid].error.is_empty(),
+        "{}",
+        out[&other.uid].error
+    );
 
     drop(container);
     env.runtime
@@ -483,10 +497,16 @@ async fn no_container_starts_without_its_interface(env: &mut Env) -> anyhow::Res
         .await
         .map_err(anyhow::Error::msg)?;
     for claim in [&c, &other] {
-        let out = env.plugin.unprepare(DraVersion::V1, &[env.id(claim)]).await?;
+        let out = env
+            .plugin
+            .unprepare(DraVersion::V1, &[env.id(claim)])
+            .await?;
         ensure!(out[&claim.uid].is_empty(), "{}", out[&claim.uid]);
     }
-    let left: Vec<_> = std::fs::read_dir(&cdi_dir)?.flatten().map(|e| e.path()).collect();
+    let left: Vec<_> = std::fs::read_dir(&cdi_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     ensure!(left.is_empty(), "CDI specs left after unprepare: {left:?}");
     Ok(())
 }
@@ -494,10 +514,8 @@ async fn no_container_starts_without_its_interface(env: &mut Env) -> anyhow::Res
 /// The value the driver was started with for `key`.
 fn env_value(config: &DriverConfig, key: &str) -> anyhow::Result<String> {
     config
-        .env
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
+        .env_value(key)
+        .map(str::to_owned)
         .with_context(|| format!("{key} not set"))
 }
 
@@ -749,7 +767,10 @@ async fn real_kubelet_and_runtime(real: RealCluster) -> anyhow::Result<()> {
             "KNIC_PLUGIN_DIR",
             real.kubelet_dir.join("plugins/knic.dev").to_string_lossy(),
         )
-        .with_env("KNIC_NRI_SOCKET", real.nri_socket.to_string_lossy());
+        .with_env("KNIC_NRI_SOCKET", real.nri_socket.to_string_lossy())
+        // The real runtime reads CDI specs there and runs their hooks.
+        .with_env("KNIC_CDI_DIR", "/var/run/cdi")
+        .without_stand_in_runtime();
     let mut driver = DriverProcess::start(&config)?;
 
     let classes: Api<DeviceClass> = Api::all(cluster.client.clone());

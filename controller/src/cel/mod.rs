@@ -184,6 +184,7 @@ impl Selector {
 mod ast;
 mod eval;
 mod parser;
+pub mod policy;
 
 #[cfg(test)]
 mod tests;

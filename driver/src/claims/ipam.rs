@@ -286,7 +286,13 @@ async fn allocate_inner(
             },
         };
         taken.insert(ip);
-        if object.spec.claim.uid == who.uid && !skip.contains(&name) {
+        // Only this node's own allocations are reused: the chart's admission policy lets a
+        // node release only objects naming it in spec.node, so one made by another node (which
+        // no correct node does for a claim allocated here) could never be released from here.
+        if object.spec.claim.uid == who.uid
+            && object.spec.node.as_deref() == Some(who.node.as_str())
+            && !skip.contains(&name)
+        {
             let Ok(address) = object.spec.address.parse::<Cidr>() else {
                 continue;
             };

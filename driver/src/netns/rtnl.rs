@@ -25,12 +25,28 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Rtnl {
     host: Option<PathBuf>,
+    sysctl_root: PathBuf,
 }
+
+/// Where per-interface sysctls are written unless [`Rtnl::with_sysctl_root`] says otherwise.
+pub const DEFAULT_SYSCTL_ROOT: &str = "/proc/sys/net";
 
 impl Rtnl {
     /// The kernel with `host` as the node's namespace.
     pub fn new(host: Option<PathBuf>) -> Self {
-        Rtnl { host }
+        Rtnl {
+            host,
+            sysctl_root: PathBuf::from(DEFAULT_SYSCTL_ROOT),
+        }
+    }
+
+    /// Writes sysctls under `root` instead of `/proc/sys/net`: an unprivileged container sees
+    /// its own `/proc/sys` read-only, but the host's `/proc/sys/net` mounted elsewhere is
+    /// writable with CAP_NET_ADMIN, and its files still resolve to the namespace of the thread
+    /// that opens them.
+    pub fn with_sysctl_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.sysctl_root = root.into();
+        self
     }
 
     fn host_path(&self) -> PathBuf {
@@ -47,6 +63,7 @@ pub struct RtnlSession {
     /// The namespace file, for sysctl writes (`None`: the process's own).
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
+    sysctl_root: PathBuf,
 }
 
 impl Drop for RtnlSession {
@@ -109,6 +126,7 @@ impl Kernel for Rtnl {
             task,
             ns_path,
             host_path: self.host_path(),
+            sysctl_root: self.sysctl_root.clone(),
         }))
     }
 }
@@ -404,7 +422,11 @@ impl Session for RtnlSession {
                 ));
             };
             files.push((
-                PathBuf::from(format!("/proc/sys/net/{family}/conf/{name}/{leaf}")),
+                self.sysctl_root
+                    .join(family)
+                    .join("conf")
+                    .join(name)
+                    .join(leaf),
                 value.clone(),
             ));
         }

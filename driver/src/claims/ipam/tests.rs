@@ -210,6 +210,24 @@ async fn a_reprepare_reuses_the_claims_existing_allocation() {
 }
 
 #[tokio::test]
+async fn another_nodes_allocation_for_the_claim_is_not_reused() {
+    let book = book_with(json!([{"cidr": "192.0.2.0/24"}]));
+    let mut elsewhere = who("c", "u1", "p");
+    elsewhere.node = "node-b".into();
+    let theirs = alloc(&book, &elsewhere).await.unwrap();
+    // This node cannot release an object naming node-b (the chart's NetworkAddress policy),
+    // so it allocates its own instead of adopting that one.
+    let mine = alloc(&book, &who("c", "u1", "p")).await.unwrap();
+    assert_ne!(mine.allocations[0].name, theirs.allocations[0].name);
+    let objects = book.objects.lock().unwrap();
+    assert_eq!(objects.len(), 2);
+    assert_eq!(
+        objects[&mine.allocations[0].name].spec.node.as_deref(),
+        Some("node-a")
+    );
+}
+
+#[tokio::test]
 async fn release_deletes_with_the_uid_precondition() {
     let book = book_with(json!([{"cidr": "192.0.2.0/24"}]));
     let got = alloc(&book, &who("c", "u1", "p")).await.unwrap();
