@@ -95,22 +95,9 @@ fn default_identity() -> String {
     }
 }
 
-/// anyhow's alternate form prints every cause after its context, but several errors (kube's
-/// kubeconfig errors, io wrappers) already embed their source in their own text, so that
-/// source would be printed twice. A cause whose text is already there adds nothing.
+/// The error and its causes, each once (see `knic_proto::error::chain_text`).
 fn error_text(error: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if out.contains(text.as_str()) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    knic_proto::error::chain_text(error.as_ref())
 }
 
 /// A namespace name is a DNS label; checked at start-up so a typo in the chart fails the pod

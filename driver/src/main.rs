@@ -447,22 +447,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// anyhow's alternate form prints every cause after its context, but several errors (kube's
-/// kubeconfig errors, io wrappers) already embed their source in their own text, so that
-/// source would be printed twice. A cause whose text is already there adds nothing.
+/// The error and its causes, each once (see `knic_proto::error::chain_text`).
 fn error_text(error: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if out.contains(text.as_str()) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    knic_proto::error::chain_text(error.as_ref())
 }
 
 fn report(format: LogFormat, error: &anyhow::Error) {

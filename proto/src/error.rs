@@ -33,3 +33,44 @@ pub enum Error {
 
 /// Result alias over [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and its causes on one line, each cause once: several errors (kube's kubeconfig
+/// errors, I/O wrappers) already embed their source in their own text, and printing the chain
+/// would repeat it. Both binaries report fatal errors this way.
+pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut next = Some(error);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(text.as_str()) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading /etc/knic/filter.yaml: {0}")]
+    struct Embeds(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading the filter")]
+    struct Wraps(#[source] Embeds);
+
+    #[test]
+    fn each_cause_is_named_once() {
+        let error = Wraps(Embeds(std::io::Error::other("No such file")));
+        assert_eq!(
+            chain_text(&error),
+            "loading the filter: reading /etc/knic/filter.yaml: No such file"
+        );
+    }
+}
