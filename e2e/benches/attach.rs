@@ -43,6 +43,7 @@ use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
 };
+use knic_e2e::bench::{ms, stats};
 use knic_e2e::harness::ip;
 use knic_proto::netconfig::{Cidr, Route};
 
@@ -348,24 +349,6 @@ impl Samples {
         self.detach.push(d);
         self.cycle.push(a + d);
     }
-}
-
-/// Median and nearest-rank p99.
-fn stats(samples: &[Duration]) -> (Duration, Duration) {
-    let mut s = samples.to_vec();
-    s.sort();
-    let n = s.len();
-    let median = if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2
-    };
-    let p99 = s[(n * 99).div_ceil(100).max(1) - 1];
-    (median, p99)
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
 fn print_side(name: &str, s: &Samples) {

@@ -3,9 +3,11 @@
 //! is set).
 
 pub mod admission;
+pub mod bench;
 pub mod cluster;
 pub mod driver;
 pub mod fakeapi;
+pub mod fuzz;
 pub mod grpcwire;
 pub mod harness;
 pub mod kubelet;

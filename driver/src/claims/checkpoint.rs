@@ -318,6 +318,12 @@ fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// serde's reason, which quotes the offending value whole: cut, so a damaged file of any size
+/// gives an error of bounded size.
+fn serde_reason(e: &serde_json::Error) -> String {
+    crate::bounded::cap_text(&e.to_string(), 512).into_owned()
+}
+
 /// Why a checkpoint's bytes cannot be trusted; [`CheckpointStore::load`] adds the path.
 struct Corrupt(String);
 
@@ -327,9 +333,13 @@ fn decode(bytes: &[u8]) -> std::result::Result<Checkpoint, Corrupt> {
     }
     let envelope: EnvelopeIn<'_> = serde_json::from_slice(bytes).map_err(|e| {
         Corrupt(if e.is_eof() {
-            format!("the file is truncated ({} bytes, {e})", bytes.len())
+            format!(
+                "the file is truncated ({} bytes, {})",
+                bytes.len(),
+                serde_reason(&e)
+            )
         } else {
-            format!("not a knic checkpoint envelope ({e})")
+            format!("not a knic checkpoint envelope ({})", serde_reason(&e))
         })
     })?;
     if envelope.version != FORMAT_VERSION {
@@ -346,7 +356,7 @@ fn decode(bytes: &[u8]) -> std::result::Result<Checkpoint, Corrupt> {
         )));
     }
     let checkpoint: Checkpoint = serde_json::from_str(envelope.data.get())
-        .map_err(|e| Corrupt(format!("data does not decode ({e})")))?;
+        .map_err(|e| Corrupt(format!("data does not decode ({})", serde_reason(&e))))?;
     check_consistency(&checkpoint)?;
     Ok(checkpoint)
 }
@@ -745,5 +755,20 @@ mod tests {
             "{err}"
         );
         assert_eq!(store.load().unwrap(), sample());
+    }
+
+    #[test]
+    fn a_huge_undecodable_value_gives_a_bounded_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        let data = format!("{{\"claims\":\"{}\"}}", "x".repeat(100_000));
+        let file = format!(
+            "{{\"version\":1,\"crc32\":\"{:08x}\",\"data\":{data}}}",
+            crc32(data.as_bytes())
+        );
+        fs::write(store.path(), file).unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert!(err.contains("data does not decode ("), "{err}");
+        assert!(err.len() < 1500, "{} bytes", err.len());
     }
 }

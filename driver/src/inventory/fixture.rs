@@ -16,7 +16,9 @@ use super::sources::FakeEthtool;
 use crate::error::{Error, Result};
 
 /// Writes the fixture `text` below `root` and returns its fault table (root-relative path →
-/// errno). Paths must be relative and stay inside `root`.
+/// errno). Paths must be relative and stay inside `root`: a line whose path goes through a
+/// symlink an earlier line made (or, for a file, is one) is refused, because writing through it
+/// would land wherever the link points, outside `root` for a generated or hostile fixture.
 pub fn materialise(text: &str, root: &Path) -> Result<BTreeMap<PathBuf, i32>> {
     let mut faults = BTreeMap::new();
     let mut lines = text.lines().enumerate();
@@ -30,6 +32,7 @@ pub fn materialise(text: &str, root: &Path) -> Result<BTreeMap<PathBuf, i32>> {
             None => (line, ""),
         };
         let rel = checked_path(path, n)?;
+        no_links_on_the_way(root, &rel, n)?;
         let target = root.join(&rel);
         if let Some(link) = rest.strip_prefix("-> ") {
             make_parent(&target, n)?;
@@ -120,6 +123,33 @@ fn checked_path(path: &str, n: usize) -> Result<PathBuf> {
         ));
     }
     Ok(rel)
+}
+
+/// Refuses `rel` if any existing component of it below `root` (the last one included: a file
+/// write follows a link there too) is a symlink.
+fn no_links_on_the_way(root: &Path, rel: &Path, n: usize) -> Result<()> {
+    let mut at = root.to_path_buf();
+    for component in rel.components() {
+        at.push(component);
+        match fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let shown = at.strip_prefix(root).unwrap_or(&at);
+                return Err(bad(
+                    n,
+                    &format!(
+                        "path {:?} goes through the symlink {:?}; fixtures write only below \
+                         their root",
+                        rel.display().to_string(),
+                        shown.display().to_string()
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            // Nothing exists from here down, so nothing further can be a link.
+            Err(_) => return Ok(()),
+        }
+    }
+    Ok(())
 }
 
 fn make_parent(target: &Path, n: usize) -> Result<()> {
@@ -298,6 +328,45 @@ EOF
             let got = materialise(bad_text, dir.path()).unwrap_err().to_string();
             assert!(got.starts_with(want), "got {got:?}, want {want:?}");
         }
+    }
+
+    /// A generated fixture (the fuzz tests write random ones as root) could name a symlink and
+    /// then a file below it or the link itself; both would write outside the root.
+    #[test]
+    fn inventory_fixture_never_writes_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("victim"), "kept\n").unwrap();
+        for (text, want) in [
+            (
+                "sys/a -> ../../outside\nsys/a/f = 1\n",
+                "fixture line 2: path \"sys/a/f\" goes through the symlink \"sys/a\"",
+            ),
+            (
+                "sys/v -> ../../outside/victim\nsys/v = overwritten\n",
+                "fixture line 2: path \"sys/v\" goes through the symlink \"sys/v\"",
+            ),
+            (
+                "sys/d -> ../../outside\nsys/d/sub/\n",
+                "fixture line 2: path \"sys/d/sub\" goes through the symlink \"sys/d\"",
+            ),
+        ] {
+            let _ = fs::remove_dir_all(&root);
+            let got = materialise(text, &root).unwrap_err().to_string();
+            assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+        }
+        let mut left: Vec<_> = fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![std::ffi::OsString::from("victim")]);
+        assert_eq!(
+            fs::read_to_string(outside.join("victim")).unwrap(),
+            "kept\n"
+        );
     }
 
     #[test]
