@@ -1,30 +1,63 @@
 //! The controller's API client: kube's own, with every watch request paced by the shared
-//! [`knic_proto::backoff::RequestPacer`], because kube-runtime's watchers (the reconciler's and
-//! the availability caches') reopen a watch the apiserver ends without an error at once, in a
-//! tight loop. The driver paces its client the same way; the policy lives once in knic-proto,
-//! this is only the adapter to kube's client.
+//! [`knic_proto::backoff::RequestPacer`] and every other request bounded in time and repeated as
+//! the shared [`knic_proto::backoff::RetryPolicy`] says.
+//!
+//! kube-runtime's watchers (the reconciler's and the availability caches') reopen a watch the
+//! apiserver ends without an error at once, in a tight loop; pacing bounds them. kube's client
+//! has no request timeout by default, so a request the apiserver never answers would hold a
+//! reconcile forever (and kube-runtime never runs two reconciles of one Network at once, so
+//! that Network would never be reconciled again); and kube repeats only 429/503/504, whatever
+//! the request. Here every attempt has a deadline, and what is repeated depends on the request
+//! (see the policy); the reconciler's requeue remains for what the policy hands back. The
+//! driver has the same adapter; the policy lives once in knic-proto, this is only the plumbing
+//! into kube's client.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
-use knic_proto::backoff::RequestPacer;
+use knic_proto::backoff::{
+    Answer, RequestPacer, RetryPolicy, request_kind, retry_after, watch_track,
+};
 use kube::client::Body;
 
-/// `client` with its watch requests paced.
+use futures::future::BoxFuture;
+
+/// `client` with its watch requests paced and its requests bounded and repeated by the
+/// default [`RetryPolicy`]. A client built by kube from a config also repeats 429/503/504
+/// itself underneath; [`connect`] builds one that leaves that to the policy alone.
 pub fn paced(client: kube::Client) -> kube::Client {
+    with_policy(client, RetryPolicy::default())
+}
+
+/// `client` with its watch requests paced and its requests bounded and repeated by `policy`.
+pub fn with_policy(client: kube::Client, policy: RetryPolicy) -> kube::Client {
     let namespace = client.default_namespace().to_owned();
     let pacer = Arc::new(RequestPacer::new());
-    kube::Client::new(PacedWatches { client, pacer }, namespace)
+    kube::Client::new(
+        Paced {
+            client,
+            pacer,
+            policy: Arc::new(policy),
+        },
+        namespace,
+    )
+}
+
+/// The client for `config`, with kube's own retries off so that `policy` alone decides what is
+/// repeated (see the module docs), paced as [`with_policy`] says.
+pub fn connect(mut config: kube::Config, policy: RetryPolicy) -> crate::Result<kube::Client> {
+    config.default_retry = false;
+    Ok(with_policy(kube::Client::try_from(config)?, policy))
 }
 
 #[derive(Clone)]
-struct PacedWatches {
+struct Paced {
     client: kube::Client,
     pacer: Arc<RequestPacer>,
+    policy: Arc<RetryPolicy>,
 }
 
-impl tower::Service<http::Request<Body>> for PacedWatches {
+impl tower::Service<http::Request<Body>> for Paced {
     type Response = http::Response<Body>;
     type Error = kube::Error;
     type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
@@ -34,13 +67,134 @@ impl tower::Service<http::Request<Body>> for PacedWatches {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let (pause, _) = self
+        let (pause, track) = self
             .pacer
             .pause(request.uri().path(), request.uri().query());
+        if !pause.is_zero() {
+            tracing::debug!(
+                ?track,
+                ?pause,
+                "the last watch ended early; pausing before the next"
+            );
+        }
+        let watch = watch_track(
+            request.uri().path(),
+            request.uri().query().unwrap_or_default(),
+        )
+        .is_some();
         let client = self.client.clone();
+        let policy = self.policy.clone();
         Box::pin(async move {
             tokio::time::sleep(pause).await;
-            client.send(request).await
+            if watch {
+                watch_headers(&client, request, &policy).await
+            } else {
+                send(&client, request, &policy).await
+            }
         })
     }
+}
+
+/// A watch streams for minutes, so only its response headers have a deadline; kube-runtime's
+/// watchers (and the slice watch) retry a watch that failed, paced.
+async fn watch_headers(
+    client: &kube::Client,
+    request: http::Request<Body>,
+    policy: &RetryPolicy,
+) -> kube::Result<http::Response<Body>> {
+    let what = format!("{} {}", request.method(), request.uri().path());
+    match tokio::time::timeout(policy.timeout, client.send(request)).await {
+        Ok(answer) => answer,
+        Err(_) => Err(no_answer(&what, policy)),
+    }
+}
+
+/// Sends `request` (whole answer within the policy's timeout) until it succeeds or the policy
+/// hands the last answer back.
+async fn send(
+    client: &kube::Client,
+    request: http::Request<Body>,
+    policy: &RetryPolicy,
+) -> kube::Result<http::Response<Body>> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect_bytes().await?;
+    let what = format!("{} {}", parts.method, parts.uri.path());
+    let kind = request_kind(parts.method.as_str(), &body);
+    let mut backoff = policy.backoff(seed());
+    let mut attempt = 1;
+    loop {
+        let once = async {
+            let response = client.send(copy(&parts, Body::from(body.clone()))).await?;
+            let (head, body) = response.into_parts();
+            let body = body.collect_bytes().await?;
+            Ok::<_, kube::Error>((head, body))
+        };
+        let outcome = tokio::time::timeout(policy.timeout, once).await;
+        let answer = match &outcome {
+            Ok(Ok((head, _))) if head.status.is_success() => None,
+            Ok(Ok((head, body))) => Some(Answer::Status {
+                code: head.status.as_u16(),
+                reason: status_reason(body),
+                retry_after: retry_after(
+                    head.headers
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()),
+                ),
+            }),
+            Ok(Err(kube::Error::HyperError(_) | kube::Error::Service(_))) => Some(Answer::Failed),
+            Ok(Err(_)) => None,
+            Err(_) => Some(Answer::NoAnswer),
+        };
+        let pause = answer
+            .as_ref()
+            .and_then(|a| policy.retry(kind, a, attempt, &mut backoff));
+        let Some(pause) = pause else {
+            return match outcome {
+                Ok(Ok((head, body))) => Ok(http::Response::from_parts(head, Body::from(body))),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(no_answer(&what, policy)),
+            };
+        };
+        tracing::debug!(request = %what, attempt, ?answer, ?pause, "repeating an API request");
+        tokio::time::sleep(pause).await;
+        attempt += 1;
+    }
+}
+
+/// A copy of the request for one more attempt (kube's requests carry their whole body).
+fn copy(parts: &http::request::Parts, body: Body) -> http::Request<Body> {
+    let mut request = http::Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    *request.extensions_mut() = parts.extensions.clone();
+    request
+}
+
+/// `metav1.Status.reason` of an error answer ("" when the body is not a Status).
+fn status_reason(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("reason")?.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn no_answer(what: &str, policy: &RetryPolicy) -> kube::Error {
+    kube::Error::Service(
+        format!(
+            "{what}: no answer from the API server within {:?} (--api-timeout-seconds)",
+            policy.timeout
+        )
+        .into(),
+    )
+}
+
+/// Jitter seed: requests failing together (every node after an apiserver restart) must not
+/// retry in step.
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id())
 }

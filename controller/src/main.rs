@@ -32,6 +32,11 @@ struct Args {
     /// Kubeconfig to use; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Seconds one API request may go unanswered before it is abandoned (and repeated when
+    /// that is safe); a watch's stream is exempt.
+    #[arg(long, env = "KNIC_API_TIMEOUT_SECONDS", default_value_t = 15,
+        value_parser = clap::value_parser!(u64).range(1..=600))]
+    api_timeout_seconds: u64,
     /// Log line format.
     #[arg(long, env = "KNIC_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -143,7 +148,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await?,
     };
-    let client = knic_controller::client::paced(kube::Client::try_from(config)?);
+    let policy = knic_proto::backoff::RetryPolicy::with_timeout(Duration::from_secs(
+        args.api_timeout_seconds,
+    ));
+    let client = knic_controller::client::connect(config, policy)?;
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let reconciler = Config {
         resync: Duration::from_secs(args.resync_seconds),

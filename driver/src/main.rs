@@ -177,6 +177,11 @@ struct RunArgs {
     /// Kubeconfig file; without it the in-cluster service account is used.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Seconds one API request may go unanswered before it is abandoned (and repeated when
+    /// that is safe); a watch's stream is exempt.
+    #[arg(long, env = "KNIC_API_TIMEOUT_SECONDS", default_value_t = 15,
+        value_parser = clap::value_parser!(u64).range(1..=600))]
+    api_timeout_seconds: u64,
     /// The kubelet's root directory; the two directories below default under it.
     #[arg(
         long,
@@ -226,7 +231,10 @@ fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+async fn kube_client(
+    kubeconfig: Option<&PathBuf>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -239,9 +247,8 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Clien
             .await
             .context("no kubeconfig given and not in a cluster")?,
     };
-    Ok(knic_driver::api::client::paced(kube::Client::try_from(
-        config,
-    )?))
+    let policy = knic_proto::backoff::RetryPolicy::with_timeout(timeout);
+    Ok(knic_driver::api::client::connect(config, policy)?)
 }
 
 async fn shutdown_signal() {
@@ -348,7 +355,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         registry_dir: args.registry_dir.unwrap_or(defaults.registry_dir),
         plugin_dir: args.plugin_dir.unwrap_or(defaults.plugin_dir),
     };
-    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    let client = kube_client(
+        args.kubeconfig.as_ref(),
+        std::time::Duration::from_secs(args.api_timeout_seconds),
+    )
+    .await?;
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());

@@ -66,11 +66,12 @@ fn valid_config() -> serde_json::Value {
            "addresses": ["192.0.2.10/24"]})
 }
 
-/// A config whose every one of 100,000 addresses is invalid: its full error text is several
-/// megabytes.
+/// A config whose 20 addresses (as many problems as a config error lists) are each a 300 KB
+/// invalid value echoed in its problem: the full error text is about 6 MB, over the kubelet's
+/// 4 MiB message limit.
 fn huge_invalid_config() -> serde_json::Value {
-    let bad: Vec<String> = (0..100_000)
-        .map(|i| format!("not-an-address-{i}"))
+    let bad: Vec<String> = (0..20)
+        .map(|i| format!("not-an-address-{i}-{}", "x".repeat(300_000)))
         .collect();
     json!({"apiVersion": knic_proto::netconfig::API_VERSION, "kind": "NetworkConfig",
            "addresses": bad})

@@ -199,6 +199,20 @@ impl Cluster {
         results: Option<&[(&str, &str)]>,
         parameters: Option<serde_json::Value>,
     ) -> anyhow::Result<TestClaim> {
+        let pool = self.node.clone();
+        self.create_claim_in_pool(name, &pool, results, parameters)
+            .await
+    }
+
+    /// Like [`Cluster::create_claim_with_config`], allocated in `pool` (another node's: a
+    /// driver prepares only results in its own node's pool).
+    pub async fn create_claim_in_pool(
+        &self,
+        name: &str,
+        pool: &str,
+        results: Option<&[(&str, &str)]>,
+        parameters: Option<serde_json::Value>,
+    ) -> anyhow::Result<TestClaim> {
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut spec = json!({"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}});
         if let Some(p) = &parameters {
@@ -235,7 +249,7 @@ impl Cluster {
             let results: Vec<_> = results
                 .iter()
                 .map(|(driver, device)| {
-                    json!({"request": "nic", "driver": driver, "pool": self.node, "device": device})
+                    json!({"request": "nic", "driver": driver, "pool": pool, "device": device})
                 })
                 .collect();
             let config = match &parameters {

@@ -5,7 +5,9 @@
 //! JSON, assigns uid/resourceVersion/creationTimestamp, honours `generateName`, resourceVersion
 //! conflicts, delete preconditions, the `status` subresource, label and field selectors, merge
 //! patches and server-side apply (approximated as a merge patch that creates when missing; the
-//! field manager is recorded so tests can assert who wrote). Every request is recorded.
+//! field manager is recorded so tests can assert who wrote). Every request is recorded, with
+//! when it came; any request can be made to fail as a real apiserver fails
+//! ([`FakeApi::fault_requests`]).
 //!
 //! Like the real apiserver it also keeps objects with finalizers after a DELETE (setting
 //! `metadata.deletionTimestamp`) until an update removes the last finalizer, honours a
@@ -41,6 +43,10 @@ pub struct Recorded {
     pub query: String,
     /// `fieldManager` query parameter, for apply/patch.
     pub field_manager: Option<String>,
+    /// When the request arrived (e.g. to check a retry waited its `Retry-After`).
+    pub at: std::time::Instant,
+    /// The fault it was answered with, if one was armed for it.
+    pub fault: Option<RequestFault>,
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -65,6 +71,8 @@ struct Store {
     uid_counter: AtomicU64,
     /// Watches of these resources (plural, e.g. `resourceslices`) misbehave.
     watch_faults: Mutex<BTreeMap<String, WatchFault>>,
+    /// Requests that fail, in the order they were armed.
+    request_faults: Mutex<Vec<faults::Armed>>,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -85,15 +93,7 @@ impl FakeApi {
     pub async fn start() -> anyhow::Result<FakeApi> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let store = Arc::new(Store {
-            events: Mutex::new(Vec::new()),
-            feed: broadcast::channel(4096).0,
-            objects: Mutex::default(),
-            requests: Mutex::default(),
-            resource_version: AtomicU64::new(0),
-            uid_counter: AtomicU64::new(0),
-            watch_faults: Mutex::default(),
-        });
+        let store = Arc::new(Store::new());
         let served = store.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -176,6 +176,31 @@ impl FakeApi {
                 Some(f) => faults.insert(resource.to_owned(), f),
                 None => faults.remove(resource),
             };
+        }
+    }
+
+    /// Fails the next `count` requests that `matcher` selects with `fault`: `"METHOD
+    /// path-substring"`, e.g. `"PATCH /resourceclaims/c/status"` or `"POST /networkaddresses"`
+    /// (`*` for any method). Faults armed earlier are matched first.
+    pub fn fault_requests(
+        &self,
+        matcher: &str,
+        fault: RequestFault,
+        count: usize,
+    ) -> anyhow::Result<()> {
+        let armed = faults::Armed::new(matcher, fault, count)?;
+        self.store
+            .request_faults
+            .lock()
+            .map_err(|_| anyhow::anyhow!("store poisoned"))?
+            .push(armed);
+        Ok(())
+    }
+
+    /// Disarms every request fault not yet served.
+    pub fn clear_request_faults(&self) {
+        if let Ok(mut armed) = self.store.request_faults.lock() {
+            armed.clear();
         }
     }
 
@@ -376,6 +401,19 @@ fn now_rfc3339() -> String {
 }
 
 impl Store {
+    fn new() -> Store {
+        Store {
+            events: Mutex::new(Vec::new()),
+            feed: broadcast::channel(4096).0,
+            objects: Mutex::default(),
+            requests: Mutex::default(),
+            resource_version: AtomicU64::new(0),
+            uid_counter: AtomicU64::new(0),
+            watch_faults: Mutex::default(),
+            request_faults: Mutex::default(),
+        }
+    }
+
     /// Records a change for watchers; `obj` already carries its new resourceVersion.
     fn emit(&self, target: &Target, kind: &'static str, obj: &Value) {
         let rv = field(obj, "metadata.resourceVersion")
@@ -436,13 +474,19 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let fault = store.take_fault(&method, &path);
     if let Ok(mut log) = store.requests.lock() {
         log.push(Recorded {
             method: method.to_string(),
             path: path.clone(),
             query: query.clone(),
             field_manager: query_param(&query, "fieldManager"),
+            at: std::time::Instant::now(),
+            fault,
         });
+    }
+    if let Some(fault) = fault {
+        return faults::answer(fault, &path).await;
     }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -709,9 +753,11 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+mod faults;
 mod objects;
 mod watch;
 
+pub use faults::RequestFault;
 use objects::{commit, delete_or_mark, take_writable_metadata};
 pub use watch::WatchFault;
 use watch::watch;

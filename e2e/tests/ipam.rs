@@ -90,11 +90,17 @@ impl Env {
 
     /// A claim on VF `vf` whose config asks for an address from the test's Network.
     async fn claim(&self, name: &str, vf: usize) -> anyhow::Result<TestClaim> {
+        self.claim_on(0, name, vf).await
+    }
+
+    /// A claim allocated VF `vf` of node `node` (index into `nodes`), in that node's pool.
+    async fn claim_on(&self, node: usize, name: &str, vf: usize) -> anyhow::Result<TestClaim> {
         let config = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
                             "ipam": {"network": self.network}});
         self.cluster
-            .create_claim_with_config(
+            .create_claim_in_pool(
                 name,
+                &self.nodes[node].config.node_name,
                 Some(&[("knic.dev", vf_device(vf).as_str())]),
                 Some(config),
             )
@@ -265,7 +271,9 @@ async fn concurrent_claims_get_unique_addresses(env: &mut Env) -> anyhow::Result
     let mut claims = Vec::new();
     for node in 0..nodes {
         for vf in 0..VFS {
-            let claim = env.claim(&format!("par-{node}-{vf:02}"), vf).await?;
+            let claim = env
+                .claim_on(node, &format!("par-{node}-{vf:02}"), vf)
+                .await?;
             claims.push((node, claim));
         }
     }

@@ -16,6 +16,11 @@
 //! it as "unknown", not as "no match"); `&&` and `||` absorb errors the commutative CEL way
 //! (`false && error` is `false`).
 //!
+//! Selectors share one parser and syntax tree with the admission-policy expressions of
+//! [`policy`] (one grammar, one place to fix it); the selector dialect's limits are checked
+//! while parsing (`subset`), and each language has its own evaluator, because a selector
+//! reads a [`Device`] and a policy reads JSON.
+//!
 //! Parsing and evaluation never panic and never recurse deeper than [`MAX_DEPTH`] levels, so a
 //! hostile selector in a Network cannot crash or overflow the controller.
 
@@ -23,20 +28,19 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1 as resource;
 
-/// How deeply expressions may nest (parentheses, lists, arguments, and operators applied to
-/// operators). Kubernetes has no such limit of its own below its cost budget, but knic's
-/// selectors nest three levels at most, and a bound keeps a hostile selector from exhausting
-/// the stack of the recursive parser and evaluator.
+/// How deeply expressions may nest (parentheses, lists, arguments, member steps such as
+/// `.name` and `[key]`, and operators applied to operators). Kubernetes has no such limit of
+/// its own below its cost budget, but knic's selectors nest about eight levels at most, and a
+/// bound keeps a hostile expression from exhausting the stack of the recursive parser and
+/// evaluators.
 pub const MAX_DEPTH: usize = 64;
 
 use ast::Expr;
 use eval::{Val, eval};
-use knic_proto::cel::lexer::{Tok, lex};
 pub use knic_proto::cel::{
     COST_LIMIT_MESSAGE, CelError, clause_forms, exceeds_cost_limit, syntax_problem,
 };
 use knic_proto::cel::{syntax, unsupported};
-use parser::Parser;
 
 type Result<T, E = CelError> = std::result::Result<T, E>;
 
@@ -109,11 +113,6 @@ impl Device {
             attributes,
         }
     }
-
-    /// The attribute `id` of `domain`, if published.
-    fn attribute(&self, domain: &str, id: &str) -> Option<&Value> {
-        self.attributes.get(domain)?.get(id)
-    }
 }
 
 /// A compiled device selector.
@@ -144,26 +143,7 @@ impl Selector {
     /// the subset ([`CelError::Unsupported`]), so that evaluating never meets a construct it
     /// would have to guess about.
     pub fn compile(source: &str) -> Result<Selector> {
-        let tokens = lex(source)?;
-        let mut parser = Parser {
-            tokens,
-            pos: 0,
-            depth: 0,
-        };
-        if parser.peek().tok == Tok::End {
-            return Err(syntax(0, "empty expression"));
-        }
-        let expr = parser.expr()?;
-        let next = parser.peek();
-        if next.tok != Tok::End {
-            return Err(syntax(
-                next.at,
-                format!(
-                    "expected an operator or the end of the expression, found {}",
-                    next.tok.describe()
-                ),
-            ));
-        }
+        let expr = parser::parse(source, parser::Dialect::Selector)?;
         Ok(Selector { expr })
     }
 
@@ -185,6 +165,7 @@ mod ast;
 mod eval;
 mod parser;
 pub mod policy;
+mod subset;
 
 #[cfg(test)]
 mod tests;

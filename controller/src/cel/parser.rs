@@ -1,49 +1,63 @@
-//! Parses tokens into the supported subset, refusing anything else with its position.
+//! The one parser of knic's CEL, for device selectors and admission policies alike.
+//!
+//! Both languages share CEL's grammar, tokens and tree; they differ in what they accept. The
+//! policy dialect has declared variables, `variables.NAME`, `null`, `? :`, `+`, `size()` and
+//! the comprehension macros. The selector dialect has only `device`, and refuses anything its
+//! evaluator cannot answer at the first offending construct in source order, with the
+//! position callers report; so its checks ([`super::subset`]) run while parsing, at the very
+//! points a selector-only parser would refuse, rather than as a later pass that could report
+//! a later syntax error instead. Recursion is bounded by [`MAX_DEPTH`] here and by each node's
+//! recorded depth, so no text can overflow the stack.
 
-use super::ast::*;
-use super::{MAX_DEPTH, Result, Value, syntax, unsupported};
-use knic_proto::cel::lexer::{Tok, Token};
+use knic_proto::cel::lexer::{Tok, Token, lex};
 
-/// What a member chain (`device.attributes["d"].?x`) has reached so far: the `device`
-/// variable and its maps are not values of their own in the subset, only steps towards one.
-#[derive(Debug)]
-pub(super) enum Partial {
-    Device,
-    Attributes,
-    Domain(String),
-    Optional { domain: String, name: String },
-    Expr(Expr),
+use super::ast::{Chain, Expr, Func, Kind, Macro, Rel, node, too_deep};
+use super::{MAX_DEPTH, Result, Value, subset, syntax, unsupported};
+
+/// Which language a text is written in.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Dialect<'a> {
+    /// A DRA device selector: see [`Selector`](super::Selector) for the subset.
+    Selector,
+    /// A ValidatingAdmissionPolicy expression whose free identifiers must be `declared`.
+    Policy { declared: &'a [&'a str] },
 }
 
-impl Partial {
-    pub(super) fn into_expr(self, at: usize) -> Result<Expr> {
-        match self {
-            Partial::Expr(e) => Ok(e),
-            Partial::Device => Err(unsupported(
-                at,
-                "'device' used as a value (select .driver or .attributes)",
-            )),
-            Partial::Attributes => Err(unsupported(
-                at,
-                "device.attributes used as a value (index it with a domain)",
-            )),
-            Partial::Domain(d) => Err(unsupported(
-                at,
-                format!("device.attributes[{d:?}] used as a value (select an attribute)"),
-            )),
-            Partial::Optional { domain, name } => Err(unsupported(
-                at,
-                format!("optional device.attributes[{domain:?}].?{name} used without .orValue()"),
-            )),
-        }
+/// The tree of `source`, refusing text that is not CEL ([`super::CelError::Syntax`]) and CEL
+/// outside `dialect` ([`super::CelError::Unsupported`]).
+pub(super) fn parse(source: &str, dialect: Dialect<'_>) -> Result<Expr> {
+    let mut parser = Parser {
+        tokens: lex(source)?,
+        pos: 0,
+        depth: 0,
+        scope: Vec::new(),
+        dialect,
+    };
+    if parser.peek().tok == Tok::End {
+        return Err(syntax(0, "empty expression"));
     }
+    let expr = parser.expr()?;
+    let next = parser.peek();
+    if next.tok != Tok::End {
+        return Err(syntax(
+            next.at,
+            format!(
+                "expected an operator or the end of the expression, found {}",
+                next.tok.describe()
+            ),
+        ));
+    }
+    Ok(expr)
 }
 
-pub(super) struct Parser {
-    pub(super) tokens: Vec<Token>,
-    pub(super) pos: usize,
-    /// Current nesting of [`Parser::expr`] calls.
-    pub(super) depth: usize,
+struct Parser<'a> {
+    tokens: Vec<Token>,
+    pos: usize,
+    /// Current nesting of [`Parser::expr`] calls (and of selector `has(`).
+    depth: usize,
+    /// Comprehension variables in scope (policies only).
+    scope: Vec<String>,
+    dialect: Dialect<'a>,
 }
 
 /// The `End` token [`Parser::peek`] returns past the end (the lexer always ends with one, so
@@ -53,15 +67,19 @@ static END: Token = Token {
     at: 0,
 };
 
-impl Parser {
-    pub(super) fn peek(&self) -> &Token {
+impl Parser<'_> {
+    fn selector(&self) -> bool {
+        matches!(self.dialect, Dialect::Selector)
+    }
+
+    fn peek(&self) -> &Token {
         self.tokens
             .get(self.pos)
             .or_else(|| self.tokens.last())
             .unwrap_or(&END)
     }
 
-    pub(super) fn bump(&mut self) -> Token {
+    fn bump(&mut self) -> Token {
         let token = self.peek().clone();
         if self.pos < self.tokens.len() {
             self.pos += 1;
@@ -69,16 +87,15 @@ impl Parser {
         token
     }
 
-    pub(super) fn eat(&mut self, tok: &Tok) -> bool {
-        if &self.peek().tok == tok {
+    fn eat(&mut self, tok: &Tok) -> bool {
+        let hit = &self.peek().tok == tok;
+        if hit {
             self.bump();
-            true
-        } else {
-            false
         }
+        hit
     }
 
-    pub(super) fn expect(&mut self, tok: &Tok) -> Result<()> {
+    fn expect(&mut self, tok: &Tok) -> Result<()> {
         if self.eat(tok) {
             return Ok(());
         }
@@ -89,58 +106,77 @@ impl Parser {
         ))
     }
 
-    /// A whole expression; the only recursive entry point, so the nesting bound lives here.
-    pub(super) fn expr(&mut self) -> Result<Expr> {
+    /// A whole expression; the recursive entry point, so the nesting bound applies here.
+    fn expr(&mut self) -> Result<Expr> {
+        self.nested(Self::conditional)
+    }
+
+    /// Runs `inner` one nesting level deeper, refusing to go past [`MAX_DEPTH`].
+    fn nested(&mut self, inner: fn(&mut Self) -> Result<Expr>) -> Result<Expr> {
         if self.depth >= MAX_DEPTH {
             return Err(too_deep(self.peek().at));
         }
         self.depth += 1;
-        let result = self.conditional();
+        let result = inner(self);
         self.depth -= 1;
         result
     }
 
-    pub(super) fn conditional(&mut self) -> Result<Expr> {
-        let e = self.or()?;
+    fn conditional(&mut self) -> Result<Expr> {
+        let at = self.peek().at;
+        let cond = self.or()?;
         let next = self.peek();
-        if next.tok == Tok::Question {
+        if next.tok != Tok::Question {
+            return Ok(cond);
+        }
+        if self.selector() {
             return Err(unsupported(next.at, "the conditional operator '? :'"));
         }
-        Ok(e)
+        self.bump();
+        let then = self.or()?;
+        self.expect(&Tok::Colon)?;
+        let otherwise = self.expr()?;
+        node(
+            Kind::Cond(Box::new(cond), Box::new(then), Box::new(otherwise)),
+            at,
+        )
     }
 
-    pub(super) fn or(&mut self) -> Result<Expr> {
+    fn or(&mut self) -> Result<Expr> {
+        self.chain(&Tok::Or, Self::and, Kind::Or)
+    }
+
+    fn and(&mut self) -> Result<Expr> {
+        self.chain(&Tok::And, Self::relation, Kind::And)
+    }
+
+    /// `operand (op operand)*` as one flat node, so that long chains do not nest.
+    fn chain(
+        &mut self,
+        op: &Tok,
+        operand: fn(&mut Self) -> Result<Expr>,
+        kind: fn(Chain) -> Kind,
+    ) -> Result<Expr> {
         let at = self.peek().at;
-        let first = self.and()?;
-        if self.peek().tok != Tok::Or {
+        let first = operand(self)?;
+        if &self.peek().tok != op {
             return Ok(first);
         }
-        let mut operands = vec![first];
-        while self.eat(&Tok::Or) {
-            operands.push(self.and()?);
+        let mut chain = Chain {
+            operands: vec![first],
+            ops: Vec::new(),
+        };
+        while &self.peek().tok == op {
+            chain.ops.push(self.bump().at);
+            chain.operands.push(operand(self)?);
         }
-        node(Kind::Or(operands), at)
+        node(kind(chain), at)
     }
 
-    pub(super) fn and(&mut self) -> Result<Expr> {
-        let at = self.peek().at;
-        let first = self.relation()?;
-        if self.peek().tok != Tok::And {
-            return Ok(first);
-        }
-        let mut operands = vec![first];
-        while self.eat(&Tok::And) {
-            operands.push(self.relation()?);
-        }
-        node(Kind::And(operands), at)
-    }
-
-    pub(super) fn relation(&mut self) -> Result<Expr> {
-        let mut lhs = self.calc()?;
+    fn relation(&mut self) -> Result<Expr> {
+        let mut lhs = self.additive()?;
         loop {
-            let next = self.peek();
-            let at = next.at;
-            let op = match &next.tok {
+            let op = match &self.peek().tok {
                 Tok::Eq => Rel::Eq,
                 Tok::Ne => Rel::Ne,
                 Tok::Lt => Rel::Lt,
@@ -150,125 +186,96 @@ impl Parser {
                 Tok::Ident(word) if word == "in" => Rel::In,
                 _ => return Ok(lhs),
             };
-            self.bump();
-            let rhs = self.calc()?;
+            let at = self.bump().at;
+            let rhs = self.additive()?;
             lhs = node(Kind::Rel(op, Box::new(lhs), Box::new(rhs)), at)?;
         }
     }
 
-    pub(super) fn calc(&mut self) -> Result<Expr> {
-        let e = self.unary()?;
-        let next = self.peek();
-        match next.tok {
-            Tok::Plus | Tok::Minus | Tok::Star | Tok::Slash | Tok::Percent => Err(unsupported(
-                next.at,
-                format!("arithmetic operator {}", next.tok.describe()),
-            )),
-            _ => Ok(e),
+    /// `+` for policies (ints, strings, lists); selectors have no arithmetic at all.
+    fn additive(&mut self) -> Result<Expr> {
+        let mut lhs = self.unary()?;
+        loop {
+            let next = self.peek();
+            match next.tok {
+                Tok::Plus if !self.selector() => {
+                    let at = self.bump().at;
+                    let rhs = self.unary()?;
+                    lhs = node(Kind::Add(Box::new(lhs), Box::new(rhs)), at)?;
+                }
+                Tok::Plus | Tok::Minus | Tok::Star | Tok::Slash | Tok::Percent => {
+                    return Err(unsupported(
+                        next.at,
+                        format!("arithmetic operator {}", next.tok.describe()),
+                    ));
+                }
+                _ => return Ok(lhs),
+            }
         }
     }
 
-    pub(super) fn unary(&mut self) -> Result<Expr> {
+    /// `!` and `-` prefixes. A selector takes a run of one of them only (`!-1` is refused as
+    /// it always was), a policy any mix.
+    fn unary(&mut self) -> Result<Expr> {
         let at = self.peek().at;
-        match self.peek().tok {
-            Tok::Not => {
-                let mut count = 0;
-                while self.eat(&Tok::Not) {
-                    count += 1;
-                }
-                let mut e = self.member()?;
-                for _ in 0..count {
-                    e = node(Kind::Not(Box::new(e)), at)?;
-                }
-                Ok(e)
+        let mut ops: Vec<Tok> = Vec::new();
+        while matches!(self.peek().tok, Tok::Not | Tok::Minus) {
+            if self.selector() && ops.first().is_some_and(|first| *first != self.peek().tok) {
+                break;
             }
-            Tok::Minus => {
-                let mut count = 0;
-                while self.eat(&Tok::Minus) {
-                    count += 1;
-                }
-                let next = self.peek().clone();
-                let mut e = if let Tok::Int(magnitude) = next.tok {
-                    // Fold one minus into the literal, so i64::MIN can be written.
-                    self.bump();
-                    count -= 1;
-                    let value = 0i64
-                        .checked_sub_unsigned(magnitude)
-                        .ok_or_else(|| syntax(next.at, "integer literal out of range"))?;
-                    let (partial, _) =
-                        self.postfix(Partial::Expr(node(Kind::Lit(Value::Int(value)), next.at)?))?;
-                    partial.into_expr(next.at)?
-                } else {
-                    self.member()?
-                };
-                for _ in 0..count {
-                    e = node(Kind::Neg(Box::new(e)), at)?;
-                }
-                Ok(e)
-            }
-            _ => self.member(),
+            ops.push(self.bump().tok);
         }
+        // Fold one minus into an integer literal, so i64::MIN can be written.
+        if ops.last() == Some(&Tok::Minus)
+            && let Tok::Int(magnitude) = self.peek().tok
+        {
+            let lit = self.bump();
+            ops.pop();
+            let value = 0i64
+                .checked_sub_unsigned(magnitude)
+                .ok_or_else(|| syntax(lit.at, "integer literal out of range"))?;
+            let e = self.postfix(node(Kind::Lit(Value::Int(value)), lit.at)?)?;
+            self.check_value(&e, lit.at)?;
+            return apply_unary(ops, e, at);
+        }
+        let e = self.member()?;
+        apply_unary(ops, e, at)
     }
 
-    pub(super) fn member(&mut self) -> Result<Expr> {
+    fn member(&mut self) -> Result<Expr> {
         let at = self.peek().at;
         let primary = self.primary()?;
-        let (partial, _) = self.postfix(primary)?;
-        partial.into_expr(at)
+        let e = self.postfix(primary)?;
+        self.check_value(&e, at)?;
+        Ok(e)
     }
 
-    pub(super) fn primary(&mut self) -> Result<Partial> {
+    /// In a selector, a member chain must end at a value, not at `device` or one of its maps.
+    fn check_value(&self, e: &Expr, at: usize) -> Result<()> {
+        if self.selector() {
+            subset::value(e, at)?;
+        }
+        Ok(())
+    }
+
+    fn primary(&mut self) -> Result<Expr> {
         let token = self.bump();
         let at = token.at;
-        let lit = |v: Value| -> Result<Partial> { Ok(Partial::Expr(node(Kind::Lit(v), at)?)) };
         match token.tok {
             Tok::Int(magnitude) => match i64::try_from(magnitude) {
-                Ok(i) => lit(Value::Int(i)),
+                Ok(i) => node(Kind::Lit(Value::Int(i)), at),
                 Err(_) => Err(syntax(at, "integer literal out of range")),
             },
-            Tok::Str(s) => lit(Value::String(s)),
-            Tok::Ident(name) => {
-                let is_call = self.peek().tok == Tok::LParen;
-                let is_message = self.peek().tok == Tok::LBrace;
-                match name.as_str() {
-                    "true" => lit(Value::Bool(true)),
-                    "false" => lit(Value::Bool(false)),
-                    "in" => Err(syntax(at, "expected an expression, found 'in'")),
-                    "has" if is_call => self.has(),
-                    _ if is_call => Err(unsupported(at, format!("function '{name}()'"))),
-                    _ if is_message => Err(unsupported(at, "message literals")),
-                    "device" => Ok(Partial::Device),
-                    "null" => Err(unsupported(at, "the null literal")),
-                    _ => Err(unsupported(
-                        at,
-                        format!("identifier '{name}' (only 'device' is declared)"),
-                    )),
-                }
-            }
+            Tok::Str(s) => node(Kind::Lit(Value::String(s)), at),
+            Tok::Ident(name) => self.identifier(name, at),
             Tok::LParen => {
                 let e = self.expr()?;
                 self.expect(&Tok::RParen)?;
-                Ok(Partial::Expr(e))
+                Ok(e)
             }
             Tok::LBracket => {
-                let mut items = Vec::new();
-                loop {
-                    if self.eat(&Tok::RBracket) {
-                        break;
-                    }
-                    items.push(self.expr()?);
-                    if self.eat(&Tok::RBracket) {
-                        break;
-                    }
-                    if !self.eat(&Tok::Comma) {
-                        let next = self.peek();
-                        return Err(syntax(
-                            next.at,
-                            format!("expected ',' or ']', found {}", next.tok.describe()),
-                        ));
-                    }
-                }
-                Ok(Partial::Expr(node(Kind::List(items), at)?))
+                let items = self.list(&Tok::RBracket)?;
+                node(Kind::List(items), at)
             }
             Tok::LBrace => Err(unsupported(at, "map literals")),
             Tok::Dot => Err(unsupported(at, "leading '.' (root-scoped identifiers)")),
@@ -283,45 +290,141 @@ impl Parser {
         }
     }
 
-    /// `has(device.attributes["DOMAIN"].NAME)`, after the identifier `has`.
-    pub(super) fn has(&mut self) -> Result<Partial> {
-        // `has(` recurses into `primary` without passing through `expr`, so it counts itself.
-        if self.depth >= MAX_DEPTH {
-            return Err(too_deep(self.peek().at));
+    fn identifier(&mut self, name: String, at: usize) -> Result<Expr> {
+        let is_call = self.peek().tok == Tok::LParen;
+        let is_message = self.peek().tok == Tok::LBrace;
+        let policy = !self.selector();
+        match name.as_str() {
+            "true" => node(Kind::Lit(Value::Bool(true)), at),
+            "false" => node(Kind::Lit(Value::Bool(false)), at),
+            "null" if policy => node(Kind::Null, at),
+            "in" => Err(syntax(at, "expected an expression, found 'in'")),
+            "has" if is_call => self.has(at),
+            "size" if is_call && policy => self.size(at),
+            _ if is_call => Err(unsupported(at, format!("function '{name}()'"))),
+            _ => match self.dialect {
+                Dialect::Selector => match name.as_str() {
+                    _ if is_message => Err(unsupported(at, "message literals")),
+                    "device" => node(Kind::Ident(name), at),
+                    "null" => Err(unsupported(at, "the null literal")),
+                    _ => Err(unsupported(
+                        at,
+                        format!("identifier '{name}' (only 'device' is declared)"),
+                    )),
+                },
+                Dialect::Policy { declared } => self.declared(name, at, declared),
+            },
         }
-        self.depth += 1;
-        let result = self.has_inner();
-        self.depth -= 1;
-        result
     }
 
-    pub(super) fn has_inner(&mut self) -> Result<Partial> {
+    /// A policy's `variables.NAME`, declared name or comprehension variable.
+    fn declared(&mut self, name: String, at: usize, declared: &[&str]) -> Result<Expr> {
+        if name == "variables" {
+            self.expect(&Tok::Dot)?;
+            return match self.bump() {
+                Token {
+                    tok: Tok::Ident(var),
+                    ..
+                } => node(Kind::Variable(var), at),
+                other => Err(syntax(
+                    other.at,
+                    format!(
+                        "expected a variable name after 'variables.', found {}",
+                        other.tok.describe()
+                    ),
+                )),
+            };
+        }
+        if self.scope.contains(&name) || declared.contains(&name.as_str()) {
+            return node(Kind::Ident(name), at);
+        }
+        Err(unsupported(
+            at,
+            format!("identifier '{name}' (declared: {})", declared.join(", ")),
+        ))
+    }
+
+    /// `has(` with the parenthesis next. A policy takes any field selection; a selector only
+    /// `device.attributes["DOMAIN"].NAME`, parsed as a member chain (not a whole expression),
+    /// so `has(` counts its own nesting.
+    fn has(&mut self, at: usize) -> Result<Expr> {
+        if !self.selector() {
+            self.bump();
+            let arg = self.expr()?;
+            self.expect(&Tok::RParen)?;
+            return match arg.kind {
+                Kind::Select {
+                    target,
+                    field,
+                    optional: false,
+                } => node(Kind::Has { target, field }, at),
+                _ => Err(syntax(at, "has() takes a field selection, like has(a.b)")),
+            };
+        }
+        self.nested(Self::selector_has)
+    }
+
+    fn selector_has(&mut self) -> Result<Expr> {
         let open = self.bump();
         let arg_at = self.peek().at;
         let primary = self.primary()?;
-        let (partial, last_was_field) = self.postfix(primary)?;
+        let arg = self.postfix(primary)?;
         self.expect(&Tok::RParen)?;
-        match partial {
-            Partial::Expr(Expr {
-                kind:
-                    Kind::Attr {
-                        domain,
-                        name,
-                        default: None,
-                    },
-                ..
-            }) if last_was_field => Ok(Partial::Expr(node(Kind::Has { domain, name }, open.at)?)),
-            _ => Err(unsupported(
-                arg_at,
-                "has() of anything but device.attributes[\"DOMAIN\"].NAME",
-            )),
+        let (target, field) = subset::has(arg, arg_at)?;
+        node(Kind::Has { target, field }, open.at)
+    }
+
+    /// A policy's `size(x)`, with the parenthesis next.
+    fn size(&mut self, at: usize) -> Result<Expr> {
+        self.bump();
+        let mut args = self.list(&Tok::RParen)?;
+        let Some(target) = args.pop().filter(|_| args.is_empty()) else {
+            return Err(syntax(at, "size() takes 1 argument"));
+        };
+        node(
+            Kind::Call {
+                func: Func::Size,
+                target: Box::new(target),
+                args,
+            },
+            at,
+        )
+    }
+
+    /// Expressions separated by commas up to `close`, which is consumed. CEL allows a
+    /// trailing comma in list literals (`[1, 2,]`) but not in argument lists.
+    fn list(&mut self, close: &Tok) -> Result<Vec<Expr>> {
+        let trailing_comma = close == &Tok::RBracket;
+        let mut items = Vec::new();
+        if self.eat(close) {
+            return Ok(items);
+        }
+        loop {
+            items.push(self.expr()?);
+            if self.eat(close) {
+                return Ok(items);
+            }
+            if self.eat(&Tok::Comma) {
+                if trailing_comma && self.eat(close) {
+                    return Ok(items);
+                }
+            } else {
+                let next = self.peek();
+                return Err(syntax(
+                    next.at,
+                    format!(
+                        "expected ',' or {}, found {}",
+                        close.describe(),
+                        next.tok.describe()
+                    ),
+                ));
+            }
         }
     }
 
-    /// Applies `.name`, `.?name`, `.method(args)`, `[index]` and `[?index]` to `cur` while
-    /// they follow; also says whether the last step was a plain field selection (for `has`).
-    pub(super) fn postfix(&mut self, mut cur: Partial) -> Result<(Partial, bool)> {
-        let mut last_was_field = false;
+    /// `.f`, `.?f`, `.m(args)`, `[i]`, `[?i]` while they follow; a selector checks each step
+    /// once it is parsed.
+    fn postfix(&mut self, mut cur: Expr) -> Result<Expr> {
         loop {
             match self.peek().tok {
                 Tok::Dot => {
@@ -337,194 +440,135 @@ impl Parser {
                             ),
                         ));
                     };
+                    let at = name_token.at;
                     if !optional && self.eat(&Tok::LParen) {
-                        let args = self.args()?;
-                        cur = call(cur, &name, args, name_token.at)?;
-                        last_was_field = false;
-                    } else {
-                        cur = select(cur, name, optional, name_token.at)?;
-                        last_was_field = !optional;
+                        cur = self.method(cur, &name, at)?;
+                        continue;
                     }
+                    if self.selector() {
+                        subset::select(&cur, &name, optional, at)?;
+                    }
+                    let target = Box::new(cur);
+                    cur = node(
+                        Kind::Select {
+                            target,
+                            field: name,
+                            optional,
+                        },
+                        at,
+                    )?;
                 }
                 Tok::LBracket => {
                     let at = self.bump().at;
                     let optional = self.eat(&Tok::Question);
                     let index = self.expr()?;
                     self.expect(&Tok::RBracket)?;
-                    cur = index_into(cur, index, optional, at)?;
-                    last_was_field = false;
-                }
-                _ => return Ok((cur, last_was_field)),
-            }
-        }
-    }
-
-    /// Call arguments after the opening parenthesis, through the closing one.
-    pub(super) fn args(&mut self) -> Result<Vec<Expr>> {
-        let mut args = Vec::new();
-        if self.eat(&Tok::RParen) {
-            return Ok(args);
-        }
-        loop {
-            args.push(self.expr()?);
-            if self.eat(&Tok::RParen) {
-                return Ok(args);
-            }
-            if !self.eat(&Tok::Comma) {
-                let next = self.peek();
-                return Err(syntax(
-                    next.at,
-                    format!("expected ',' or ')', found {}", next.tok.describe()),
-                ));
-            }
-        }
-    }
-}
-
-/// `cur.name` or `cur.?name`.
-pub(super) fn select(cur: Partial, name: String, optional: bool, at: usize) -> Result<Partial> {
-    match cur {
-        Partial::Device if optional => Err(unsupported(
-            at,
-            format!("optional selection device.?{name}"),
-        )),
-        Partial::Device => match name.as_str() {
-            "driver" => Ok(Partial::Expr(node(Kind::Driver, at)?)),
-            "attributes" => Ok(Partial::Attributes),
-            "capacity" => Err(unsupported(at, "device.capacity is not evaluated by knic")),
-            _ => Err(unsupported(
-                at,
-                format!("device.{name} is not evaluated by knic"),
-            )),
-        },
-        Partial::Attributes if optional => Err(unsupported(
-            at,
-            format!("optional selection of an attribute domain (device.attributes.?{name})"),
-        )),
-        Partial::Attributes => Ok(Partial::Domain(name)),
-        Partial::Domain(domain) if optional => Ok(Partial::Optional { domain, name }),
-        Partial::Domain(domain) => Ok(Partial::Expr(node(
-            Kind::Attr {
-                domain,
-                name,
-                default: None,
-            },
-            at,
-        )?)),
-        Partial::Optional { .. } | Partial::Expr(_) => Err(unsupported(
-            at,
-            format!("field selection .{name} on a value that is not an attribute map"),
-        )),
-    }
-}
-
-/// `cur[index]` or `cur[?index]`: only attribute maps by string literals.
-pub(super) fn index_into(cur: Partial, index: Expr, optional: bool, at: usize) -> Result<Partial> {
-    let key = match index.kind {
-        Kind::Lit(Value::String(key)) => Some(key),
-        _ => None,
-    };
-    match (cur, key) {
-        (Partial::Attributes, Some(_)) if optional => Err(unsupported(
-            at,
-            "optional index of an attribute domain (device.attributes[?...])",
-        )),
-        (Partial::Attributes, Some(domain)) => Ok(Partial::Domain(domain)),
-        (Partial::Domain(domain), Some(name)) if optional => Ok(Partial::Optional { domain, name }),
-        (Partial::Domain(domain), Some(name)) => Ok(Partial::Expr(node(
-            Kind::Attr {
-                domain,
-                name,
-                default: None,
-            },
-            at,
-        )?)),
-        (Partial::Attributes | Partial::Domain(_), None) => Err(unsupported(
-            at,
-            "an attribute map indexed by something other than a string literal",
-        )),
-        _ => Err(unsupported(
-            at,
-            "indexing anything but device.attributes and its domains",
-        )),
-    }
-}
-
-/// `cur.name(args)`.
-pub(super) fn call(cur: Partial, name: &str, mut args: Vec<Expr>, at: usize) -> Result<Partial> {
-    let arity = |n: usize| {
-        if args.len() == n {
-            Ok(())
-        } else {
-            let plural = if n == 1 { "" } else { "s" };
-            Err(syntax(
-                at,
-                format!("{name}() takes {n} argument{plural}, got {}", args.len()),
-            ))
-        }
-    };
-    match cur {
-        Partial::Optional { domain, name: id } => match name {
-            "orValue" => {
-                arity(1)?;
-                match args.pop().map(|a| a.kind) {
-                    Some(Kind::Lit(default)) => Ok(Partial::Expr(node(
-                        Kind::Attr {
-                            domain,
-                            name: id,
-                            default: Some(default),
+                    if self.selector() {
+                        subset::index(&cur, &index, optional, at)?;
+                    }
+                    let (target, index) = (Box::new(cur), Box::new(index));
+                    cur = node(
+                        Kind::Index {
+                            target,
+                            index,
+                            optional,
                         },
                         at,
-                    )?)),
-                    _ => Err(unsupported(
-                        at,
-                        "orValue() with a default that is not a literal",
-                    )),
+                    )?;
                 }
+                _ => return Ok(cur),
             }
-            "hasValue" => {
-                arity(0)?;
-                Ok(Partial::Expr(node(Kind::Has { domain, name: id }, at)?))
+        }
+    }
+
+    /// `target.name(`, through the closing parenthesis. A selector parses the arguments
+    /// before judging the method, a policy knows its methods (and macros) up front.
+    fn method(&mut self, target: Expr, name: &str, at: usize) -> Result<Expr> {
+        let (func, args) = if self.selector() {
+            let args = self.list(&Tok::RParen)?;
+            (subset::call(&target, name, &args, at)?, args)
+        } else {
+            if let Some(kind) = macro_named(name) {
+                return self.comprehension(kind, target, name, at);
             }
-            "value" => {
-                arity(0)?;
-                Ok(Partial::Expr(node(
-                    Kind::Attr {
-                        domain,
-                        name: id,
-                        default: None,
-                    },
-                    at,
-                )?))
-            }
-            _ => Err(unsupported(
-                at,
-                format!("method {name}() on an optional value"),
-            )),
-        },
-        Partial::Expr(receiver) => {
-            let method = match name {
-                "startsWith" => Method::StartsWith,
-                "endsWith" => Method::EndsWith,
-                "contains" => Method::Contains,
-                "matches" => {
-                    return Err(unsupported(
-                        at,
-                        "matches() (regular expressions) is not evaluated by knic",
-                    ));
-                }
+            let (func, arity) = match name {
+                "size" => (Func::Size, 0),
+                "startsWith" => (Func::StartsWith, 1),
+                "endsWith" => (Func::EndsWith, 1),
+                "contains" => (Func::Contains, 1),
+                "orValue" => (Func::OrValue, 1),
+                "hasValue" => (Func::HasValue, 0),
+                "value" => (Func::Value, 0),
                 _ => return Err(unsupported(at, format!("method {name}()"))),
             };
-            arity(1)?;
-            let arg = args.pop().ok_or_else(|| syntax(at, "missing argument"))?;
-            Ok(Partial::Expr(node(
-                Kind::Method(method, Box::new(receiver), Box::new(arg)),
-                at,
-            )?))
-        }
-        Partial::Device | Partial::Attributes | Partial::Domain(_) => Err(unsupported(
-            at,
-            format!("method {name}() on device or an attribute map"),
-        )),
+            let args = self.list(&Tok::RParen)?;
+            if args.len() != arity {
+                let plural = if arity == 1 { "" } else { "s" };
+                return Err(syntax(
+                    at,
+                    format!(
+                        "{name}() takes {arity} argument{plural}, got {}",
+                        args.len()
+                    ),
+                ));
+            }
+            (func, args)
+        };
+        let target = Box::new(target);
+        node(Kind::Call { func, target, args }, at)
     }
+
+    /// `range.all(x, p)` and the other macros after the opening parenthesis; `x` is in scope
+    /// in `p` only.
+    fn comprehension(&mut self, kind: Macro, range: Expr, name: &str, at: usize) -> Result<Expr> {
+        let var_token = self.bump();
+        let Tok::Ident(var) = var_token.tok else {
+            return Err(syntax(
+                var_token.at,
+                format!("{name}() takes a variable name first"),
+            ));
+        };
+        self.expect(&Tok::Comma)?;
+        self.scope.push(var.clone());
+        let body = self.expr();
+        self.scope.pop();
+        let body = body?;
+        if self.peek().tok == Tok::Comma {
+            return Err(unsupported(at, format!("{name}() with three arguments")));
+        }
+        self.expect(&Tok::RParen)?;
+        let (range, body) = (Box::new(range), Box::new(body));
+        node(
+            Kind::Comprehension {
+                kind,
+                range,
+                var,
+                body,
+            },
+            at,
+        )
+    }
+}
+
+fn macro_named(name: &str) -> Option<Macro> {
+    match name {
+        "all" => Some(Macro::All),
+        "exists" => Some(Macro::Exists),
+        "filter" => Some(Macro::Filter),
+        "map" => Some(Macro::Map),
+        _ => None,
+    }
+}
+
+/// Wraps `e` in the prefix operators `ops`, innermost last, all located at `at`.
+fn apply_unary(ops: Vec<Tok>, mut e: Expr, at: usize) -> Result<Expr> {
+    for op in ops.into_iter().rev() {
+        let inner = Box::new(e);
+        e = if op == Tok::Not {
+            node(Kind::Not(inner), at)?
+        } else {
+            node(Kind::Neg(inner), at)?
+        };
+    }
+    Ok(e)
 }

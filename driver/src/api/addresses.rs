@@ -1,9 +1,18 @@
 //! IPAM's API calls: Networks, pod and namespace labels, and the `NetworkAddress` objects
 //! whose create-by-name makes an address unique.
+//!
+//! The client repeats reads and the release's deletes when the apiserver fails them, but not a
+//! create: a create that took effect but whose answer was lost would come back as
+//! `AlreadyExists`, which the allocator takes for another claim's address, leaving ours behind
+//! for the claim's whole life. Only here is it known what "ours" means, so the create is
+//! repeated here and an `AlreadyExists` is checked against the object's owner; likewise a 409
+//! on a release is a failed uid precondition (someone else's object now) only when the object
+//! says so, not because an apiserver answered 409 for a moment.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use knic_proto::backoff::{API_ATTEMPTS, API_MAX_BACKOFF, API_MIN_BACKOFF, Backoff};
 use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 
@@ -70,10 +79,30 @@ impl AddressBook for KubeAddressBook {
     fn create<'a>(&'a self, address: &'a NetworkAddress) -> BoxFuture<'a, Result<Created>> {
         Box::pin(async move {
             let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
-            match api.create(&PostParams::default(), address).await {
-                Ok(stored) => Ok(Created::Created(stored.metadata.uid.unwrap_or_default())),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Created::AlreadyExists),
-                Err(e) => Err(e.into()),
+            let name = address.metadata.name.clone().unwrap_or_default();
+            let mut backoff = Backoff::new(API_MIN_BACKOFF, API_MAX_BACKOFF, seed(&name));
+            loop {
+                let error = match api.create(&PostParams::default(), address).await {
+                    Ok(stored) => {
+                        return Ok(Created::Created(stored.metadata.uid.unwrap_or_default()));
+                    }
+                    Err(kube::Error::Api(e)) if e.is_already_exists() => {
+                        // An earlier attempt of ours may have taken effect unanswered.
+                        return Ok(match api.get_opt(&name).await? {
+                            Some(found) if same_owner(&found, address) => {
+                                Created::Created(found.metadata.uid.unwrap_or_default())
+                            }
+                            _ => Created::AlreadyExists,
+                        });
+                    }
+                    Err(e) => e,
+                };
+                if !transient(&error) || backoff.failures() + 1 >= API_ATTEMPTS {
+                    return Err(error.into());
+                }
+                let pause = backoff.fail();
+                tracing::debug!(%name, error = %error, ?pause, "creating an allocation failed; repeating");
+                tokio::time::sleep(pause).await;
             }
         })
     }
@@ -88,13 +117,61 @@ impl AddressBook for KubeAddressBook {
                 }),
                 ..Default::default()
             };
-            match api.delete(name, &params).await {
-                Ok(_) => Ok(()),
-                // 404: already released (or collected). 409: the precondition failed, so the
-                // name now belongs to another allocation, which must be left alone.
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-                Err(e) => Err(e.into()),
+            let mut backoff = Backoff::new(API_MIN_BACKOFF, API_MAX_BACKOFF, seed(name));
+            loop {
+                let error = match api.delete(name, &params).await {
+                    Ok(_) => return Ok(()),
+                    // Already released (or collected).
+                    Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+                    // The precondition failed, so the name now belongs to another allocation,
+                    // which must be left alone; unless the object is still ours, and the 409
+                    // was the apiserver's, not the precondition's.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        let still_ours = api
+                            .get_opt(name)
+                            .await?
+                            .is_some_and(|a| a.metadata.uid.as_deref() == Some(uid));
+                        if !still_ours {
+                            return Ok(());
+                        }
+                        kube::Error::Api(e)
+                    }
+                    Err(e) => e,
+                };
+                if !transient(&error) || backoff.failures() + 1 >= API_ATTEMPTS {
+                    return Err(error.into());
+                }
+                let pause = backoff.fail();
+                tracing::debug!(%name, error = %error, ?pause, "releasing an allocation failed; repeating");
+                tokio::time::sleep(pause).await;
             }
         })
     }
+}
+
+/// Whether `found` is the allocation `wanted` describes: same claim (by uid), node and address.
+fn same_owner(found: &NetworkAddress, wanted: &NetworkAddress) -> bool {
+    found.spec.claim.uid == wanted.spec.claim.uid
+        && found.spec.node == wanted.spec.node
+        && found.spec.network == wanted.spec.network
+        && found.spec.address == wanted.spec.address
+}
+
+/// Failures that say nothing about the object: the apiserver failed, refused for now, lost a
+/// storage race, or never answered.
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(e) => e.code == 409 || e.code == 429 || e.code >= 500,
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        _ => false,
+    }
+}
+
+/// Jitter seed: allocators on many nodes failing together must not repeat in step.
+fn seed(name: &str) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    name.bytes()
+        .fold(nanos, |h, b| h.rotate_left(5) ^ u64::from(b))
 }

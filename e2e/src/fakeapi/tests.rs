@@ -38,3 +38,40 @@ fn selectors_and_dates() {
     assert!(selector_matches(&obj, "labelSelector=app%3Dx"));
     assert_eq!(now_rfc3339().len(), 20);
 }
+
+#[test]
+fn request_faults_match_method_and_path_and_count_down() {
+    let store = Store::new();
+    for (matcher, count) in [("GET /resourceclaims/c", 2), ("* /resourceslices", 1)] {
+        let armed = faults::Armed::new(matcher, RequestFault::Internal, count).unwrap();
+        store.request_faults.lock().unwrap().push(armed);
+    }
+    let claim = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c";
+    assert_eq!(store.take_fault(&Method::PATCH, claim), None);
+    assert_eq!(
+        store.take_fault(&Method::GET, claim),
+        Some(RequestFault::Internal)
+    );
+    assert_eq!(
+        store.take_fault(&Method::GET, claim),
+        Some(RequestFault::Internal)
+    );
+    assert_eq!(store.take_fault(&Method::GET, claim), None, "armed for two");
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    assert_eq!(
+        store.take_fault(&Method::POST, slices),
+        Some(RequestFault::Internal)
+    );
+    assert_eq!(store.take_fault(&Method::PUT, slices), None);
+}
+
+#[test]
+fn a_bad_request_matcher_is_refused_with_the_rule() {
+    let e = faults::Armed::new("/resourceclaims", RequestFault::Hang, 1).unwrap_err();
+    assert!(
+        e.to_string().contains("want \"METHOD path-substring\""),
+        "{e}"
+    );
+    let e = faults::Armed::new("G(T /x", RequestFault::Hang, 1).unwrap_err();
+    assert!(e.to_string().contains("bad method"), "{e}");
+}

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::super::{CelError, Result};
-use super::parse::{Expr, Func, Kind, Macro, Rel};
+use super::super::ast::{Chain, Expr, Func, Kind, Macro, Rel};
+use super::super::{CelError, Result, Value};
 use super::{Env, STEP_LIMIT, Val};
 
 pub(super) struct Eval<'e> {
@@ -32,7 +32,13 @@ impl Eval<'_> {
         }
         let at = e.at;
         match &e.kind {
-            Kind::Lit(v) => Ok(v.clone()),
+            Kind::Lit(v) => Ok(match v {
+                Value::Bool(b) => Val::Bool(*b),
+                Value::Int(i) => Val::Int(*i),
+                // The parser makes no versions; were one there, it would be its text.
+                Value::String(s) | Value::Version(s) => Val::Str(s.clone()),
+            }),
+            Kind::Null => Ok(Val::Null),
             Kind::List(items) => items
                 .iter()
                 .map(|i| self.eval(i))
@@ -98,8 +104,8 @@ impl Eval<'_> {
                     .ok_or_else(|| err(at, "integer overflow")),
                 other => Err(overload(at, "-_", &[&other])),
             },
-            Kind::And(a, b) => self.logic(a, b, false, at),
-            Kind::Or(a, b) => self.logic(a, b, true, at),
+            Kind::And(chain) => self.logic(chain, false, at),
+            Kind::Or(chain) => self.logic(chain, true, at),
             Kind::Cond(c, t, f) => match self.eval(c)? {
                 Val::Bool(true) => self.eval(t),
                 Val::Bool(false) => self.eval(f),
@@ -127,22 +133,25 @@ impl Eval<'_> {
         }
     }
 
-    /// `&&` (`short` false) or `||` (`short` true): the short-circuiting value of either side
-    /// wins over an error on the other, as in CEL.
-    fn logic(&mut self, a: &Expr, b: &Expr, short: bool, at: usize) -> Result<Val> {
+    /// `&&` (`short` false) or `||` (`short` true): the short-circuiting value of any operand
+    /// wins over an error on another, as in CEL; otherwise the first error (in source order)
+    /// is the result, a non-bool operand reported at its operator.
+    fn logic(&mut self, chain: &Chain, short: bool, at: usize) -> Result<Val> {
         let name = if short { "_||_" } else { "_&&_" };
-        let left = match self.eval(a) {
-            Ok(Val::Bool(x)) if x == short => return Ok(Val::Bool(short)),
-            Ok(Val::Bool(_)) => Ok(()),
-            Ok(other) => Err(overload(at, name, &[&other])),
-            Err(e) => Err(e),
-        };
-        match self.eval(b) {
-            Ok(Val::Bool(y)) if y == short => Ok(Val::Bool(short)),
-            Ok(Val::Bool(y)) => left.map(|()| Val::Bool(y)),
-            Ok(other) => left.and(Err(overload(at, name, &[&other]))),
-            Err(e) => left.and(Err(e)),
+        let mut error = None;
+        for (i, operand) in chain.operands.iter().enumerate() {
+            match self.eval(operand) {
+                Ok(Val::Bool(x)) if x == short => return Ok(Val::Bool(short)),
+                Ok(Val::Bool(_)) => {}
+                Ok(other) => {
+                    error.get_or_insert_with(|| overload(chain.op_at(i, at), name, &[&other]));
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
         }
+        error.map_or(Ok(Val::Bool(!short)), Err)
     }
 
     fn comprehension(

@@ -4,9 +4,10 @@
 //! node's ResourceSlices, claim statuses and addresses, and a policy that never matches (or
 //! always denies) looks fine until someone attacks or installs it. So the chart test renders
 //! each policy and evaluates its expressions against allowed and forbidden admission requests;
-//! no Rust CEL crate parses Kubernetes' optional syntax (`extra[?'k'][0].orValue('')`), and the
-//! device-selector evaluator next door is shaped around its one `device` variable, so this is a
-//! second, separate evaluator over the same tokenizer.
+//! no Rust CEL crate parses Kubernetes' optional syntax (`extra[?'k'][0].orValue('')`). The text
+//! goes through the same parser and tree as device selectors (in its policy dialect), but the
+//! device-selector evaluator is shaped around its one `device` variable, so policies have their
+//! own evaluator over JSON values.
 //!
 //! The subset: `null`, bool, int and string literals, lists; declared variables (`request`,
 //! `object`, `oldObject`, ...) and `variables.NAME`; `.f`, `.?f`, `[i]`, `[?k]`, `has(a.f)`;
@@ -21,12 +22,11 @@
 
 use std::collections::BTreeMap;
 
-use knic_proto::cel::lexer::{Tok, lex};
-
-use super::{CelError, Result, syntax};
+use super::ast::Expr;
+use super::parser::{Dialect, parse};
+use super::{CelError, Result};
 
 mod eval;
-mod parse;
 
 /// How many expression nodes one evaluation may visit: far above what a policy needs on one
 /// request, low enough that nested comprehensions over a huge input stop within milliseconds.
@@ -111,34 +111,13 @@ impl Env {
 /// A compiled policy expression.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Program {
-    expr: parse::Expr,
+    expr: Expr,
 }
 
 impl Program {
     /// Parses `source`, whose free identifiers must be among `declared` (and `variables`).
     pub fn compile(source: &str, declared: &[&str]) -> Result<Program> {
-        let tokens = lex(source)?;
-        let mut parser = parse::Parser {
-            tokens,
-            pos: 0,
-            depth: 0,
-            scope: Vec::new(),
-            declared,
-        };
-        if parser.peek().tok == Tok::End {
-            return Err(syntax(0, "empty expression"));
-        }
-        let expr = parser.expr()?;
-        let next = parser.peek();
-        if next.tok != Tok::End {
-            return Err(syntax(
-                next.at,
-                format!(
-                    "expected an operator or the end of the expression, found {}",
-                    next.tok.describe()
-                ),
-            ));
-        }
+        let expr = parse(source, Dialect::Policy { declared })?;
         Ok(Program { expr })
     }
 

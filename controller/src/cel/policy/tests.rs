@@ -151,3 +151,24 @@ fn evaluation_is_bounded() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
+
+/// Policies share the selector parser: list literals take CEL's trailing comma (argument lists
+/// do not), and `&&`/`||` chains are flat, so a long chain is not mistaken for deep nesting.
+#[test]
+fn shares_the_selector_grammar() {
+    yes("[1, 2,] == [1, 2] && ['a',].size() == 1");
+    fails(
+        "size(object.items,)",
+        "CEL syntax error at byte 18: expected an expression, found ')'",
+    );
+    fails(
+        "[,]",
+        "CEL syntax error at byte 1: expected an expression, found ','",
+    );
+    yes(&vec!["1 == 1"; 500].join(" && "));
+    yes(&format!("{} || true", vec!["1 == 2"; 500].join(" || ")));
+    fails(
+        &format!("{} || 1", vec!["false"; 500].join(" || ")),
+        "no such overload: _||_(int) (at byte 4497)",
+    );
+}
