@@ -60,6 +60,30 @@ impl CdiSpecs {
         self.dir.join(format!("knic.dev-{claim_uid}.json"))
     }
 
+    /// A claim UID is part of a file name and a CDI device name: Kubernetes UIDs are RFC 4122
+    /// text, so anything else (a `/`, `..`) is refused rather than turned into a path.
+    fn checked(claim_uid: &str) -> Result<&str> {
+        let ok = !claim_uid.is_empty()
+            && claim_uid.len() <= 128
+            && claim_uid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if ok {
+            Ok(claim_uid)
+        } else {
+            Err(Error::io(
+                "naming a CDI spec",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "claim UID {} is not a Kubernetes UID (letters, digits and '-')",
+                        crate::bounded::quote(claim_uid, 64)
+                    ),
+                ),
+            ))
+        }
+    }
+
     /// The fully qualified CDI device ID of a claim's `index`th attachment.
     pub fn device_id(claim_uid: &str, index: usize) -> String {
         format!("{CDI_KIND}={claim_uid}-{index}")
@@ -71,6 +95,7 @@ impl CdiSpecs {
         if claim.attachments.is_empty() {
             return Ok(());
         }
+        Self::checked(&claim.uid)?;
         let spec = spec(claim, &self.hook);
         let bytes = serde_json::to_vec_pretty(&spec)
             .map_err(|e| Error::io("encoding a CDI spec", std::io::Error::other(e)))?;
@@ -85,7 +110,7 @@ impl CdiSpecs {
 
     /// Removes a claim's spec; a missing one is fine (never written, or already removed).
     pub fn remove(&self, claim_uid: &str) -> Result<()> {
-        let path = self.path(claim_uid);
+        let path = self.path(Self::checked(claim_uid)?);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(Error::io(format!("removing {}", path.display()), e))
@@ -261,6 +286,12 @@ mod tests {
             1
         );
         specs.remove("u1").expect("remove");
+        let err = specs.remove("../etc/x").expect_err("not a UID");
+        assert_eq!(
+            err.to_string(),
+            "naming a CDI spec: claim UID \"../etc/x\" is not a Kubernetes UID (letters, digits \
+             and '-')"
+        );
         specs.remove("u1").expect("a second remove is fine");
         assert!(!specs.path("u1").exists());
     }

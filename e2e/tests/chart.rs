@@ -132,8 +132,11 @@ const DRIVER: &[Need] = &[
     cluster(
         "knic.dev",
         "networkaddresses",
-        &["create", "list", "delete"],
-        Why::Used("driver/src/api/addresses.rs KubeAddressBook::{create, list, delete}"),
+        &["get", "create", "list", "delete"],
+        Why::Used(
+            "driver/src/api/addresses.rs KubeAddressBook::{create, list, delete}, and get after \
+             AlreadyExists or a delete conflict",
+        ),
     ),
     cluster(
         "",

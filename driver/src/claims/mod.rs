@@ -566,7 +566,13 @@ impl Preparer {
         let checkpoint = locked.checkpoint()?;
         // A concurrent call for the same claim may have won the race while we read the API.
         if let Some(done) = checkpoint.claims.get(&wanted.uid) {
-            return Ok((self.answered(done)?, done.allocations.clone()));
+            // The winner wrote the spec; a failure here must not release addresses the
+            // recorded claim may share with this attempt (IPAM reuses the claim's objects).
+            let answer = match &self.cdi {
+                Some(_) => answer_with_cdi(done),
+                None => answer(done),
+            };
+            return Ok((answer, done.allocations.clone()));
         }
         for device in &prepared.devices {
             let holder = checkpoint.claims.values().find(|other| {
@@ -595,10 +601,20 @@ impl Preparer {
         prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
+        // The spec goes first: a spec without its claim only holds back containers of a pod
+        // that has no claim yet, while a failed write after the save would fail prepare with
+        // the claim (and its addresses) recorded.
+        if let Some(specs) = &self.cdi {
+            specs.write(&prepared)?;
+        }
         locked.save(next, true).await?;
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
             devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
-        Ok((self.answered(&prepared)?, prepared.allocations))
+        let answer = match &self.cdi {
+            Some(_) => answer_with_cdi(&prepared),
+            None => answer(&prepared),
+        };
+        Ok((answer, prepared.allocations))
     }
 
     async fn unprepare_one(&self, wanted: &ClaimRef) -> Result<()> {

@@ -260,18 +260,18 @@ fn with_ipam(
 fn identity(device: &PreparedDevice) -> Option<DeviceIdentity> {
     let attributes = device.published.as_ref()?.attributes.as_ref()?;
     let text = |key: &str| attributes.get(key).and_then(|a| a.string.clone());
+    let mac = text("mac").and_then(|mac| {
+        let bytes: Vec<u8> = mac
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16))
+            .collect::<std::result::Result<_, _>>()
+            .ok()?;
+        <[u8; 6]>::try_from(bytes).ok()
+    });
     if let Some(address) = text("pciAddress") {
-        return Some(DeviceIdentity::Pci { address });
+        return Some(DeviceIdentity::Pci { address, mac });
     }
-    let mac = text("mac")?;
-    let bytes: Vec<u8> = mac
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<std::result::Result<_, _>>()
-        .ok()?;
-    Some(DeviceIdentity::Mac {
-        address: bytes.try_into().ok()?,
-    })
+    Some(DeviceIdentity::Mac { address: mac? })
 }
 
 #[cfg(test)]
@@ -352,7 +352,8 @@ mod tests {
             identities,
             [
                 Some(DeviceIdentity::Pci {
-                    address: "0000:a2:00.0".into()
+                    address: "0000:a2:00.0".into(),
+                    mac: Some([0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x01]),
                 }),
                 Some(DeviceIdentity::Mac {
                     address: [0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x02]

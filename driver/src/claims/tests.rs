@@ -638,3 +638,33 @@ async fn prepared_devices_carry_a_cdi_device_whose_spec_lives_as_long_as_the_cla
         .expect("unprepared");
     assert!(!specs.path("u1").exists(), "the spec goes with the claim");
 }
+
+#[tokio::test]
+async fn a_spec_that_cannot_be_written_leaves_the_claim_unprepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = tempfile::NamedTempFile::new().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(
+        &source,
+        ClaimBuilder::new("claim", "u1")
+            .allocated(&[("nic", DRIVER, "dev-a")])
+            .reserved_for(&[("p", "pu")])
+            .build(),
+    );
+    // The CDI "directory" is a file: the spec cannot be written.
+    let specs = crate::cdi::CdiSpecs::new(blocked.path().join("cdi"), "/hook");
+    let preparer = in_dir(source, &dir).with_cdi(specs);
+    let err = prepare_error(&preparer).await;
+    assert!(err.starts_with("creating "), "{err}");
+    // Nothing recorded: the kubelet's retry prepares from scratch (addresses of the failed
+    // attempt are released as orphans, never left recorded and released at once).
+    assert!(
+        preparer
+            .claims()
+            .snapshot()
+            .await
+            .unwrap()
+            .claims
+            .is_empty()
+    );
+}

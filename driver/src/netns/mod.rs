@@ -78,6 +78,10 @@ pub enum DeviceIdentity {
     Pci {
         /// `0000:a2:00.0`.
         address: String,
+        /// The MAC it was published with: checked instead where the kernel does not name a
+        /// netdev's PCI parent (before Linux 5.16, or behind virtio, whose parent is `virtioN`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mac: Option<[u8; 6]>,
     },
     /// A netdev without a PCI function (veth, macvlan…): its MAC as discovered, compared
     /// with the permanent MAC when the device has one, else with the current one.
@@ -90,7 +94,7 @@ pub enum DeviceIdentity {
 impl std::fmt::Display for DeviceIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DeviceIdentity::Pci { address } => write!(f, "PCI function {address}"),
+            DeviceIdentity::Pci { address, .. } => write!(f, "PCI function {address}"),
             DeviceIdentity::Mac { address } => write!(f, "MAC {}", mac_text(address)),
         }
     }
@@ -104,23 +108,30 @@ pub fn mac_text(mac: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// `None` when `link` carries `mac`, as its permanent MAC or (discovery publishes the current
+/// one) as its current MAC.
+fn mac_mismatch(mac: &[u8; 6], link: &LinkState) -> Option<String> {
+    if link.permanent_mac.as_ref() == Some(mac) || link.mac.as_ref() == Some(mac) {
+        return None;
+    }
+    Some(match link.permanent_mac.or(link.mac) {
+        Some(found) => format!("MAC {}", mac_text(&found)),
+        None => "a device without a MAC".to_owned(),
+    })
+}
+
 impl DeviceIdentity {
     /// `None` when `link` is this device; otherwise what `link` is instead, for the error.
     fn mismatch(&self, link: &LinkState) -> Option<String> {
         match self {
-            DeviceIdentity::Pci { address } => match &link.pci_address {
-                Some(found) if found == address => None,
-                Some(found) => Some(format!("PCI function {found}")),
-                None => Some("not a PCI function".to_owned()),
+            DeviceIdentity::Pci { address, mac } => match (&link.pci_address, mac) {
+                (Some(found), _) if found == address => None,
+                (Some(found), _) => Some(format!("PCI function {found}")),
+                // The kernel does not say: the MAC is the next best witness.
+                (None, Some(mac)) => mac_mismatch(mac, link),
+                (None, None) => None,
             },
-            DeviceIdentity::Mac { address } => {
-                let found = link.permanent_mac.or(link.mac);
-                match found {
-                    Some(found) if &found == address => None,
-                    Some(found) => Some(format!("MAC {}", mac_text(&found))),
-                    None => Some("a device without a MAC".to_owned()),
-                }
-            }
+            DeviceIdentity::Mac { address } => mac_mismatch(address, link),
         }
     }
 }
@@ -295,8 +306,10 @@ async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
 fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> bool {
     link.index == restore.host.index
         && link.mac == plan.mac.or(restore.host.mac)
-        && link.permanent_mac == restore.host.permanent_mac
-        && link.pci_address == restore.host.pci_address
+        // Compared only where the record has them: checkpoints written before knic read them
+        // have none, and the device must still come home after an upgrade.
+        && (restore.host.permanent_mac.is_none() || link.permanent_mac == restore.host.permanent_mac)
+        && (restore.host.pci_address.is_none() || link.pci_address == restore.host.pci_address)
 }
 
 /// Steps attach performed, undone in reverse on failure.

@@ -318,6 +318,7 @@ async fn capture_refuses_another_device_under_the_prepared_name() {
     let mut p = plan(AttachMode::Move);
     p.identity = Some(DeviceIdentity::Pci {
         address: "0000:a2:01.0".into(),
+        mac: None,
     });
     let err = capture(&k, &p).await.expect_err("another PCI function");
     assert_eq!(
@@ -350,6 +351,7 @@ async fn identity_survives_a_mac_change_through_the_permanent_mac() {
     capture(&k, &p).await.expect("the permanent MAC matches");
     p.identity = Some(DeviceIdentity::Pci {
         address: "0000:a2:01.0".into(),
+        mac: None,
     });
     let restore = capture(&k, &p).await.expect("the PCI function matches");
     attach(&k, &p, &pod(), &restore, false)
@@ -378,5 +380,49 @@ async fn detach_leaves_a_foreign_device_in_the_pod_alone() {
         k.log().iter().all(|l| !l.contains("netns")),
         "moved a device knic never moved: {:?}",
         k.log()
+    );
+}
+
+#[tokio::test]
+async fn without_a_pci_parent_from_the_kernel_the_mac_decides() {
+    // virtio-net (parent virtio0) or a kernel before 5.16: no PCI function on the link.
+    let (k, _) = kernel();
+    let mut p = plan(AttachMode::Move);
+    p.identity = Some(DeviceIdentity::Pci {
+        address: "0000:00:03.0".into(),
+        mac: Some([0xaa, 0, 0, 0, 0, 1]),
+    });
+    capture(&k, &p).await.expect("same MAC: accepted");
+    p.identity = Some(DeviceIdentity::Pci {
+        address: "0000:00:03.0".into(),
+        mac: Some([0xaa, 0, 0, 0, 0, 2]),
+    });
+    let err = capture(&k, &p).await.expect_err("another MAC");
+    assert_eq!(
+        err.to_string(),
+        "interface ens1f0v0 is MAC aa:00:00:00:00:01, but the device was prepared as PCI \
+         function 0000:00:03.0; refusing to move it into the pod"
+    );
+}
+
+#[tokio::test]
+async fn a_device_recorded_before_identities_still_comes_home() {
+    let (k, _) = kernel();
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0xaa, 0, 0, 0, 0, 1], "0000:a2:01.0");
+    let p = plan(AttachMode::Move);
+    let mut restore = capture(&k, &p).await.expect("capture");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attach");
+    // The restore record of an older knic: no permanent MAC, no PCI function.
+    restore.host.permanent_mac = None;
+    restore.host.pci_address = None;
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detach");
+    assert!(
+        k.links(&pod()).is_empty(),
+        "left in the pod: {:?}",
+        k.links(&pod())
     );
 }
