@@ -372,7 +372,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     // Before any thread exists.
-    let sysfs = knic_e2e::harness::isolate().map_err(|e| anyhow::anyhow!(e))?;
+    let _isolated = knic_e2e::harness::Isolation::enter().map_err(|e| anyhow::anyhow!(e))?;
 
     let bench = std::env::args().any(|a| a == "--bench");
     let (cycles, warmup, smoke) = match std::env::var("KNIC_BENCH_CYCLES") {
@@ -503,6 +503,5 @@ fn main() -> anyhow::Result<()> {
         met(knic_attach_p99 < ATTACH_P99_TARGET),
         ms(knic_attach_p99)
     );
-    knic_e2e::harness::unisolate(&sysfs);
     Ok(())
 }

@@ -214,10 +214,8 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     // Before any thread exists.
-    let sysfs = knic_e2e::harness::isolate().map_err(|e| anyhow::anyhow!(e))?;
-    let result = soak();
-    knic_e2e::harness::unisolate(&sysfs);
-    result
+    let _isolated = knic_e2e::harness::Isolation::enter().map_err(|e| anyhow::anyhow!(e))?;
+    soak()
 }
 
 fn soak() -> anyhow::Result<()> {

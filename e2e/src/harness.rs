@@ -108,6 +108,22 @@ pub fn isolate() -> Result<std::path::PathBuf, String> {
     Ok(root)
 }
 
+/// [`isolate`]'s temp directory, removed on drop, so every return path (and a panic) cleans up.
+pub struct Isolation(std::path::PathBuf);
+
+impl Isolation {
+    /// [`isolate`], undone when the guard drops.
+    pub fn enter() -> Result<Isolation, String> {
+        isolate().map(Isolation)
+    }
+}
+
+impl Drop for Isolation {
+    fn drop(&mut self) {
+        unisolate(&self.0);
+    }
+}
+
 /// Undoes [`isolate`]'s temp directory (the mounts die with the process's mount namespace).
 pub fn unisolate(root: &std::path::Path) {
     let _ = nix::mount::umount(&root.join("sys"));
