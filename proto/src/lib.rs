@@ -62,6 +62,8 @@ pub const DRIVER_NAME: &str = "knic.dev";
 
 pub mod backoff;
 pub mod cel;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod error;
 pub mod ipam;
 pub mod names;
