@@ -167,6 +167,23 @@ fn in_dir(source: Arc<MemClaims>, dir: &tempfile::TempDir) -> Preparer {
     Preparer::new(DRIVER, source, store_in(dir)).with_devices(devices())
 }
 
+/// Claim `claim` (uid `u1`) with `results` allocated, reserved for pod `p`.
+fn claim_u1(results: &[(&str, &str, &str)]) -> ResourceClaim {
+    ClaimBuilder::new("claim", "u1")
+        .allocated(results)
+        .reserved_for(&[("p", "pu")])
+        .build()
+}
+
+/// The answer of a prepare of `claim` that must succeed.
+async fn prepared(preparer: &Preparer, claim: ClaimRef) -> Vec<PreparedAnswer> {
+    let uid = claim.uid.clone();
+    match preparer.prepare(&[claim]).await.remove(&uid) {
+        Some(Ok(answer)) => answer,
+        other => panic!("prepare of {uid} failed: {other:?}"),
+    }
+}
+
 fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
     let name = claim.metadata.name.clone().unwrap();
     source.claims.lock().unwrap().insert(name, claim);
@@ -176,26 +193,10 @@ fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
 async fn prepare_is_idempotent_and_unprepare_needs_no_api() {
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(MemClaims::default());
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     let preparer = in_dir(source.clone(), &dir);
-    let first = preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .unwrap();
-    let again = preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .unwrap();
+    let first = prepared(&preparer, wanted("u1")).await;
+    let again = prepared(&preparer, wanted("u1")).await;
     assert_eq!(first, again);
     assert_eq!(
         source.gets.load(std::sync::atomic::Ordering::SeqCst),
@@ -246,21 +247,10 @@ async fn a_device_prepared_for_one_claim_is_refused_to_another() {
         .allocated(&[("nic", DRIVER, "dev-a")])
         .reserved_for(&[("q", "qu")]);
     other.0["metadata"]["name"] = json!("other");
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     add(&source, other.build());
     let preparer = in_dir(source, &dir);
-    preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .unwrap();
+    prepared(&preparer, wanted("u1")).await;
     let second = ClaimRef {
         namespace: "ns".into(),
         name: "other".into(),
@@ -407,13 +397,7 @@ async fn corrupt_checkpoint_refuses_work_until_repaired() {
     let store = crate::claims::checkpoint::CheckpointStore::new(dir.path());
     std::fs::write(store.path(), b"{\"version\":1,\"crc32\":\"00").unwrap();
     let source = Arc::new(MemClaims::default());
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     let preparer = in_dir(source, &dir);
     let err = preparer
         .unprepare(&[wanted("u1")])
@@ -440,12 +424,7 @@ async fn corrupt_checkpoint_refuses_work_until_repaired() {
     );
     // The operator removes it: the next call works without a restart.
     std::fs::remove_file(store.path()).unwrap();
-    preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .unwrap();
+    prepared(&preparer, wanted("u1")).await;
 }
 
 /// The error text prepare gave claim `u1`.
@@ -477,10 +456,7 @@ async fn results_this_node_must_not_act_on_are_refused() {
     // One device for two requests.
     add(
         &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
+        claim_u1(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-a")]),
     );
     assert_eq!(
         prepare_error(&preparer).await,
@@ -489,13 +465,7 @@ async fn results_this_node_must_not_act_on_are_refused() {
     );
 
     // A device this node does not publish.
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-z")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-z")]));
     assert_eq!(
         prepare_error(&preparer).await,
         "ResourceClaim ns/claim: request nic: device node-a/dev-z is not published by this node"
@@ -522,12 +492,7 @@ async fn the_busy_check_is_on_the_device_whatever_the_pool_string() {
         .reserved_for(&[("q", "qu")]);
     other.0["metadata"]["name"] = json!("other");
     add(&source, other.build());
-    preparer
-        .prepare(&[claim_ref("other", "u2")])
-        .await
-        .remove("u2")
-        .unwrap()
-        .expect("the first claim gets dev-a");
+    prepared(&preparer, claim_ref("other", "u2")).await;
     let mut renamed = ClaimBuilder::new("claim", "u1")
         .allocated(&[("nic", DRIVER, "dev-a")])
         .reserved_for(&[("p", "pu")]);
@@ -546,13 +511,7 @@ async fn the_busy_check_is_on_the_device_whatever_the_pool_string() {
 async fn prepare_is_refused_while_the_runtime_hooks_are_down() {
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(MemClaims::default());
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     let (connected, hooks) = watch::channel(false);
     let preparer = in_dir(source, &dir).with_runtime_hooks(hooks, "/run/nri/nri.sock");
     assert_eq!(
@@ -571,21 +530,11 @@ async fn prepare_is_refused_while_the_runtime_hooks_are_down() {
             .is_empty()
     );
     connected.send_replace(true);
-    preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .expect("prepared once connected");
+    prepared(&preparer, wanted("u1")).await;
     // Already prepared: answered from the checkpoint even while disconnected (the CDI check
     // still holds its containers back).
     connected.send_replace(false);
-    preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .expect("a repeat is answered");
+    prepared(&preparer, wanted("u1")).await;
 }
 
 #[tokio::test]
@@ -595,19 +544,11 @@ async fn prepared_devices_carry_a_cdi_device_whose_spec_lives_as_long_as_the_cla
     let source = Arc::new(MemClaims::default());
     add(
         &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-b")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
+        claim_u1(&[("nic", DRIVER, "dev-a"), ("second", DRIVER, "dev-b")]),
     );
     let specs = crate::cdi::CdiSpecs::new(cdi_dir.path(), "/hook/knic-driver");
     let preparer = in_dir(source, &dir).with_cdi(specs.clone());
-    let answer = preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .expect("prepared");
+    let answer = prepared(&preparer, wanted("u1")).await;
     let ids: Vec<_> = answer.iter().map(|a| a.cdi_device_ids.clone()).collect();
     assert_eq!(
         ids,
@@ -618,12 +559,7 @@ async fn prepared_devices_carry_a_cdi_device_whose_spec_lives_as_long_as_the_cla
     );
     // A spec lost in a crash is written again by the kubelet's retry.
     std::fs::remove_file(specs.path("u1")).unwrap();
-    preparer
-        .prepare(&[wanted("u1")])
-        .await
-        .remove("u1")
-        .unwrap()
-        .expect("repeat");
+    prepared(&preparer, wanted("u1")).await;
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(specs.path("u1")).unwrap()).unwrap();
     assert_eq!(
@@ -644,13 +580,7 @@ async fn a_spec_that_cannot_be_written_leaves_the_claim_unprepared() {
     let dir = tempfile::tempdir().unwrap();
     let blocked = tempfile::NamedTempFile::new().unwrap();
     let source = Arc::new(MemClaims::default());
-    add(
-        &source,
-        ClaimBuilder::new("claim", "u1")
-            .allocated(&[("nic", DRIVER, "dev-a")])
-            .reserved_for(&[("p", "pu")])
-            .build(),
-    );
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     // The CDI "directory" is a file: the spec cannot be written.
     let specs = crate::cdi::CdiSpecs::new(blocked.path().join("cdi"), "/hook");
     let preparer = in_dir(source, &dir).with_cdi(specs);
