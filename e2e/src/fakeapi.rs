@@ -757,7 +757,7 @@ mod faults;
 mod objects;
 mod watch;
 
-pub use faults::RequestFault;
+pub use faults::{RequestFault, path_matches};
 use objects::{commit, delete_or_mark, take_writable_metadata};
 pub use watch::WatchFault;
 use watch::watch;

@@ -15,7 +15,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use knic_e2e::cluster::{Cluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess, vf_device};
-use knic_e2e::fakeapi::{FakeApi, Recorded, RequestFault};
+use knic_e2e::fakeapi::{FakeApi, Recorded, RequestFault, path_matches};
 use knic_e2e::harness::{eventually, trial};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion, Plugin, Prepared};
 use knic_proto::backoff::RetryPolicy;
@@ -56,13 +56,13 @@ fn client(fake: &FakeApi) -> anyhow::Result<kube::Client> {
     )?)
 }
 
-/// Requests `method` whose path contains `path`, in arrival order, from the `since`th request
+/// Requests `method` whose path contains `path` as whole segments, in arrival order, from the `since`th request
 /// the fake served on.
 fn requests(fake: &FakeApi, since: usize, method: &str, path: &str) -> Vec<Recorded> {
     fake.requests()
         .into_iter()
         .skip(since)
-        .filter(|r| r.method == method && r.path.contains(path))
+        .filter(|r| r.method == method && path_matches(&r.path, path))
         .collect()
 }
 

@@ -32,7 +32,7 @@ pub enum RequestFault {
 pub(super) struct Armed {
     /// `None`: any method.
     method: Option<String>,
-    /// A substring of the request's path.
+    /// Whole path segments of the request's path ([`path_matches`]).
     path: String,
     fault: RequestFault,
     left: usize,
@@ -62,6 +62,13 @@ impl Armed {
     }
 }
 
+/// Whether `pattern` occurs in `path` ending at a segment boundary, so a matcher for
+/// `/networkaddresses/a-17` does not also select `/networkaddresses/a-172` (a flake once).
+pub fn path_matches(path: &str, pattern: &str) -> bool {
+    path.match_indices(pattern)
+        .any(|(at, _)| matches!(path.as_bytes().get(at + pattern.len()), None | Some(b'/')))
+}
+
 impl Store {
     /// The fault the request gets, if one is armed for it; counts it down.
     pub(super) fn take_fault(&self, method: &Method, path: &str) -> Option<RequestFault> {
@@ -69,7 +76,7 @@ impl Store {
         let i = armed.iter().position(|a| {
             a.left > 0
                 && a.method.as_deref().is_none_or(|m| m == method.as_str())
-                && path.contains(&a.path)
+                && path_matches(path, &a.path)
         })?;
         armed[i].left -= 1;
         let fault = armed[i].fault;
@@ -136,5 +143,23 @@ pub(super) async fn answer(fault: RequestFault, path: &str) -> Response<Body> {
                 "code": 500}),
         ),
         RequestFault::Hang => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_matches;
+
+    #[test]
+    fn a_matcher_selects_whole_segments_only() {
+        let p = "/apis/knic.dev/v1alpha1/networkaddresses/af-1-192-0-2-172";
+        assert!(path_matches(p, "/networkaddresses/af-1-192-0-2-172"));
+        assert!(path_matches(p, "/networkaddresses"));
+        assert!(!path_matches(p, "/networkaddresses/af-1-192-0-2-17"));
+        assert!(path_matches("/apis/x/networks/n/status", "/networks/n"));
+        assert!(!path_matches(
+            "/apis/x/networks/n/status",
+            "/networks/n/stat"
+        ));
     }
 }
