@@ -57,6 +57,42 @@ pub fn read_regular(path: &Path, limit: u64, links: Links) -> io::Result<Vec<u8>
     read_at_most(file, limit)
 }
 
+/// The most one sysfs attribute write may carry: attributes take a page at most.
+pub const MAX_ATTRIBUTE_WRITE: usize = 4096;
+
+/// Writes `value` to the existing regular file at `path` in one `write(2)`, as sysfs attributes
+/// need (a split write would be two stores). Never creates a file, never follows a final
+/// symlink, refuses FIFOs and devices (checked on the open descriptor, opened non-blocking), so a
+/// planted file in a tree cannot hang or redirect the write.
+pub fn write_attribute(path: &Path, value: &str) -> io::Result<()> {
+    use std::io::Write as _;
+    if value.len() > MAX_ATTRIBUTE_WRITE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("value larger than the {MAX_ATTRIBUTE_WRITE}-byte limit of an attribute"),
+        ));
+    }
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW).bits())
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(not_regular(file.metadata()?.file_type()));
+    }
+    let written = file.write(value.as_bytes())?;
+    if written != value.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("short write: {written} of {} bytes", value.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads at most `limit` bytes, failing when there is more: a silently truncated file would be
 /// read as a different, valid-looking content.
 fn read_at_most(file: File, limit: u64) -> io::Result<Vec<u8>> {

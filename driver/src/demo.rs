@@ -259,6 +259,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         root: sysfs_root.to_path_buf(),
         filter: Filter::parse_lists(&format!("name={}", scratch.host_if), "")?,
         netlink: true,
+        provisioner: None,
     };
     let inventory = discovery.scan().await;
     let devices = slices::devices(&inventory, &[]);

@@ -137,6 +137,16 @@ pub enum Error {
         /// The NRI socket knic connects to.
         socket: String,
     },
+    /// An SR-IOV PF the node policy names cannot be given its VFs: refused by a rule (not
+    /// capable, over its total, carrying the default route, VFs prepared) or failed (a write,
+    /// VFs that never appeared).
+    #[error("SR-IOV PF {pf}: {reason}")]
+    Sriov {
+        /// The PF's interface name and PCI address.
+        pf: String,
+        /// The rule, or what failed and why.
+        reason: String,
+    },
     /// A start-up setting is invalid.
     #[error("invalid setting {setting}: {reason}")]
     Setting {

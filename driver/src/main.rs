@@ -20,6 +20,8 @@ use knic_driver::nri::{self, NriSettings};
 use knic_driver::slices::exhaustion;
 use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
 use knic_driver::slices::{self, PoolOwner};
+use knic_driver::sriov::apply::LiveWrites;
+use knic_driver::sriov::{Provisioner, SriovPolicy};
 use knic_driver::wiring::{self, FailClosed, Parts};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -58,7 +60,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the node driver: discover and publish devices, serve the kubelet's DRA plugin.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print what this node would publish (no cluster needed).
     Inventory(InventoryArgs),
     /// Show knic's whole job on this machine, no cluster needed (root): a throwaway pod
@@ -112,6 +114,7 @@ impl DiscoveryArgs {
             root: self.sysfs_root.clone(),
             filter,
             netlink: self.netlink,
+            provisioner: None,
         })
     }
 }
@@ -214,6 +217,19 @@ struct RunArgs {
     #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60,
         value_parser = clap::value_parser!(u64).range(1..))]
     rescan_seconds: u64,
+    /// The node's SR-IOV policy, YAML or JSON (`pools:` entries selecting PFs by `pfNames`,
+    /// `pciAddresses` or `pciIds`, each with `numVfs` and optionally `vfDriver`); knic creates
+    /// and binds the VFs it asks for before every scan. Unset: VFs are left as they are.
+    #[arg(long, env = "KNIC_SRIOV_POLICY")]
+    sriov_policy: Option<PathBuf>,
+    /// Where `sys/` is writable for the SR-IOV policy [default: --sysfs-root]; the chart mounts
+    /// the host's /sys there, because a container's own /sys is read-only.
+    #[arg(long, env = "KNIC_SRIOV_SYSFS_ROOT")]
+    sriov_sysfs_root: Option<PathBuf>,
+    /// Seconds to wait for the kernel to create or bind a PF's VFs, per step.
+    #[arg(long, env = "KNIC_SRIOV_WAIT_SECONDS", default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=300))]
+    sriov_wait_seconds: u64,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -343,7 +359,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Err(reason) = knic_driver::check_dns_subdomain(&args.node_name) {
         bail!("invalid --node-name/NODE_NAME: {reason}");
     }
-    let discovery = args.discovery.discovery()?;
+    let mut discovery = args.discovery.discovery()?;
+    if let Some(path) = &args.sriov_policy {
+        let policy = SriovPolicy::from_file(path)?;
+        if !policy.is_empty() {
+            let root = args
+                .sriov_sysfs_root
+                .clone()
+                .unwrap_or_else(|| discovery.root.clone());
+            tracing::info!(policy = %path.display(), pools = policy.pools.len(),
+                root = %root.display(), "SR-IOV policy loaded");
+            discovery.provisioner = Some(Arc::new(
+                Provisioner::new(root, policy, Arc::new(LiveWrites))
+                    .with_wait(std::time::Duration::from_secs(args.sriov_wait_seconds)),
+            ));
+        }
+    }
     let nri_settings = NriSettings {
         socket: args.nri_socket.clone(),
         plugin_index: args.nri_index.clone(),
@@ -386,7 +417,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     });
 
-    // Discover before anything is published or served, so the first slice is the real one.
+    // Provision and discover before anything is published or served, so the first slice is
+    // the real one.
+    if let Some(report) = discovery.provision(&wired.claims).await {
+        tracing::info!(
+            changed = report.changed.len(),
+            refused = report.refused.len(),
+            failed = report.failed.len(),
+            unmatched = ?report.unmatched,
+            "SR-IOV policy applied"
+        );
+    }
     let first = discovery.scan().await;
     let retained = rescan::retained(&wired.claims, &args.node_name).await;
     devices_tx.send_replace(slices::devices(&first, &retained));
@@ -515,7 +556,7 @@ fn main() -> std::process::ExitCode {
     let is_demo = isolated.is_some();
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run(args).await,
+            Command::Run(args) => run(*args).await,
             Command::Inventory(args) => inventory(args).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
             Command::CheckInterface(args) => {

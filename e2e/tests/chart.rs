@@ -11,7 +11,7 @@
 //!   knows, identity from the pod name, the lease in the namespace its Role covers, and a
 //!   container without any privilege.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
@@ -548,10 +548,13 @@ fn with_body(rest: &str) -> anyhow::Result<(&str, &str)> {
 
 /// Every object of the rendered files, as JSON.
 fn objects(files: &[&str]) -> anyhow::Result<Vec<Value>> {
-    let scope = Scope::load()?;
+    objects_with(&Scope::load()?, files)
+}
+
+fn objects_with(scope: &Scope, files: &[&str]) -> anyhow::Result<Vec<Value>> {
     let mut all = Vec::new();
     for file in files {
-        let rendered = render(&scope, file)?;
+        let rendered = render(scope, file)?;
         for document in serde_yaml_ng::Deserializer::from_str(&rendered) {
             let value = Value::deserialize(document)
                 .with_context(|| format!("{file} does not render to YAML:\n{rendered}"))?;
@@ -1071,6 +1074,73 @@ fn driver_daemonset() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With SR-IOV pools in the values: the ConfigMap carries them as a policy the driver parses
+/// to the same entries, and the DaemonSet mounts the host's /sys writable at /host/sys and
+/// points the provisioning root there; without pools neither is there (checked above).
+fn driver_daemonset_with_sriov_pools() -> anyhow::Result<()> {
+    let mut scope = Scope::load()?;
+    let pools = serde_json::json!([
+        {"name": "fabric", "pfNames": ["ens1f*"], "numVfs": 8},
+        {"name": "dpdk", "pciIds": ["8086:1593"], "numVfs": 4, "vfDriver": "vfio-pci"}
+    ]);
+    scope.values["driver"]["sriov"]["pools"] = pools.clone();
+    let rendered = objects_with(&scope, &["daemonset.yaml", "configmap.yaml"])?;
+    let maps: Vec<k8s_openapi::api::core::v1::ConfigMap> = of_kind(&rendered, "ConfigMap")?;
+    let policy = maps
+        .iter()
+        .find_map(|m| m.data.as_ref()?.get("sriov-policy.yaml"))
+        .context("no sriov-policy.yaml in the ConfigMap")?;
+    let parsed = knic_driver::sriov::SriovPolicy::parse(policy)?;
+    let want =
+        knic_driver::sriov::SriovPolicy::parse(&serde_json::json!({"pools": pools}).to_string())?;
+    ensure!(parsed == want, "{policy}");
+    let sets: Vec<DaemonSet> = of_kind(&rendered, "DaemonSet")?;
+    let pod = sets[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .context("pod spec")?;
+    let container = &pod.containers[0];
+    let env: BTreeMap<String, String> = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect();
+    ensure!(
+        env.get("KNIC_SRIOV_POLICY").map(String::as_str) == Some("/etc/knic/sriov-policy.yaml")
+    );
+    ensure!(env.get("KNIC_SRIOV_SYSFS_ROOT").map(String::as_str) == Some("/host"));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == "/sys"))
+        .context("no /sys hostPath")?;
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == volume.name)
+        .context("/sys not mounted")?;
+    ensure!(
+        mount.mount_path == "/host/sys" && mount.read_only != Some(true),
+        "{mount:?}"
+    );
+    // Default values: the policy is there but empty, which provisions nothing.
+    let defaults = objects(&["configmap.yaml"])?;
+    let maps: Vec<k8s_openapi::api::core::v1::ConfigMap> = of_kind(&defaults, "ConfigMap")?;
+    let empty = maps
+        .iter()
+        .find_map(|m| m.data.as_ref()?.get("sriov-policy.yaml"))
+        .context("no default sriov-policy.yaml")?;
+    ensure!(
+        knic_driver::sriov::SriovPolicy::parse(empty)?.is_empty(),
+        "{empty}"
+    );
+    Ok(())
+}
+
 /// The renderer itself: values resolve, pipes chain, unknown constructs are refused.
 fn renderer_subset() -> anyhow::Result<()> {
     let scope = Scope::load()?;
@@ -1130,6 +1200,10 @@ fn main() {
         }),
         check("chart/controller_deployment", controller_deployment),
         check("chart/driver_daemonset", driver_daemonset),
+        check(
+            "chart/driver_daemonset_with_sriov_pools",
+            driver_daemonset_with_sriov_pools,
+        ),
     ];
     trials.extend(policies::trials());
     libtest_mimic::run(&args, trials).exit();

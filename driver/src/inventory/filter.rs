@@ -241,7 +241,7 @@ fn parse_rules<S: AsRef<str>>(list: &str, entries: &[S]) -> Result<Vec<Rule>> {
 
 /// Why one filter entry or glob is not valid; [`parse_rules`] adds the list, index and entry.
 #[derive(Debug)]
-struct Invalid(String);
+pub(crate) struct Invalid(pub(crate) String);
 
 fn parse_rule(text: &str) -> std::result::Result<Matcher, Invalid> {
     if text.is_empty() {
@@ -339,7 +339,7 @@ enum Token {
 
 impl Glob {
     /// Compiles `pattern`; the error says what is malformed.
-    fn parse(pattern: &str) -> std::result::Result<Glob, Invalid> {
+    pub(crate) fn parse(pattern: &str) -> std::result::Result<Glob, Invalid> {
         let chars: Vec<char> = pattern.chars().collect();
         let mut tokens = Vec::new();
         let mut i = 0;

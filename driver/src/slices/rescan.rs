@@ -19,6 +19,7 @@ use crate::inventory::netlink;
 use crate::inventory::sources::Sources;
 use crate::inventory::{self, Inventory};
 use crate::slices;
+use crate::sriov::{Held, Provisioner, Report};
 
 /// How to discover: the sysfs root, the admin filter, and whether to ask netlink.
 #[derive(Debug, Clone)]
@@ -29,9 +30,38 @@ pub struct Discovery {
     pub filter: Filter,
     /// Whether to add rtnetlink/ethtool/devlink facts (off: sysfs only).
     pub netlink: bool,
+    /// The node's SR-IOV policy, applied before each scan ([`Discovery::provision`]).
+    pub provisioner: Option<Arc<Provisioner>>,
 }
 
 impl Discovery {
+    /// Applies the SR-IOV policy, if any, so the scan that follows sees the VFs it asks for:
+    /// VFs held by prepared claims are never taken away. Blocking work (sysfs writes, bounded
+    /// waits for the kernel) runs off the async threads.
+    pub async fn provision(&self, claims: &ClaimStore) -> Option<Report> {
+        let provisioner = self.provisioner.clone()?;
+        let held = match claims.snapshot().await {
+            Ok(checkpoint) => Held::from_checkpoint(&checkpoint),
+            Err(e) => {
+                // Without the prepared set nothing is known safe to change.
+                tracing::warn!(error = %e, "no checkpoint; SR-IOV policy not applied this time");
+                return None;
+            }
+        };
+        let root = self.root.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            let routes = netlink::default_route_interfaces(&root);
+            provisioner.reconcile(&held, &routes)
+        });
+        match run.await {
+            Ok(report) => Some(report),
+            Err(e) => {
+                tracing::error!(error = %e, "SR-IOV provisioning panicked");
+                None
+            }
+        }
+    }
+
     /// One full discovery. Never fails: unreadable facts are left out.
     pub async fn scan(&self) -> Inventory {
         let sources = if self.netlink {
@@ -106,6 +136,7 @@ pub async fn keep_current(
     let mut prepared = claims.subscribe();
     let mut scans: u64 = 0;
     loop {
+        discovery.provision(&claims).await;
         let inventory = discovery.scan().await;
         let devices = slices::devices(&inventory, &retained(&claims, &node).await);
         scans += 1;

@@ -1,0 +1,173 @@
+//! SR-IOV VF pools from node policy: knic creates the VFs its policy asks for, binds them to the
+//! driver the policy names, and never takes VFs away from a pod.
+//!
+//! Peers need an operator for this; knic does it in the driver because it already knows which
+//! VFs are prepared for claims, which is exactly what makes re-provisioning safe or not. A
+//! reconcile reads the PFs ([`pf`]), decides per PF ([`provision::decide`]: pure, every rule
+//! there) and carries the changes out ([`apply`]) through [`apply::SysfsWrites`], so a fixture
+//! tree with its [`fixture::FixtureKernel`] exercises all of it. It runs before the first
+//! discovery (so the first published slice has the VFs) and before every rescan (so a PF whose
+//! driver was reloaded, which drops its VFs, gets them back).
+
+pub mod apply;
+pub mod fixture;
+pub mod pf;
+pub mod policy;
+pub mod provision;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::claims::checkpoint::Checkpoint;
+use crate::error::Error;
+use crate::inventory::Sysfs;
+use apply::SysfsWrites;
+pub use policy::{SriovPolicy, VfDriver};
+
+/// How long a reconcile waits for the kernel to create VFs or bind them, per step.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+/// What one reconcile did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// PFs changed (labels).
+    pub changed: Vec<String>,
+    /// PFs the policy names that were left alone, with the rule.
+    pub refused: Vec<Error>,
+    /// Changes that were tried and failed.
+    pub failed: Vec<Error>,
+    /// Entries matching no PF.
+    pub unmatched: Vec<String>,
+}
+
+/// Who holds which VFs: a PF's address → claims holding its VFs, and the held VFs' addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// PF PCI address → `namespace/name` of claims with one of its VFs prepared.
+    pub by_pf: BTreeMap<String, BTreeSet<String>>,
+    /// PCI addresses of prepared VFs.
+    pub vfs: BTreeSet<String>,
+}
+
+impl Held {
+    /// The VFs prepared claims hold, from the attributes their devices were published with.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Held {
+        let mut held = Held::default();
+        for claim in checkpoint.claims.values() {
+            for device in &claim.devices {
+                let Some(attrs) = device
+                    .published
+                    .as_ref()
+                    .and_then(|d| d.attributes.as_ref())
+                else {
+                    continue;
+                };
+                let text = |key: &str| attrs.get(key).and_then(|a| a.string.clone());
+                let Some(pf) = text("pfPciAddress") else {
+                    continue;
+                };
+                held.by_pf
+                    .entry(pf)
+                    .or_default()
+                    .insert(format!("{}/{}", claim.namespace, claim.name));
+                if let Some(vf) = text("pciAddress") {
+                    held.vfs.insert(vf);
+                }
+            }
+        }
+        held
+    }
+}
+
+/// Applies a policy to the PFs below a sysfs root.
+pub struct Provisioner {
+    root: PathBuf,
+    policy: SriovPolicy,
+    writes: Arc<dyn SysfsWrites>,
+    wait: Duration,
+    /// The last refusal or failure text per PF, so a standing one is logged once, not per
+    /// rescan.
+    reported: Mutex<BTreeMap<String, String>>,
+}
+
+impl std::fmt::Debug for Provisioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provisioner")
+            .field("root", &self.root)
+            .field("pools", &self.policy.pools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Provisioner {
+    /// Provisioning under `root` (where `sys/` is writable) through `writes`.
+    pub fn new(
+        root: impl Into<PathBuf>,
+        policy: SriovPolicy,
+        writes: Arc<dyn SysfsWrites>,
+    ) -> Self {
+        Provisioner {
+            root: root.into(),
+            policy,
+            writes,
+            wait: DEFAULT_WAIT,
+            reported: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Waits at most `wait` per step for the kernel.
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// One reconcile: blocking (sysfs writes and bounded waits), so async callers run it on a
+    /// blocking thread. `routes` are the interfaces carrying the node's default routes.
+    pub fn reconcile(&self, held: &Held, routes: &BTreeSet<String>) -> Report {
+        let sysfs = Sysfs::new(&self.root);
+        let pfs = pf::read(&sysfs);
+        let decision = provision::decide(&self.policy, &pfs, &held.by_pf, routes);
+        let mut report = Report {
+            refused: decision.refused,
+            unmatched: decision.unmatched,
+            ..Report::default()
+        };
+        for plan in &decision.plans {
+            let before = plan.pf.clone();
+            match apply::apply(&sysfs, self.writes.as_ref(), plan, &held.vfs, self.wait) {
+                Ok(after) if after != before => report.changed.push(plan.pf.label()),
+                Ok(_) => {}
+                Err(e) => report.failed.push(e),
+            }
+        }
+        self.log(&report, &decision.plans);
+        report
+    }
+
+    fn log(&self, report: &Report, plans: &[provision::PfPlan]) {
+        let Ok(mut reported) = self.reported.lock() else {
+            return;
+        };
+        let mut now = BTreeMap::new();
+        for e in report.refused.iter().chain(&report.failed) {
+            if let Error::Sriov { pf, reason } = e {
+                if reported.get(pf) != Some(reason) {
+                    tracing::warn!(error = %e, "SR-IOV policy not applied to a PF");
+                }
+                now.insert(pf.clone(), reason.clone());
+            }
+        }
+        for plan in plans {
+            let label = plan.pf.label();
+            if reported.contains_key(&label) && !now.contains_key(&label) {
+                tracing::info!(pf = %label, "SR-IOV policy applies to the PF again");
+            }
+        }
+        *reported = now;
+    }
+}
