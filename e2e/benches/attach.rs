@@ -151,6 +151,7 @@ fn knic_plan() -> AttachPlan {
         }],
         sysctls: BTreeMap::new(),
         identity: None,
+        vf: None,
     }
 }
 

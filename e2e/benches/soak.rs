@@ -126,6 +126,7 @@ fn plan(i: usize) -> AttachPlan {
         }],
         sysctls: BTreeMap::new(),
         identity: None,
+        vf: None,
     }
 }
 

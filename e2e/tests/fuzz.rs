@@ -760,6 +760,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         routes: Vec::new(),
         sysctls: BTreeMap::from([("ipv4.rp_filter".to_owned(), "0".to_owned())]),
         identity: None,
+        vf: None,
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
         namespace: "default".into(),

@@ -2,7 +2,10 @@
 //! process first enters private network and mount namespaces (its "host"), so every link and
 //! every `knt-` namespace it creates disappears with it, even on a crash; each trial also
 //! deletes what it made. VLAN needs 8021q, which this kernel may lack: then the VLAN trial is
-//! reported ignored with that reason, never passed.
+//! reported ignored with that reason, never passed. Nor does it have SR-IOV: the VF-settings
+//! requests are checked here only as far as a device without VFs lets them (the kernel must
+//! accept the VF-table query and refuse the change), and on real hardware when
+//! `KNIC_TEST_SRIOV_PF` names a PF with VFs; otherwise that trial is ignored with the reason.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,8 +14,8 @@ use std::collections::BTreeMap;
 use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::{Rtnl, kernel_has_8021q};
 use knic_driver::netns::{
-    AttachMode, AttachPlan, DeviceIdentity, Kernel, LinkState, Ns, Restore, Session, attach,
-    capture, detach,
+    AttachMode, AttachPlan, DeviceIdentity, Kernel, LinkState, Ns, Restore, Session, VfState,
+    attach, capture, detach,
 };
 use knic_e2e::harness::{Netns, in_netns, ip, isolate, udp_echo};
 use knic_proto::netconfig::{Cidr, Route};
@@ -54,6 +57,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         }],
         sysctls,
         identity: None,
+        vf: None,
     }
 }
 
@@ -372,6 +376,74 @@ async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The real kernel takes the VF-table query (`RTEXT_FILTER_VF`) for any link and answers
+/// without a table when there are no VFs, and refuses a VF change on a device without SR-IOV
+/// with EOPNOTSUPP, which must reach the operator with what was being set.
+async fn vf_requests_on_a_device_without_vfs(k: &Rtnl) -> anyhow::Result<()> {
+    let _links = Links(vec!["knt-f0"]);
+    ip(&[
+        "link", "add", "knt-f0", "type", "veth", "peer", "name", "knt-f1",
+    ])?;
+    let mut host = k.open(&Ns::Host).await?.context("host")?;
+    let state = host.vf_state("knt-f0", 0).await?;
+    ensure!(state.is_none(), "a veth has no VF 0: {state:?}");
+    let trust = VfState {
+        trust: Some(true),
+        ..VfState::default()
+    };
+    let err = host
+        .set_vf("knt-f0", 0, &trust)
+        .await
+        .err()
+        .context("a veth has no VFs to set")?
+        .to_string();
+    ensure!(
+        err.contains("setting VF 0 of knt-f0 (trust on)")
+            && err.contains("Operation not supported"),
+        "{err}"
+    );
+    let missing = host
+        .vf_state("knt-nope", 0)
+        .await
+        .err()
+        .context("no such PF")?
+        .to_string();
+    ensure!(
+        missing.contains("interface knt-nope does not exist"),
+        "{missing}"
+    );
+    Ok(())
+}
+
+/// The PF named by `KNIC_TEST_SRIOV_PF` (which must have VF 0), for the hardware trial.
+fn sriov_pf() -> Option<String> {
+    std::env::var("KNIC_TEST_SRIOV_PF")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// On real SR-IOV hardware: flip VF 0's trust through the PF, read it back, put it back.
+async fn vf_settings_on_sriov_hardware(k: &Rtnl) -> anyhow::Result<()> {
+    let pf = sriov_pf().context("KNIC_TEST_SRIOV_PF is not set")?;
+    let mut host = k.open(&Ns::Host).await?.context("host")?;
+    let before = host.vf_state(&pf, 0).await?.context("the PF has no VF 0")?;
+    let flipped = VfState {
+        trust: Some(!before.trust.unwrap_or(false)),
+        ..VfState::default()
+    };
+    host.set_vf(&pf, 0, &flipped).await?;
+    let after = host.vf_state(&pf, 0).await?.context("VF 0 vanished")?;
+    let back = VfState {
+        trust: before.trust.or(Some(false)),
+        ..VfState::default()
+    };
+    host.set_vf(&pf, 0, &back).await?;
+    ensure!(after.trust == flipped.trust, "{after:?}");
+    let restored = host.vf_state(&pf, 0).await?.context("VF 0 vanished")?;
+    ensure!(restored == before, "{restored:?} != {before:?}");
+    Ok(())
+}
+
 fn main() {
     let args = knic_e2e::harness::arguments();
     let isolated = isolate();
@@ -382,6 +454,14 @@ fn main() {
     let vlan = kernel_has_8021q();
     if !vlan {
         eprintln!("skipped: kernel/vlan_child_into_pod: kernel has no 8021q");
+    }
+    let sriov = sriov_pf().is_some();
+    if !sriov {
+        eprintln!(
+            "skipped: kernel/vf_settings_on_sriov_hardware: no SR-IOV PF given \
+             (KNIC_TEST_SRIOV_PF unset; this kernel has no SR-IOV); VF requests are checked at \
+             the message level and against the fake kernel instead"
+        );
     }
     type Case = fn(
         &'static Rtnl,
@@ -423,6 +503,16 @@ fn main() {
             "kernel/vlan_child_into_pod",
             |k| Box::pin(vlan_child(k)),
             ignored || !vlan,
+        ),
+        (
+            "kernel/vf_requests_on_a_device_without_vfs",
+            |k| Box::pin(vf_requests_on_a_device_without_vfs(k)),
+            ignored,
+        ),
+        (
+            "kernel/vf_settings_on_sriov_hardware",
+            |k| Box::pin(vf_settings_on_sriov_hardware(k)),
+            ignored || !sriov,
         ),
     ];
     let trials = cases

@@ -10,6 +10,8 @@ use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
 use crate::claims::ipam::Addressing;
 use crate::netns::{AttachMode, AttachPlan, DeviceIdentity};
 
+mod vf;
+
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
 /// family would silently never work.
 const MIN_IPV6_MTU: u32 = 1280;
@@ -87,6 +89,16 @@ pub fn plans(
             });
             continue;
         };
+        let vf = match &valid.vf {
+            Some(settings) => match vf::vf_plan(device, settings) {
+                Ok(plan) => Some(plan),
+                Err(e) => {
+                    errors.extend(e);
+                    continue;
+                }
+            },
+            None => None,
+        };
         if let Some(name) = &valid.interface_name
             && !used.insert(name.clone())
         {
@@ -96,9 +108,9 @@ pub fn plans(
             });
             continue;
         }
-        wanted.push((device, valid, host_ifname));
+        wanted.push((device, valid, host_ifname, vf));
     }
-    for (device, valid, host_ifname) in wanted {
+    for (device, valid, host_ifname, vf) in wanted {
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
             None => {
@@ -121,11 +133,16 @@ pub fn plans(
             },
             pod_ifname,
             mtu: valid.mtu,
-            mac: valid.hardware_address,
+            // A MAC set through the PF is also the netdev's: the VF's driver may only adopt it
+            // on its next reset, and the pod must see the address the PF enforces.
+            mac: valid
+                .hardware_address
+                .or(vf.as_ref().and_then(|v| v.settings.mac)),
             addresses: valid.addresses,
             routes: valid.routes,
             sysctls: valid.sysctls,
             identity: identity(device),
+            vf,
         });
     }
     if errors.is_empty() {
@@ -283,7 +300,7 @@ mod tests {
     use super::*;
     use crate::claims::checkpoint::{OpaqueConfig, PreparedDevice};
 
-    fn device(request: &str, name: &str, ifname: Option<&str>) -> PreparedDevice {
+    pub(super) fn device(request: &str, name: &str, ifname: Option<&str>) -> PreparedDevice {
         let published = ifname.map(|i| {
             serde_json::from_value(json!({"name": name, "attributes": {"ifName": {"string": i}}}))
                 .unwrap()
@@ -297,7 +314,7 @@ mod tests {
         }
     }
 
-    fn config(source: &str, requests: &[&str], body: serde_json::Value) -> OpaqueConfig {
+    pub(super) fn config(source: &str, requests: &[&str], body: serde_json::Value) -> OpaqueConfig {
         let mut parameters = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig"});
         parameters
             .as_object_mut()
@@ -310,7 +327,7 @@ mod tests {
         }
     }
 
-    fn claim(devices: Vec<PreparedDevice>, configs: Vec<OpaqueConfig>) -> PreparedClaim {
+    pub(super) fn claim(devices: Vec<PreparedDevice>, configs: Vec<OpaqueConfig>) -> PreparedClaim {
         PreparedClaim {
             namespace: "ns".into(),
             name: "c".into(),

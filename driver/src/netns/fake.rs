@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use knic_proto::netconfig::{Cidr, Route};
 
+use super::vf::{VfState, describe as describe_vf};
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Session};
 use crate::error::{Error, Result};
 
@@ -18,6 +19,11 @@ struct State {
     links: BTreeMap<Ns, Vec<LinkState>>,
     routes: BTreeMap<Ns, Vec<(String, Route)>>,
     sysctls: BTreeMap<(Ns, String, String), String>,
+    /// VF settings by (PF name, VF index): the PF holds them, whichever namespace the VF's
+    /// netdev is in.
+    vfs: BTreeMap<(String, u32), VfState>,
+    /// PFs whose driver cannot set trust (no `ndo_set_vf_trust`).
+    no_trust: Vec<String>,
     log: Vec<String>,
     fail: Vec<(String, String)>,
     next_index: u32,
@@ -45,6 +51,7 @@ pub(crate) fn plan(
         routes: vec![],
         sysctls: BTreeMap::new(),
         identity: None,
+        vf: None,
     }
 }
 
@@ -170,6 +177,22 @@ impl FakeKernel {
     /// Routes of a namespace as `(ifname, route)`.
     pub fn routes(&self, ns: &Ns) -> Vec<(String, Route)> {
         self.lock().routes.get(ns).cloned().unwrap_or_default()
+    }
+
+    /// Gives the host link `pf` a VF `index` in `state` (a PF reports every setting).
+    pub fn add_vf(&self, pf: &str, index: u32, state: VfState) {
+        self.lock().vfs.insert((pf.to_owned(), index), state);
+    }
+
+    /// Makes `pf` a PF whose driver cannot set trust: like the kernel, a request applies the
+    /// settings before trust and then fails with EOPNOTSUPP.
+    pub fn refuse_trust(&self, pf: &str) {
+        self.lock().no_trust.push(pf.to_owned());
+    }
+
+    /// VF `index` of `pf` as the PF holds it now.
+    pub fn vf(&self, pf: &str, index: u32) -> Option<VfState> {
+        self.lock().vfs.get(&(pf.to_owned(), index)).cloned()
     }
 
     /// A sysctl value set through the fake.
@@ -419,6 +442,54 @@ impl Session for FakeSession {
             permanent_mac: None,
             pci_address: None,
         });
+        Ok(())
+    }
+
+    async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
+        let ns = self.ns.clone();
+        let mut s = self.kernel.lock();
+        if find(&mut s, &ns, pf).is_none() {
+            drop(s);
+            return Err(self.missing(pf));
+        }
+        Ok(s.vfs.get(&(pf.to_owned(), index)).cloned())
+    }
+
+    async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {pf} vf {index} {}", describe_vf(state)))?;
+        if find(&mut s, &ns, pf).is_none() {
+            drop(s);
+            return Err(self.missing(pf));
+        }
+        let refuses_trust = s.no_trust.iter().any(|p| p == pf);
+        let Some(vf) = s.vfs.get_mut(&(pf.to_owned(), index)) else {
+            return Err(Error::io(
+                format!("setting VF {index} of {pf}"),
+                std::io::Error::other("Invalid argument"),
+            ));
+        };
+        // One message, applied attribute by attribute, as the kernel's do_setvfinfo does.
+        let VfState {
+            mac,
+            vlan,
+            rate,
+            spoof_chk,
+            trust,
+            link_state,
+        } = state.clone();
+        vf.mac = mac.or(vf.mac);
+        vf.vlan = vlan.or(vf.vlan);
+        vf.rate = rate.or(vf.rate);
+        vf.spoof_chk = spoof_chk.or(vf.spoof_chk);
+        if trust.is_some() && refuses_trust {
+            return Err(Error::io(
+                format!("setting VF {index} of {pf}"),
+                std::io::Error::other("Operation not supported"),
+            ));
+        }
+        vf.trust = trust.or(vf.trust);
+        vf.link_state = link_state.or(vf.link_state);
         Ok(())
     }
 

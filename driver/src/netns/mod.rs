@@ -1,5 +1,6 @@
 //! The only code that changes the kernel: moving a device into a pod's network namespace with
-//! its name, MTU, MAC, addresses, routes and sysctls, and putting it back exactly as it was.
+//! its name, MTU, MAC, addresses, routes and sysctls (and, for an SR-IOV VF, its settings on
+//! the PF), and putting it back exactly as it was.
 //!
 //! Layout follows youki's network code: the kernel sits behind the small [`Kernel`] /
 //! [`Session`] traits (an rtnetlink implementation in [`rtnl`], a recording fake in `fake` that
@@ -11,6 +12,7 @@
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
+pub mod vf;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -20,6 +22,7 @@ use knic_proto::netconfig::{Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use vf::{VfPlan, VfState};
 
 /// A network namespace an operation runs in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -191,6 +194,20 @@ pub trait Session: Send {
     ) -> impl Future<Output = Result<()>> + Send;
     /// Deletes a link.
     fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// VF `index` of the PF `pf` as the PF reports it (its `IFLA_VFINFO_LIST` entry); `None`
+    /// when the PF has no such VF.
+    fn vf_state(
+        &mut self,
+        pf: &str,
+        index: u32,
+    ) -> impl Future<Output = Result<Option<VfState>>> + Send;
+    /// Sets, through the PF `pf`, the parts of VF `index` that `state` holds, in one message.
+    fn set_vf(
+        &mut self,
+        pf: &str,
+        index: u32,
+        state: &VfState,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Opens sessions; the one thing the executor needs from the outside world.
@@ -245,6 +262,10 @@ pub struct AttachPlan {
     /// knic recorded it (those attach by name, as they did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<DeviceIdentity>,
+    /// SR-IOV settings made through the VF's PF before the device moves; `None` for devices
+    /// without any (and in checkpoints written before knic had them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<VfPlan>,
 }
 
 impl AttachPlan {
@@ -264,6 +285,10 @@ impl AttachPlan {
 pub struct Restore {
     /// The device's host state before attach (for a VLAN child: the parent's, unchanged).
     pub host: LinkState,
+    /// The previous values of exactly the VF settings the plan changes, as the PF reported
+    /// them; `None` when the plan changes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<VfState>,
 }
 
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
@@ -291,7 +316,23 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
             found,
         });
     }
-    Ok(Restore { host: link })
+    let vf = match &plan.vf {
+        Some(vf) => {
+            let current = host.vf_state(&vf.pf, vf.index).await?.ok_or_else(|| {
+                Error::kernel(
+                    Ns::Host,
+                    format!("reading VF {} of {}", vf.index, vf.pf),
+                    format!(
+                        "PF {} has no VF {} (were its VFs re-created?)",
+                        vf.pf, vf.index
+                    ),
+                )
+            })?;
+            Some(vf::previous(&vf::request(&vf.settings, &current), &current))
+        }
+        None => None,
+    };
+    Ok(Restore { host: link, vf })
 }
 
 async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
@@ -302,7 +343,8 @@ async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
 }
 
 /// Whether `link` (in the pod) is the plan's device: ifindexes are per namespace and can
-/// coincide, so the MAC the device carries in the pod must match too.
+/// coincide, so the MAC the device carries in the pod must match too. A VF whose MAC the plan sets through the PF carries it in the pod too, because the plan
+/// then also asks for it as the netdev's MAC (see `claims::plan`).
 fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> bool {
     link.index == restore.host.index
         && link.mac == plan.mac.or(restore.host.mac)
@@ -315,6 +357,7 @@ fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> boo
 /// Steps attach performed, undone in reverse on failure.
 #[derive(Debug)]
 enum Done {
+    SetVf,
     CreatedVlan(String),
     Moved,
     MovedVlan,
@@ -363,7 +406,7 @@ pub async fn attach<K: Kernel>(
         ));
     }
     let mut done = Vec::new();
-    let result = attach_steps(kernel, plan, netns, &mut pod, &mut done).await;
+    let result = attach_steps(kernel, plan, netns, restore, &mut pod, &mut done).await;
     if let Err(e) = result {
         tracing::warn!(device = %plan.device, error = %e, steps = done.len(), "attach failed; undoing");
         drop(pod);
@@ -385,6 +428,7 @@ async fn attach_steps<K: Kernel>(
     kernel: &K,
     plan: &AttachPlan,
     netns: &Ns,
+    restore: &Restore,
     pod: &mut K::Session,
     done: &mut Vec<Done>,
 ) -> Result<()> {
@@ -396,6 +440,24 @@ async fn attach_steps<K: Kernel>(
     };
     {
         let mut host = open(kernel, &Ns::Host).await?;
+        // Through the PF while the VF is still on the host, so the pod never sees it
+        // unconfigured (a VF driver may reset on a MAC or trust change).
+        if let Some(vf) = &plan.vf {
+            let Some(previous) = &restore.vf else {
+                return Err(Error::kernel(
+                    Ns::Host,
+                    format!("setting VF {} of {}", vf.index, vf.pf),
+                    "its previous state was not recorded, so it could not be put back; \
+                     refusing to change it",
+                ));
+            };
+            let wanted = vf::request(&vf.settings, previous);
+            // Recorded before the call: the kernel applies the settings one by one and stops
+            // at the first the PF's driver refuses, so a failed call may have made some.
+            done.push(Done::SetVf);
+            host.set_vf(&vf.pf, vf.index, &wanted).await?;
+            crate::failpoint::hit("attach:after-set-vf");
+        }
         match plan.mode {
             AttachMode::Move => {
                 // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
@@ -447,16 +509,23 @@ async fn undo<K: Kernel>(
     restore: &Restore,
     done: Vec<Done>,
 ) -> Result<()> {
+    let mut moved_vlan = false;
     for step in done.into_iter().rev() {
         match step {
+            // Detach also puts the VF settings back.
             Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
             Done::MovedVlan => {
                 if let Some(mut pod) = kernel.open(netns).await? {
                     pod.del_link(&plan.pod_ifname).await?;
                 }
-                return Ok(());
+                moved_vlan = true;
             }
-            Done::CreatedVlan(temp) => open(kernel, &Ns::Host).await?.del_link(&temp).await?,
+            // A moved child is no longer on the host under its temporary name.
+            Done::CreatedVlan(temp) if !moved_vlan => {
+                open(kernel, &Ns::Host).await?.del_link(&temp).await?;
+            }
+            Done::CreatedVlan(_) => {}
+            Done::SetVf => restore_vf(kernel, plan, restore).await?,
         }
     }
     Ok(())
@@ -465,8 +534,51 @@ async fn undo<K: Kernel>(
 /// Puts the node back: the device returns to the host with its original name, MTU, MAC, admin
 /// state and host addresses; a VLAN child created for the pod is deleted. Works when the pod
 /// namespace is already gone (the kernel has then returned a physical device by itself, under
-/// whatever name was free, or destroyed a virtual one). Idempotent.
+/// whatever name was free, or destroyed a virtual one). VF settings made through the PF are
+/// put back last, once the device is home, and also when the device itself is gone (the PF
+/// still holds them). Idempotent.
 pub async fn detach<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: Option<&Ns>,
+    restore: &Restore,
+) -> Result<()> {
+    detach_device(kernel, plan, netns, restore).await?;
+    restore_vf(kernel, plan, restore).await
+}
+
+/// Puts back the VF settings recorded in `restore` that the VF no longer has (none, for a
+/// repeated detach), unless the VF is gone with its PF (nothing left to put back).
+async fn restore_vf<K: Kernel>(kernel: &K, plan: &AttachPlan, restore: &Restore) -> Result<()> {
+    let (Some(vf), Some(previous)) = (&plan.vf, &restore.vf) else {
+        return Ok(());
+    };
+    if previous.is_empty() {
+        return Ok(());
+    }
+    let mut host = open(kernel, &Ns::Host).await?;
+    if host.link(&vf.pf).await?.is_none() {
+        tracing::warn!(device = %plan.device, pf = %vf.pf,
+            "the VF's PF no longer exists; its VF settings cannot be put back");
+        return Ok(());
+    }
+    match host.vf_state(&vf.pf, vf.index).await? {
+        None => {
+            tracing::warn!(device = %plan.device, pf = %vf.pf, vf = vf.index,
+                "the PF no longer has this VF; its settings cannot be put back");
+            Ok(())
+        }
+        Some(current) => {
+            let back = vf::differences(previous, &current);
+            if back.is_empty() {
+                return Ok(());
+            }
+            host.set_vf(&vf.pf, vf.index, &back).await
+        }
+    }
+}
+
+async fn detach_device<K: Kernel>(
     kernel: &K,
     plan: &AttachPlan,
     netns: Option<&Ns>,

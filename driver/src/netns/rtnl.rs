@@ -9,14 +9,17 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use knic_proto::netconfig::{Cidr, Route};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::RouteScope;
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::{Handle, LinkUnspec, LinkVlan, RouteMessageBuilder};
 
+use super::vf::{self, VfState};
 use super::{Kernel, LinkChange, LinkState, Ns, Session};
 use crate::error::{Error, Result};
 
@@ -212,6 +215,30 @@ impl RtnlSession {
                     format!("interface {name} does not exist"),
                 )
             })
+    }
+
+    /// Sends `request` and returns its replies' inner messages, or the kernel's error (an
+    /// acknowledgement is an error message without a code, and is not one).
+    async fn exchange(
+        &mut self,
+        request: NetlinkMessage<RouteNetlinkMessage>,
+        context: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        let mut replies = self
+            .handle
+            .request(request)
+            .map_err(nl(context.to_owned()))?;
+        let mut out = Vec::new();
+        while let Some(reply) = replies.next().await {
+            match reply.payload {
+                NetlinkPayload::InnerMessage(m) => out.push(m),
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    return Err(Error::io(context.to_owned(), e.to_io()));
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
     }
 
     fn describe(&self) -> String {
@@ -462,6 +489,26 @@ impl Session for RtnlSession {
                 )
             }
         })
+    }
+
+    async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
+        let pf_index = self.index(pf).await?;
+        let context = format!("reading the VF table of {pf}");
+        let replies = self.exchange(vf::get_message(pf_index), &context).await?;
+        Ok(replies.iter().find_map(|m| match m {
+            RouteNetlinkMessage::NewLink(link) if link.header.index == pf_index => {
+                vf::state_of(link, index)
+            }
+            _ => None,
+        }))
+    }
+
+    async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
+        let pf_index = self.index(pf).await?;
+        let context = format!("setting VF {index} of {pf} ({})", vf::describe(state));
+        self.exchange(vf::set_message(pf_index, index, state), &context)
+            .await
+            .map(drop)
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {

@@ -426,3 +426,6 @@ async fn a_device_recorded_before_identities_still_comes_home() {
         k.links(&pod())
     );
 }
+
+// SR-IOV VF settings made through the PF (issue 12), in a file of its own.
+mod vf;

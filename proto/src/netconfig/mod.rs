@@ -22,6 +22,7 @@ mod addr;
 mod cidr;
 mod parse;
 mod validate;
+mod vf;
 
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,7 @@ pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
+pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
 
 /// The only `apiVersion` knic accepts: a config written for another version may mean something
 /// else, so it is refused rather than guessed at.
@@ -144,6 +146,10 @@ pub struct NetworkConfig {
     /// once the driver assigns it. Values are strings, as in a pod's `securityContext.sysctls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sysctls: Option<BTreeMap<String, String>>,
+    /// SR-IOV VF settings applied through the PF before the VF moves into the pod (MAC, VLAN,
+    /// trust, rates…); only valid when the allocated device is a VF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<VfConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -238,6 +244,9 @@ pub struct ValidConfig {
     /// [`sysctl_path`] turns a key into the real `/proc/sys` file once the name is known.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sysctls: BTreeMap<String, String>,
+    /// VF settings; `None` when none were asked for (an empty `vf: {}` included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<VfSettings>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -273,7 +282,8 @@ pub struct Route {
 ///   "both set" error the claim author could not fix;
 /// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
-/// * `sysctls` merge key by key, later value wins.
+/// * `sysctls` merge key by key, later value wins;
+/// * `vf` merges field by field, like `interface`.
 ///
 /// The result is not validated; run [`validate`] on it.
 pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
@@ -310,6 +320,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.vlan.is_some() {
             merged.vlan.clone_from(&layer.vlan);
+        }
+        if let Some(vf) = &layer.vf {
+            merged
+                .vf
+                .get_or_insert_with(VfConfig::default)
+                .merge_from(vf);
         }
         if let Some(sysctls) = &layer.sysctls {
             let target = merged.sysctls.get_or_insert_with(BTreeMap::new);

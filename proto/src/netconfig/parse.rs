@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use super::vf::VF_VLAN_RULE;
 use super::{
     API_VERSION, ConfigErrors, FieldError, InterfaceConfig, IpamConfig, KIND, NetworkConfig,
-    RouteConfig, VlanConfig,
+    RouteConfig, VfConfig, VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[
@@ -24,11 +25,23 @@ const CONFIG_FIELDS: &[&str] = &[
     "routes",
     "vlan",
     "sysctls",
+    "vf",
 ];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
 const IPAM_FIELDS: &[&str] = &["network"];
 const ROUTE_FIELDS: &[&str] = &["destination", "gateway", "source", "metric", "table"];
 const VLAN_FIELDS: &[&str] = &["id"];
+const VF_FIELDS: &[&str] = &[
+    "mac",
+    "vlan",
+    "qos",
+    "vlanProtocol",
+    "spoofChk",
+    "trust",
+    "minTxRate",
+    "maxTxRate",
+    "linkState",
+];
 
 /// Parses one opaque parameters object (the `parameters` of one DRA config entry).
 ///
@@ -121,6 +134,13 @@ impl Parser {
     /// the field's semantic range `shown`, so `-1` or `70000` read like the validator's message
     /// for `0` or `4095` rather than like a type-system detail.
     fn integer(&mut self, value: &Value, path: &str, max: u64, shown: (u64, u64)) -> Option<u64> {
+        let (lo, hi) = shown;
+        self.integer_rule(value, path, max, &format!("must be between {lo} and {hi}"))
+    }
+
+    /// An integer in `0..=max`; values outside it are reported as `{rule}, got {n}`, for
+    /// fields whose rule is not a plain range.
+    fn integer_rule(&mut self, value: &Value, path: &str, max: u64, rule: &str) -> Option<u64> {
         let Value::Number(n) = value else {
             self.type_error(path, "an integer", value);
             return None;
@@ -132,8 +152,7 @@ impl Parser {
         match n.as_u64() {
             Some(v) if v <= max => Some(v),
             _ => {
-                let (lo, hi) = shown;
-                self.error(path, format!("must be between {lo} and {hi}, got {n}"));
+                self.error(path, format!("{rule}, got {n}"));
                 None
             }
         }
@@ -143,6 +162,16 @@ impl Parser {
     fn u32(&mut self, value: &Value, path: &str, lo: u32, hi: u32) -> Option<u32> {
         let v = self.integer(value, path, u64::from(u32::MAX), (lo.into(), hi.into()))?;
         u32::try_from(v).ok()
+    }
+
+    fn boolean(&mut self, value: &Value, path: &str) -> Option<bool> {
+        match value {
+            Value::Bool(b) => Some(*b),
+            other => {
+                self.type_error(path, "a boolean (true or false)", other);
+                None
+            }
+        }
     }
 
     fn string_list(&mut self, value: &Value, path: &str) -> Option<Vec<String>> {
@@ -183,6 +212,9 @@ impl Parser {
         }
         if let Some(v) = field(map, "sysctls") {
             config.sysctls = self.sysctls(v, &child(path, "sysctls"));
+        }
+        if let Some(v) = field(map, "vf") {
+            config.vf = self.vf(v, &child(path, "vf"));
         }
         config
     }
@@ -286,6 +318,43 @@ impl Parser {
         let id = self.integer(v, &id_path, u64::from(u16::MAX), (1, 4094))?;
         let id = u16::try_from(id).ok()?;
         Some(VlanConfig { id })
+    }
+
+    fn vf(&mut self, value: &Value, path: &str) -> Option<VfConfig> {
+        let map = self.object(value, path, VF_FIELDS)?;
+        let mut vf = VfConfig::default();
+        if let Some(v) = field(map, "mac") {
+            vf.mac = self.string(v, &child(path, "mac"));
+        }
+        if let Some(v) = field(map, "vlan") {
+            vf.vlan = self
+                .integer_rule(v, &child(path, "vlan"), u64::from(u16::MAX), VF_VLAN_RULE)
+                .and_then(|v| u16::try_from(v).ok());
+        }
+        if let Some(v) = field(map, "qos") {
+            vf.qos = self
+                .integer(v, &child(path, "qos"), u64::from(u8::MAX), (0, 7))
+                .and_then(|v| u8::try_from(v).ok());
+        }
+        if let Some(v) = field(map, "vlanProtocol") {
+            vf.vlan_protocol = self.string(v, &child(path, "vlanProtocol"));
+        }
+        if let Some(v) = field(map, "spoofChk") {
+            vf.spoof_chk = self.boolean(v, &child(path, "spoofChk"));
+        }
+        if let Some(v) = field(map, "trust") {
+            vf.trust = self.boolean(v, &child(path, "trust"));
+        }
+        if let Some(v) = field(map, "minTxRate") {
+            vf.min_tx_rate = self.u32(v, &child(path, "minTxRate"), 0, u32::MAX);
+        }
+        if let Some(v) = field(map, "maxTxRate") {
+            vf.max_tx_rate = self.u32(v, &child(path, "maxTxRate"), 0, u32::MAX);
+        }
+        if let Some(v) = field(map, "linkState") {
+            vf.link_state = self.string(v, &child(path, "linkState"));
+        }
+        Some(vf)
     }
 
     fn sysctls(&mut self, value: &Value, path: &str) -> Option<BTreeMap<String, String>> {

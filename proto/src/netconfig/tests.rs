@@ -462,6 +462,7 @@ fn full_config_validates_and_round_trips() {
             ("ipv4.rp_filter".to_owned(), "2".to_owned()),
             ("ipv6.accept_ra".to_owned(), "0".to_owned()),
         ]),
+        vf: None,
     };
     assert_eq!(valid, expected);
 
@@ -1078,3 +1079,6 @@ fn a_flood_of_problems_is_shown_bounded() {
     );
     assert!(!text.contains("addresses[20]"), "{text}");
 }
+
+// The SR-IOV `vf` block (issue 12), in a file of its own: this one is long enough.
+mod vf;

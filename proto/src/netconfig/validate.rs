@@ -161,7 +161,13 @@ pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
 ///   `ipv4.arp_announce` (0-2), `ipv4.arp_ignore` (0-3 or 8; 4-7 are reserved),
 ///   `ipv4.forwarding` (0/1), `ipv4.proxy_arp` (0/1), `ipv4.rp_filter` (0-2),
 ///   `ipv6.accept_ra` (0-2), `ipv6.autoconf` (0/1), `ipv6.disable_ipv6` (0/1), as decimal
-///   strings; `ipv6.disable_ipv6: "1"` is refused alongside IPv6 addresses.
+///   strings; `ipv6.disable_ipv6: "1"` is refused alongside IPv6 addresses;
+/// * `vf.mac` is a unicast, non-zero MAC, equal to `interface.hardwareAddress` when both are
+///   set; `vf.vlan` in 1..=4094, or 0 for "no VLAN" (untagged; how a claim turns a class's VLAN
+///   off); `vf.qos` in 0..=7 and, when not 0, only with a VLAN; `vf.vlanProtocol` is `802.1Q`
+///   or `802.1ad`, the latter only with a VLAN; `vf.minTxRate` ≤ `vf.maxTxRate` unless the cap
+///   is 0 (none); `vf.linkState` is `auto`, `enable` or `disable`. Whether the device is a VF
+///   and the rates fit its link are checked by the driver at prepare.
 pub fn validate(config: &NetworkConfig) -> Result<ValidConfig, ConfigErrors> {
     let mut v = Validator::default();
     let valid = v.config(config);
@@ -210,7 +216,7 @@ pub(super) fn format_mac(mac: &[u8; 6]) -> String {
 }
 
 /// A parsed MAC the kernel will accept as a device address (`is_valid_ether_addr`).
-fn check_mac(text: &str) -> Result<[u8; 6]> {
+pub(super) fn check_mac(text: &str) -> Result<[u8; 6]> {
     let mac = parse_mac(text)?;
     if mac[0] & 1 == 1 {
         return Err(Error::Rule(format!(
@@ -348,6 +354,9 @@ impl Validator {
 
         if let Some(sysctls) = &config.sysctls {
             out.sysctls = self.sysctls(sysctls, &out.addresses);
+        }
+        if let Some(vf) = &config.vf {
+            out.vf = super::vf::validate_vf(vf, out.hardware_address, &mut self.errors);
         }
         out
     }
