@@ -122,6 +122,20 @@ async fn policy_creates_vfs_before_the_first_publish(env: &mut Env) -> anyhow::R
         .collect();
     env.published(&want).await?;
     ensure!(env.numvfs()? == "4", "sriov_numvfs {}", env.numvfs()?);
+    // Every device of the pool says so, for DeviceClasses selecting by pool.
+    let slices = env.cluster.slices().await?;
+    for device in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        let pool = device
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get("sriovPool"))
+            .and_then(|a| a.string.as_deref());
+        ensure!(
+            pool == Some("fabric"),
+            "{}: sriovPool {pool:?}",
+            device.name
+        );
+    }
     // The first slice already had them: no publish with the old two VFs happened.
     if let Some(fake) = &env.cluster.fake {
         let writes = fake

@@ -76,7 +76,12 @@ impl Discovery {
             inventory::discover(&root, &sources, &routes, &filter)
         });
         match scan.await {
-            Ok(inv) => inv,
+            Ok(mut inv) => {
+                if let Some(provisioner) = &self.provisioner {
+                    provisioner.label(&mut inv);
+                }
+                inv
+            }
             Err(e) => {
                 tracing::error!(error = %e, "discovery panicked; publishing nothing new");
                 Inventory::default()

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::claims::checkpoint::Checkpoint;
 use crate::error::Error;
-use crate::inventory::Sysfs;
+use crate::inventory::{AttrValue, Inventory, Sysfs};
 use apply::SysfsWrites;
 pub use policy::{SriovPolicy, VfDriver};
 
@@ -44,6 +44,10 @@ pub struct Report {
     /// Entries matching no PF.
     pub unmatched: Vec<String>,
 }
+
+/// The attribute naming the policy entry a PF and its VFs belong to, so a DeviceClass can
+/// select "VFs of pool fabric" without knowing PF names or addresses.
+pub const ATTR_POOL: &str = "sriovPool";
 
 /// Who holds which VFs: a PF's address → claims holding its VFs, and the held VFs' addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,6 +97,8 @@ pub struct Provisioner {
     /// The last refusal or failure text per PF, so a standing one is logged once, not per
     /// rescan.
     reported: Mutex<BTreeMap<String, String>>,
+    /// PF address → pool, from the last reconcile, for [`Provisioner::label`].
+    pools: Mutex<BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -117,6 +123,7 @@ impl Provisioner {
             writes,
             wait: DEFAULT_WAIT,
             reported: Mutex::new(BTreeMap::new()),
+            pools: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -132,6 +139,9 @@ impl Provisioner {
         let sysfs = Sysfs::new(&self.root);
         let pfs = pf::read(&sysfs);
         let decision = provision::decide(&self.policy, &pfs, &held.by_pf, routes);
+        if let Ok(mut pools) = self.pools.lock() {
+            pools.clone_from(&decision.pools);
+        }
         let mut report = Report {
             refused: decision.refused,
             unmatched: decision.unmatched,
@@ -147,6 +157,31 @@ impl Provisioner {
         }
         self.log(&report, &decision.plans);
         report
+    }
+
+    /// Marks the PFs the policy selects, and their VFs, with the pool's name ([`ATTR_POOL`]).
+    pub fn label(&self, inventory: &mut Inventory) {
+        let Ok(pools) = self.pools.lock() else {
+            return;
+        };
+        if pools.is_empty() {
+            return;
+        }
+        let devices = inventory
+            .devices
+            .iter_mut()
+            .chain(inventory.excluded.iter_mut().map(|e| &mut e.device));
+        for device in devices {
+            let pf = device
+                .attr("pfPciAddress")
+                .and_then(AttrValue::as_str)
+                .or(device.pci_address.as_deref());
+            if let Some(pool) = pf.and_then(|pf| pools.get(pf)) {
+                device
+                    .attributes
+                    .insert(ATTR_POOL.to_owned(), AttrValue::Str(pool.clone()));
+            }
+        }
     }
 
     fn log(&self, report: &Report, plans: &[provision::PfPlan]) {

@@ -42,6 +42,9 @@ pub struct Decision {
     pub refused: Vec<Error>,
     /// Entries that match no PF of this node: normal for a fleet-wide policy.
     pub unmatched: Vec<String>,
+    /// PF PCI address → the entry that selected it (the first, when several did), whether or
+    /// not it could be changed now: its VFs belong to that pool either way.
+    pub pools: BTreeMap<String, String>,
 }
 
 /// Decides, for every PF an entry selects, whether and how its VF count changes.
@@ -94,6 +97,10 @@ pub fn decide(
             decision.unmatched.push(entry.name.clone());
         }
     }
+    decision.pools = chosen
+        .into_iter()
+        .map(|(pf, entry)| (pf.to_owned(), entry.to_owned()))
+        .collect();
     decision
 }
 

@@ -444,3 +444,43 @@ fn sriov_live_writes_refuse_what_is_not_an_attribute_file() {
         "never creates a file"
     );
 }
+
+#[test]
+fn sriov_pools_label_their_pfs_and_vfs_even_when_refused() {
+    let dir = tree(E810);
+    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let p = provisioner(
+        dir.path(),
+        "pools: [{name: fabric, pfNames: [\"enp162s0f0np0\"], numVfs: 200}]",
+        kernel,
+    );
+    let report = p.reconcile(&Held::default(), &BTreeSet::new());
+    assert_eq!(report.refused.len(), 1);
+    let mut inv = inventory::discover(
+        dir.path(),
+        &Sources::sysfs_only(),
+        &BTreeSet::new(),
+        &Filter::default(),
+    );
+    p.label(&mut inv);
+    let pools: Vec<(String, Option<String>)> = inv
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.name.clone(),
+                d.attr(ATTR_POOL)
+                    .and_then(|a| a.as_str())
+                    .map(str::to_owned),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pools,
+        vec![
+            ("pci-0000-a2-00-0".to_owned(), Some("fabric".to_owned())),
+            ("pci-0000-a2-01-0".to_owned(), Some("fabric".to_owned())),
+            ("pci-0000-a2-01-1".to_owned(), Some("fabric".to_owned())),
+        ]
+    );
+}
