@@ -190,6 +190,26 @@ fn shipped_class_expressions(path: &Path) -> Vec<String> {
     out
 }
 
+/// Every `cel.expression` anywhere in a YAML value.
+fn cel_expressions(value: &serde_yaml_ng::Value, out: &mut Vec<String>) {
+    match value {
+        serde_yaml_ng::Value::Mapping(map) => {
+            if let Some(e) = value["cel"]["expression"].as_str() {
+                out.push(e.to_owned());
+            }
+            for v in map.values() {
+                cel_expressions(v, out);
+            }
+        }
+        serde_yaml_ng::Value::Sequence(items) => {
+            for v in items {
+                cel_expressions(v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
 #[test]
 fn shipped_device_classes_carry_only_accepted_forms() {
     let v = verdicts();
@@ -210,7 +230,47 @@ fn readme_examples_carry_only_accepted_forms() {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
             .expect("README");
-    let examples: Vec<String> = readme
+    // Fenced blocks are YAML, not inline selectors; their three backticks would also shift
+    // which spans count as inline code.
+    let mut inline = String::new();
+    let mut yaml_blocks: Vec<String> = Vec::new();
+    let mut fence: Option<String> = None;
+    for line in readme.lines() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            match fence.take() {
+                Some(block) => yaml_blocks.push(block),
+                None => {
+                    fence = Some(if info == "yaml" {
+                        String::new()
+                    } else {
+                        "-".into()
+                    })
+                }
+            }
+        } else if let Some(block) = fence.as_mut() {
+            block.push_str(line);
+            block.push('\n');
+        } else {
+            inline.push_str(line);
+            inline.push('\n');
+        }
+    }
+    // Selectors in the README's YAML examples (classes, claims, templates) too.
+    let mut fenced = Vec::new();
+    for block in yaml_blocks.iter().filter(|b| !b.starts_with('-')) {
+        for document in serde_yaml_ng::Deserializer::from_str(block) {
+            let value: serde_yaml_ng::Value =
+                serde::Deserialize::deserialize(document).expect("README YAML example");
+            cel_expressions(&value, &mut fenced);
+        }
+    }
+    assert!(
+        fenced.len() >= 2,
+        "the README's YAML examples hold selectors: {fenced:?}"
+    );
+    assert_all_accepted(&v, "README YAML", &fenced);
+    let examples: Vec<String> = inline
         .split('`')
         .skip(1)
         .step_by(2)
