@@ -223,12 +223,56 @@ async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<
     Ok(())
 }
 
+/// The publisher itself against the gate-off fake, write by write: the first write comes back
+/// without counters, the same sync republishes plain devices, and the next sync writes nothing.
+async fn publisher_falls_back_within_one_sync(env: &mut Env) -> anyhow::Result<()> {
+    use knic_driver::api::slices::Publisher;
+    use knic_driver::slices::Mode;
+    let Some(fake) = env.cluster.fake.as_ref() else {
+        println!("skipped: a real cluster's DRAPartitionableDevices gate cannot be switched");
+        return Ok(());
+    };
+    fake.set_partitionable_devices(false);
+    let root = env.cluster.tmp.path().join("sysfs-root");
+    let inventory = knic_driver::inventory::discover(
+        &root,
+        &Default::default(),
+        &Default::default(),
+        &Default::default(),
+    );
+    let devices = knic_driver::slices::devices(&inventory, &[]);
+    ensure!(devices.iter().all(|d| d.consumes_counters.is_some()));
+    let mut publisher = Publisher::new(env.cluster.client.clone(), "knic.dev", &env.cluster.node);
+    let first = publisher.sync(&devices).await?;
+    println!("first sync: {first:?}");
+    ensure!(publisher.mode() == Mode::Plain && !first.counters);
+    // The device slice's create came back stripped (the counter slice was never written); the
+    // plain pool is that one slice rewritten, a single update, so the generation stays.
+    ensure!(
+        (
+            first.created,
+            first.updated,
+            first.deleted,
+            first.generation
+        ) == (1, 1, 0, 1),
+        "{first:?}"
+    );
+    plain_pool(&env.cluster.slices().await?)?;
+    let again = publisher.sync(&devices).await?;
+    ensure!(
+        (again.created, again.updated, again.deleted) == (0, 0, 0),
+        "{again:?}"
+    );
+    Ok(())
+}
+
 fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
         budgets_published_as_counters,
         gate_off_publishes_plain_devices,
         gate_turned_off_later_falls_back_once,
+        publisher_falls_back_within_one_sync,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }
