@@ -1,7 +1,8 @@
 //! From an inventory to ResourceSlices, as pure functions.
 //!
 //! [`desired`] decides what the node publishes (devices validated against the apiserver's rules,
-//! split into slices); [`plan`] compares that with what the API holds and decides the fewest
+//! split into slices, plus the SR-IOV PF budgets of [`counters`] as counter-only slices where the
+//! apiserver takes them, see [`Mode`]); [`plan`] compares that with what the API holds and decides the fewest
 //! writes, the pool generation and the slice names, following the Go `resourceslice` controller
 //! (shared/spec §4.2) so schedulers see the same pool semantics as with any Go driver. The
 //! publisher in [`crate::api::slices`] is the only place that performs writes.
