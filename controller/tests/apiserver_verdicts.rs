@@ -217,9 +217,52 @@ fn shipped_device_classes_carry_only_accepted_forms() {
     for file in [
         "deviceclasses/knic.yaml",
         "charts/knic/files/deviceclasses.yaml",
+        "deviceclasses/sriov.yaml",
     ] {
         assert_all_accepted(&v, file, &shipped_class_expressions(&root.join(file)));
     }
+}
+
+/// The selectors of the example claim templates in `deviceclasses/examples/` (copied by users
+/// as they are): every request's `exactly` and `firstAvailable` selectors.
+#[test]
+fn example_claims_carry_only_accepted_forms() {
+    let v = verdicts();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deviceclasses/examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    let mut expressions = Vec::new();
+    for file in &files {
+        let yaml = std::fs::read_to_string(file).expect("example");
+        for document in serde_yaml_ng::Deserializer::from_str(&yaml) {
+            let doc: serde_yaml_ng::Value =
+                serde::Deserialize::deserialize(document).expect("YAML");
+            let requests = &doc["spec"]["spec"]["devices"]["requests"];
+            for request in requests.as_sequence().into_iter().flatten() {
+                let lists = std::iter::once(&request["exactly"]["selectors"]).chain(
+                    request["firstAvailable"]
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                        .map(|sub| &sub["selectors"]),
+                );
+                for s in lists.filter_map(|l| l.as_sequence()).flatten() {
+                    expressions.push(
+                        s["cel"]["expression"]
+                            .as_str()
+                            .expect("expression")
+                            .to_owned(),
+                    );
+                }
+            }
+        }
+    }
+    assert_all_accepted(&v, "deviceclasses/examples", &expressions);
 }
 
 /// Inline code in the README that is a whole selector (CEL text that tokenises, a test rather

@@ -277,7 +277,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         knic_proto::DRIVER_NAME,
         &owner,
         &[],
-        &slices::split(&devices),
+        &slices::layout(&devices, slices::Mode::Partitionable),
         &[],
     );
     for mut slice in plan.creates {

@@ -215,9 +215,24 @@ fn inventory_of_a_sample_prints_the_table_and_the_exact_slices() {
     assert_eq!(slice["kind"], "ResourceSlice");
     assert_eq!(slice["apiVersion"], "resource.k8s.io/v1");
     assert_eq!(slice["metadata"]["generateName"], "00000-knic.dev-node-a-");
+    // The devices, then the PF's VF budget as a counter-only slice.
     assert_eq!(
         slice["spec"]["pool"],
-        serde_json::json!({"name": "node-a", "generation": 1, "resourceSliceCount": 1})
+        serde_json::json!({"name": "node-a", "generation": 1, "resourceSliceCount": 2})
+    );
+    let counters = &list["items"][1];
+    assert_eq!(
+        counters["metadata"]["generateName"],
+        "00001-knic.dev-node-a-"
+    );
+    assert_eq!(counters["spec"].get("devices"), None);
+    assert_eq!(
+        counters["spec"]["sharedCounters"],
+        serde_json::json!([{"name": "pf-0000-a2-00-0", "counters": {"vfs": {"value": "2"}}}])
+    );
+    assert_eq!(
+        slice["spec"]["devices"][1]["consumesCounters"],
+        serde_json::json!([{"counterSet": "pf-0000-a2-00-0", "counters": {"vfs": {"value": "1"}}}])
     );
     let names: Vec<_> = slice["spec"]["devices"]
         .as_array()

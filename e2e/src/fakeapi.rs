@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
@@ -73,6 +73,8 @@ struct Store {
     watch_faults: Mutex<BTreeMap<String, WatchFault>>,
     /// Requests that fail, in the order they were armed.
     request_faults: Mutex<Vec<faults::Armed>>,
+    /// Whether `DRAPartitionableDevices` is on (off: counter fields are dropped on write).
+    partitionable: AtomicBool,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -195,6 +197,13 @@ impl FakeApi {
             .map_err(|_| anyhow::anyhow!("store poisoned"))?
             .push(armed);
         Ok(())
+    }
+
+    /// Turns the `DRAPartitionableDevices` gate on (the default, as in 1.36) or off: off, the
+    /// fake drops `sharedCounters`, `consumesCounters` and `perDeviceNodeSelection` from every
+    /// ResourceSlice written, as an older or reconfigured apiserver does.
+    pub fn set_partitionable_devices(&self, enabled: bool) {
+        self.store.partitionable.store(enabled, Ordering::SeqCst);
     }
 
     /// Disarms every request fault not yet served.
@@ -411,7 +420,20 @@ impl Store {
             uid_counter: AtomicU64::new(0),
             watch_faults: Mutex::default(),
             request_faults: Mutex::default(),
+            partitionable: AtomicBool::new(true),
         }
+    }
+
+    /// What the apiserver's admission and validation make of a write of `obj` (to be named
+    /// `name`) to `resource`: fields of disabled gates dropped, then the refusal, if any.
+    fn admit(&self, resource: &str, name: &str, obj: &mut Value) -> Option<String> {
+        if resource != "resourceslices" {
+            return crate::admission::refusal(resource, obj);
+        }
+        if !self.partitionable.load(Ordering::SeqCst) {
+            slices::drop_partitionable_fields(obj);
+        }
+        slices::refusal(name, obj)
     }
 
     /// Records a change for watchers; `obj` already carries its new resourceVersion.
@@ -614,7 +636,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     format!("{} \"{name}\" already exists", target.resource),
                 );
             }
-            if let Some(message) = crate::admission::refusal(&target.resource, &obj) {
+            if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
                 return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
             }
             store.stamp_new(&mut obj, &target, &name);
@@ -687,7 +709,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                         return not_found(&name);
                     }
                     let mut obj = patch.clone();
-                    if let Some(message) = crate::admission::refusal(&target.resource, &obj) {
+                    if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
                         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
                     }
                     store.stamp_new(&mut obj, &target, &name);
@@ -755,6 +777,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
 
 mod faults;
 mod objects;
+mod slices;
 mod watch;
 
 pub use faults::{RequestFault, path_matches};

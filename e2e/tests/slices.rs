@@ -102,13 +102,15 @@ fn slice_writes(env: &Env) -> usize {
 
 async fn publish_fixture(env: &mut Env) -> anyhow::Result<()> {
     let slices = published(env, &[PF, VF0, VF1]).await?;
-    ensure!(slices.len() == 1, "{} slices", slices.len());
+    // The devices, then the PF's budget as a counter slice (see tests/pf_budgets.rs).
+    ensure!(slices.len() == 2, "{} slices", slices.len());
+    ensure!(slices[1].spec.devices.is_none() && slices[1].spec.shared_counters.is_some());
     let s = &slices[0];
     ensure!(
         s.spec.driver == "knic.dev"
             && s.spec.node_name.as_deref() == Some(env.cluster.node.as_str())
     );
-    ensure!(s.spec.pool.name == env.cluster.node && s.spec.pool.resource_slice_count == 1);
+    ensure!(s.spec.pool.name == env.cluster.node && s.spec.pool.resource_slice_count == 2);
     ensure!(
         s.metadata
             .name

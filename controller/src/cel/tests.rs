@@ -310,6 +310,39 @@ fn shipped_device_classes() {
     }
 }
 
+/// The SR-IOV class and the selectors of the example claims (`deviceclasses/sriov.yaml`,
+/// `deviceclasses/examples/`), against the devices they are meant for.
+#[test]
+fn shipped_sriov_class_and_examples() {
+    let yaml = include_str!("../../../deviceclasses/sriov.yaml");
+    let class = serde_yaml_ng::Value::deserialize(serde_yaml_ng::Deserializer::from_str(yaml))
+        .expect("YAML");
+    assert_eq!(class["metadata"]["name"].as_str(), Some("pf.knic.dev"));
+    let pf_class = compile(
+        class["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .expect("expression"),
+    );
+    let got: Vec<_> = [intel_nic(), intel_pf_slow(), mlx_vf(), gpu()]
+        .iter()
+        .map(|d| pf_class.matches(d))
+        .collect();
+    assert_eq!(got, [Ok(false), Ok(true), Ok(false), Ok(false)]);
+    let example = include_str!("../../../deviceclasses/examples/vf-near-gpu.yaml");
+    let template =
+        serde_yaml_ng::Value::deserialize(serde_yaml_ng::Deserializer::from_str(example))
+            .expect("YAML");
+    let nic = compile(
+        template["spec"]["spec"]["devices"]["requests"][1]["exactly"]["selectors"][0]["cel"]
+            ["expression"]
+            .as_str()
+            .expect("expression"),
+    );
+    // An RDMA-capable VF qualifies, one without RDMA (or not saying) does not.
+    assert_eq!(nic.matches(&with(mlx_vf(), "rdma", b(true))), Ok(true));
+    assert_eq!(nic.matches(&mlx_vf()), Ok(false));
+}
+
 /// The selectors the controller generates from friendly Networks.
 #[test]
 fn generated_selectors() {

@@ -7,6 +7,12 @@
 //! by a slow periodic timer; a burst of triggers is coalesced into one sync. Failures retry with
 //! exponential backoff. Fields an apiserver drops (a feature gate is off) are accepted as the
 //! stored form after one warning, so the publisher never loops rewriting them.
+//!
+//! PF budgets are the exception: the publisher starts in [`Mode::Partitionable`] and, when the
+//! apiserver drops `sharedCounters` or `consumesCounters` (`DRAPartitionableDevices` is off),
+//! switches to [`Mode::Plain`] for the rest of its life and republishes at once. Accepting the
+//! stored form there would leave a pool of counter-less devices beside counter slices emptied by
+//! the apiserver, and a pool whose devices name counter sets nobody publishes is refused whole.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -19,7 +25,7 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent,
 use tokio::sync::{mpsc, watch};
 
 use crate::error::Result;
-use crate::slices::{PoolOwner, plan, split};
+use crate::slices::{Mode, PoolOwner, layout, plan};
 
 /// Timing knobs; tests shorten them.
 #[derive(Debug, Clone)]
@@ -60,6 +66,8 @@ pub struct SyncReport {
     pub created: usize,
     /// Pool generation after the sync.
     pub generation: i64,
+    /// Whether the pool carries PF budgets (false once the apiserver dropped them).
+    pub counters: bool,
 }
 
 /// Publishes one node's pool.
@@ -72,6 +80,7 @@ pub struct Publisher {
     /// resourceVersions our own writes produced; their watch events do not trigger a sync.
     own_writes: VecDeque<String>,
     owner: Option<PoolOwner>,
+    mode: Mode,
 }
 
 fn selector(driver: &str, node: &str) -> String {
@@ -89,7 +98,13 @@ impl Publisher {
             accepted: Vec::new(),
             own_writes: VecDeque::new(),
             owner: None,
+            mode: Mode::Partitionable,
         }
+    }
+
+    /// Whether PF budgets are still published (see [`Mode`]).
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     async fn owner(&mut self) -> Result<PoolOwner> {
@@ -114,7 +129,15 @@ impl Publisher {
         }
     }
 
-    fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) {
+    /// Compares what was written with what was stored. Returns true when the apiserver dropped
+    /// the counters: the publisher is then in plain mode and the current plan is void.
+    fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) -> bool {
+        if self.mode == Mode::Partitionable && has_counters(sent) && !has_counters(&stored.spec) {
+            tracing::warn!(slice = ?stored.metadata.name,
+                "DRAPartitionableDevices is off: publishing plain devices without PF budgets");
+            self.mode = Mode::Plain;
+            return true;
+        }
         if !crate::slices::same(sent, &stored.spec) {
             tracing::warn!(slice = ?stored.metadata.name,
                 "the apiserver dropped fields of a ResourceSlice (a DRA feature gate is off); \
@@ -124,10 +147,30 @@ impl Publisher {
                 self.accepted.remove(0);
             }
         }
+        false
     }
 
-    /// One sync: list, plan, write. Returns what was written.
+    /// One sync: list, plan, write. Returns what was written. When a write shows that the
+    /// apiserver drops counters, the rest of the plan is abandoned and the pool is planned and
+    /// written again at once in plain mode (at most once per process: plain mode is sticky).
     pub async fn sync(&mut self, devices: &[Device]) -> Result<SyncReport> {
+        let mut total = SyncReport::default();
+        loop {
+            let (report, switched) = self.sync_once(devices).await?;
+            total = SyncReport {
+                deleted: total.deleted + report.deleted,
+                updated: total.updated + report.updated,
+                created: total.created + report.created,
+                generation: report.generation,
+                counters: self.mode == Mode::Partitionable,
+            };
+            if !switched {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn sync_once(&mut self, devices: &[Device]) -> Result<(SyncReport, bool)> {
         let owner = self.owner().await?;
         let existing = self
             .slices
@@ -137,7 +180,7 @@ impl Publisher {
             &self.driver,
             &owner,
             &existing.items,
-            &split(devices),
+            &layout(devices, self.mode),
             &self.accepted,
         );
         let mut report = SyncReport {
@@ -166,20 +209,24 @@ impl Publisher {
                 .replace(&name, &PostParams::default(), slice)
                 .await?;
             self.remember_write(&stored);
-            self.check_dropped(&slice.spec, &stored);
             report.updated += 1;
+            if self.check_dropped(&slice.spec, &stored) {
+                return Ok((report, true));
+            }
         }
         for slice in &plan.creates {
             let stored = self.slices.create(&PostParams::default(), slice).await?;
             self.remember_write(&stored);
-            self.check_dropped(&slice.spec, &stored);
             report.created += 1;
+            if self.check_dropped(&slice.spec, &stored) {
+                return Ok((report, true));
+            }
         }
         if !plan.is_empty() {
             tracing::info!(node = %self.node, generation = report.generation, created = report.created,
                 updated = report.updated, deleted = report.deleted, "ResourceSlices published");
         }
-        Ok(report)
+        Ok((report, false))
     }
 
     /// Runs until `devices`' sender is dropped: syncs on every trigger, with backoff.
@@ -240,6 +287,16 @@ impl Publisher {
         }
         watcher.abort();
     }
+}
+
+/// Whether a spec carries PF budgets: counter sets or devices consuming them.
+fn has_counters(spec: &ResourceSliceSpec) -> bool {
+    spec.shared_counters.as_ref().is_some_and(|s| !s.is_empty())
+        || spec
+            .devices
+            .iter()
+            .flatten()
+            .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
 }
 
 /// Watches this node's slices and forwards each event's resourceVersion ("" for a deletion, so

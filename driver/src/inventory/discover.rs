@@ -397,6 +397,11 @@ impl Walk<'_> {
         }
         if let Some(pf_bdf) = &function.physfn {
             attrs.str("pfPciAddress", pf_bdf);
+            // The PF's mode, so a claim can ask for VFs of switchdev PFs (offloads) or legacy
+            // ones; devlink answers per PF only.
+            if let Some(mode) = self.sources.devlink.eswitch_mode(pf_bdf) {
+                attrs.str("eswitchMode", mode.as_str());
+            }
             let pf_real = function.real.join("physfn");
             let pf_name = self.pf_netdev(&pf_real);
             if let Some(pf_name) = &pf_name {

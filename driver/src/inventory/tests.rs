@@ -742,6 +742,7 @@ fn cx5_vf(
     mac: &str,
     index: i64,
     ib: &str,
+    mode: &str,
 ) -> Vec<(&'static str, AttrValue)> {
     with(
         pci_common(bdf, "pci0000:3a"),
@@ -761,6 +762,8 @@ fn cx5_vf(
             ("pfPciAddress", s("0000:3b:00.0")),
             ("pfName", s("enp59s0f0np0")),
             ("vfIndex", i(index)),
+            // The PF's devlink mode: VFs of a switchdev PF are the offloadable ones.
+            ("eswitchMode", s(mode)),
             ("rdma", b(true)),
             ("rdmaDevice", s(ib)),
             ("ifName", s(if_name)),
@@ -838,6 +841,7 @@ fn inventory_mlx5_pfs_vfs_rdma() {
             "02:00:00:cc:00:00",
             0,
             "mlx5_2",
+            "legacy",
         ),
     );
     assert_attrs(
@@ -848,6 +852,7 @@ fn inventory_mlx5_pfs_vfs_rdma() {
             "02:00:00:cc:00:01",
             1,
             "mlx5_3",
+            "legacy",
         ),
     );
 }
@@ -931,6 +936,7 @@ fn inventory_mlx5_switchdev_representors_are_not_offered() {
             "02:00:00:cc:00:00",
             0,
             "mlx5_2",
+            "switchdev",
         ),
     );
     // An include rule cannot bring a representor in.

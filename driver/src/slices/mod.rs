@@ -1,18 +1,20 @@
 //! From an inventory to ResourceSlices, as pure functions.
 //!
 //! [`desired`] decides what the node publishes (devices validated against the apiserver's rules,
-//! split into slices); [`plan`] compares that with what the API holds and decides the fewest
+//! split into slices, plus the SR-IOV PF budgets of [`counters`] as counter-only slices where the
+//! apiserver takes them, see [`Mode`]); [`plan`] compares that with what the API holds and decides the fewest
 //! writes, the pool generation and the slice names, following the Go `resourceslice` controller
 //! (shared/spec §4.2) so schedulers see the same pool semantics as with any Go driver. The
 //! publisher in [`crate::api::slices`] is the only place that performs writes.
 
+pub mod counters;
 pub mod exhaustion;
 pub mod rescan;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -110,7 +112,9 @@ fn uses_advanced_features(d: &Device) -> bool {
 
 /// The node's devices as published: the inventory's devices validated for the apiserver, plus
 /// `retained` devices (prepared for a pod, hence gone from the host's view, but still
-/// allocated) that the inventory no longer shows; in name order, names unique.
+/// allocated) that the inventory no longer shows; in name order, names unique. Devices of an
+/// SR-IOV PF consume its budget ([`counters::consume`]); [`layout`] drops that where the
+/// apiserver does not take it.
 pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
     let mut devices: Vec<Device> = inventory.devices.iter().filter_map(to_api_device).collect();
     for kept in retained {
@@ -126,6 +130,7 @@ pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
         }
         dup
     });
+    counters::consume(&mut devices, &counters::budgets(inventory));
     devices
 }
 
@@ -145,9 +150,70 @@ pub fn split(devices: &[Device]) -> Vec<Vec<Device>> {
     devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
 }
 
-/// The node's desired slices for an inventory with nothing retained.
-pub fn desired(inventory: &Inventory) -> Vec<Vec<Device>> {
-    split(&devices(inventory, &[]))
+/// What the apiserver takes: whether `DRAPartitionableDevices` is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// PF budgets are published as shared counters that the devices consume.
+    Partitionable,
+    /// The gate is off (the apiserver drops counters): plain devices only.
+    Plain,
+}
+
+/// One desired slice: devices or counter sets, never both (the apiserver refuses both from
+/// 1.35 on); both empty only for the one slice of an empty pool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DesiredSlice {
+    /// The slice's devices.
+    pub devices: Vec<Device>,
+    /// The slice's shared counter sets.
+    pub shared_counters: Vec<CounterSet>,
+}
+
+impl From<Vec<Device>> for DesiredSlice {
+    fn from(devices: Vec<Device>) -> Self {
+        DesiredSlice {
+            devices,
+            shared_counters: Vec::new(),
+        }
+    }
+}
+
+/// The slices for `devices` (as [`devices`] makes them) in `mode`: device slices first (so the
+/// device slices keep their names and indexes whether or not counters are published), then the
+/// counter sets the devices consume, at most 8 per slice. In [`Mode::Plain`] the devices lose
+/// their `consumesCounters`, so the pool never names a set it does not publish.
+pub fn layout(devices: &[Device], mode: Mode) -> Vec<DesiredSlice> {
+    match mode {
+        Mode::Plain => {
+            let plain: Vec<Device> = devices
+                .iter()
+                .cloned()
+                .map(|mut d| {
+                    d.consumes_counters = None;
+                    d
+                })
+                .collect();
+            split(&plain).into_iter().map(DesiredSlice::from).collect()
+        }
+        Mode::Partitionable => {
+            let mut out: Vec<DesiredSlice> =
+                split(devices).into_iter().map(DesiredSlice::from).collect();
+            let sets = counters::counter_sets(devices);
+            out.extend(
+                sets.chunks(counters::MAX_COUNTER_SETS_PER_SLICE)
+                    .map(|chunk| DesiredSlice {
+                        devices: Vec::new(),
+                        shared_counters: chunk.to_vec(),
+                    }),
+            );
+            out
+        }
+    }
+}
+
+/// The node's desired slices for an inventory with nothing retained, counters published.
+pub fn desired(inventory: &Inventory) -> Vec<DesiredSlice> {
+    layout(&devices(inventory, &[]), Mode::Partitionable)
 }
 
 /// The writes that bring the API to the desired state, in the order they must happen.
@@ -190,7 +256,7 @@ fn spec(
     node: &str,
     generation: i64,
     count: usize,
-    devices: &[Device],
+    slice: &DesiredSlice,
 ) -> ResourceSliceSpec {
     ResourceSliceSpec {
         driver: driver.into(),
@@ -200,17 +266,26 @@ fn spec(
             generation,
             resource_slice_count: count as i64,
         },
-        devices: (!devices.is_empty()).then(|| devices.to_vec()),
+        devices: (!slice.devices.is_empty()).then(|| slice.devices.clone()),
+        shared_counters: (!slice.shared_counters.is_empty()).then(|| slice.shared_counters.clone()),
         ..Default::default()
     }
 }
 
-/// Compares specs the way the apiserver stores them: an empty device list is the same as none.
+/// Compares specs the way the apiserver stores them: an empty list is the same as none.
 pub(crate) fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
     let norm = |s: &ResourceSliceSpec| {
         let mut s = s.clone();
         if s.devices.as_ref().is_some_and(Vec::is_empty) {
             s.devices = None;
+        }
+        if s.shared_counters.as_ref().is_some_and(Vec::is_empty) {
+            s.shared_counters = None;
+        }
+        for d in s.devices.iter_mut().flatten() {
+            if d.consumes_counters.as_ref().is_some_and(Vec::is_empty) {
+                d.consumes_counters = None;
+            }
         }
         s
     };
@@ -236,7 +311,7 @@ pub fn plan(
     driver: &str,
     owner: &PoolOwner,
     existing: &[ResourceSlice],
-    desired: &[Vec<Device>],
+    desired: &[DesiredSlice],
     accepted: &Accepted,
 ) -> Plan {
     let node = owner.node_name.as_str();
@@ -288,8 +363,8 @@ pub fn plan(
 
     let mut updates = Vec::new();
     let mut creates = Vec::new();
-    for (i, devices) in desired.iter().enumerate() {
-        let want = spec(driver, node, generation, count, devices);
+    for (i, slice) in desired.iter().enumerate() {
+        let want = spec(driver, node, generation, count, slice);
         match matched[i] {
             Some(slice) if bump || changed.contains(&i) => {
                 let mut next = slice.clone();

@@ -85,7 +85,7 @@ fn slice_counts_for_0_1_128_129_1000_devices() {
     for (n, want) in [(0, 1), (1, 1), (128, 1), (129, 2), (1000, 8)] {
         let d = desired(&inventory(n));
         assert_eq!(d.len(), want, "{n} devices");
-        assert_eq!(d.iter().map(Vec::len).sum::<usize>(), n);
+        assert_eq!(d.iter().map(|s| s.devices.len()).sum::<usize>(), n);
         let p = plan(DRIVER, &owner(), &[], &d, &[]);
         assert_eq!(
             (p.creates.len(), p.updates.len(), p.deletes.len()),
@@ -269,4 +269,103 @@ fn dropped_fields_are_accepted_not_rewritten() {
     assert_eq!(p.updates.len(), 1, "without acceptance it would rewrite");
     let accepted = vec![(stored[0].spec.clone(), dropped[0].spec.clone())];
     assert!(plan(DRIVER, &owner(), &dropped, &d, &accepted).is_empty());
+}
+
+fn sriov_inventory(pfs: usize, vfs: usize) -> Inventory {
+    let dir = tempfile::tempdir().unwrap();
+    crate::inventory::fixture::materialise(
+        &crate::inventory::fixture::synthetic_sriov(pfs, vfs),
+        dir.path(),
+    )
+    .unwrap();
+    crate::inventory::discover(
+        dir.path(),
+        &crate::inventory::sources::Sources::default(),
+        &Default::default(),
+        &Default::default(),
+    )
+}
+
+#[test]
+fn counter_slices_come_after_device_slices_and_plain_mode_drops_them() {
+    let inv = sriov_inventory(1, 80);
+    let d = desired(&inv);
+    let p = plan(DRIVER, &owner(), &[], &d, &[]);
+    let prefixes: Vec<_> = p
+        .creates
+        .iter()
+        .map(|s| s.metadata.generate_name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        prefixes,
+        [
+            "00000-knic.dev-node-a-",
+            "00001-knic.dev-node-a-",
+            "00002-knic.dev-node-a-"
+        ]
+    );
+    let counter_slice = &p.creates[2].spec;
+    assert_eq!(
+        counter_slice.devices, None,
+        "a counter slice holds no devices"
+    );
+    assert_eq!(
+        counter_slice.shared_counters.as_ref().map(Vec::len),
+        Some(1)
+    );
+    assert!(
+        p.creates[..2]
+            .iter()
+            .all(|s| s.spec.shared_counters.is_none())
+    );
+    let stored = apply(&[], &p);
+    assert_valid(&stored);
+    assert!(plan(DRIVER, &owner(), &stored, &d, &[]).is_empty());
+
+    // The apiserver drops counters: the plain pool is one slice of 81 devices, the counter slice
+    // and the second device slice go, and the generation moves.
+    let plain = layout(&devices(&inv, &[]), Mode::Plain);
+    let p = plan(DRIVER, &owner(), &stored, &plain, &[]);
+    assert_eq!(
+        (
+            p.deletes.len(),
+            p.updates.len(),
+            p.creates.len(),
+            p.generation
+        ),
+        (2, 1, 0, 2)
+    );
+    let after = apply(&stored, &p);
+    assert_valid(&after);
+    assert_eq!(after.len(), 1);
+    let spec = &after[0].spec;
+    assert_eq!(spec.shared_counters, None);
+    assert_eq!(spec.devices.as_ref().map(Vec::len), Some(81));
+    assert!(
+        spec.devices
+            .iter()
+            .flatten()
+            .all(|d| d.consumes_counters.is_none())
+    );
+    assert!(plan(DRIVER, &owner(), &after, &plain, &[]).is_empty());
+}
+
+#[test]
+fn a_new_vf_changes_a_budget_and_a_device_slice_so_the_generation_moves() {
+    let stored = apply(
+        &[],
+        &plan(DRIVER, &owner(), &[], &desired(&sriov_inventory(9, 2)), &[]),
+    );
+    assert_eq!(stored.len(), 3);
+    // One more VF on some PF changes its budget (counter slice) and adds a device (device
+    // slice): two slices change, so the generation moves and everything is rewritten.
+    let p = plan(
+        DRIVER,
+        &owner(),
+        &stored,
+        &desired(&sriov_inventory(9, 3)),
+        &[],
+    );
+    assert_eq!((p.updates.len(), p.generation), (3, 2));
+    assert_valid(&apply(&stored, &p));
 }

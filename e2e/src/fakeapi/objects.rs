@@ -41,6 +41,16 @@ pub(super) fn commit(
     let Some(obj) = objects.get_mut(key) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "vanished".into());
     };
+    // Fields of disabled gates are dropped before anything is compared, as the apiserver's
+    // strategy does, so a write of only such fields stays a no-op.
+    if target.resource == "resourceslices"
+        && target.subresource.is_none()
+        && !store
+            .partitionable
+            .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        super::slices::drop_partitionable_fields(obj);
+    }
     if obj == before {
         return respond(StatusCode::OK, obj);
     }
@@ -69,8 +79,12 @@ pub(super) fn commit(
             ),
         );
     }
+    let name = field(before, "metadata.name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     if target.subresource.is_none()
-        && let Some(message) = crate::admission::refusal(&target.resource, obj)
+        && let Some(message) = store.admit(&target.resource, &name, obj)
     {
         *obj = before.clone();
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
