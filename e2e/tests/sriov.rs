@@ -136,16 +136,18 @@ async fn policy_creates_vfs_before_the_first_publish(env: &mut Env) -> anyhow::R
             device.name
         );
     }
-    // The first slice already had them: no publish with the old two VFs happened.
+    // The first publish already had them: the slices were created once, never rewritten.
     if let Some(fake) = &env.cluster.fake {
-        let writes = fake
+        let writes: Vec<String> = fake
             .requests()
             .iter()
             .filter(|r| r.path.contains("/resourceslices") && r.method != "GET")
-            .count();
+            .map(|r| r.method.clone())
+            .collect();
+        let slices = env.cluster.slices().await?.len();
         ensure!(
-            writes == 1,
-            "{writes} slice writes; the first publish must have the VFs"
+            writes.len() == slices && writes.iter().all(|m| m == "POST"),
+            "slice writes {writes:?} for {slices} slices; the first publish must have the VFs"
         );
     }
     Ok(())
