@@ -20,6 +20,7 @@ pub mod netns;
 pub mod nri;
 pub mod pods;
 pub mod slices;
+pub mod sriov;
 pub mod wiring;
 
 pub use error::{Error, Result};

@@ -783,6 +783,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         prepared_at: 1_700_000_000,
         attachments: vec![Attachment::planned(plan(device))],
         allocations: Vec::new(),
+        functions: Vec::new(),
     };
     let checkpoints = [
         Checkpoint::default(),

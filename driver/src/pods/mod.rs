@@ -38,8 +38,11 @@ pub struct DeviceStatus {
     pub interface_name: Option<String>,
     /// Addresses in CIDR interface form.
     pub ips: Vec<String>,
-    /// MAC in the pod.
+    /// MAC in the pod (or, for a function without a netdev, as published).
     pub hardware_address: Option<String>,
+    /// Device data for the status's `data` (PCI address, VFIO group, RDMA devices, mode): what
+    /// a VM or DPDK user needs to find the function.
+    pub data: Option<serde_json::Value>,
 }
 
 /// Where claim status goes: the API in production, a recorder in tests.
@@ -136,6 +139,11 @@ impl<K: Kernel> PodNetworks<K> {
                             interface_name: Some(a.plan.pod_ifname.clone()),
                             ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
                             hardware_address: link.mac.as_ref().map(netns::mac_text),
+                            data: claim
+                                .functions
+                                .iter()
+                                .find(|f| f.device == a.plan.device)
+                                .map(crate::claims::functions::PciFunction::status_data),
                         });
                     }
                     Err(e) => {
@@ -163,12 +171,14 @@ impl<K: Kernel> PodNetworks<K> {
                             interface_name: None,
                             ips: vec![],
                             hardware_address: None,
+                            data: None,
                         };
                         self.publish_status(claim.clone(), vec![failed]);
                         return Err(failure);
                     }
                 }
             }
+            entries.extend(vfio_statuses(&claim, pod_name));
             statuses.push((claim, entries));
         }
         for (claim, entries) in statuses {
@@ -291,6 +301,38 @@ impl<K: Kernel> PodNetworks<K> {
         self.detach_claims(claims, netns.map(Ns::Pod).as_ref())
             .await
     }
+}
+
+/// Status entries of the claim's vfio-pci functions: bound at prepare, nothing to attach, so
+/// the sandbox start is where their status is written, with what a VM or DPDK user needs.
+pub fn vfio_statuses(claim: &PreparedClaim, pod_name: &str) -> Vec<DeviceStatus> {
+    claim
+        .functions
+        .iter()
+        .filter_map(|f| {
+            let vfio = f.vfio.as_ref()?;
+            let pool = claim
+                .devices
+                .iter()
+                .find(|d| d.device == f.device)
+                .map(|d| d.pool.clone())
+                .unwrap_or_default();
+            Some(DeviceStatus {
+                pool,
+                device: f.device.clone(),
+                ready: true,
+                reason: "VfioBound".into(),
+                message: format!(
+                    "{} bound to vfio-pci (IOMMU group {}) for pod {pod_name}",
+                    f.pci_address, vfio.group
+                ),
+                interface_name: None,
+                ips: vec![],
+                hardware_address: f.mac.clone(),
+                data: Some(f.status_data()),
+            })
+        })
+        .collect()
 }
 
 impl<K: Kernel> Release for PodNetworks<K> {

@@ -20,6 +20,7 @@
 
 mod addr;
 mod cidr;
+mod mode;
 mod parse;
 mod validate;
 
@@ -38,6 +39,7 @@ pub use addr::{
 };
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
+pub use mode::DeviceMode;
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 
@@ -144,6 +146,10 @@ pub struct NetworkConfig {
     /// once the driver assigns it. Values are strings, as in a pod's `securityContext.sysctls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sysctls: Option<BTreeMap<String, String>>,
+    /// `netdev` (default) or `vfio-pci`; see [`DeviceMode`]. A string here so [`validate`]
+    /// reports a wrong value with the accepted ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mode: Option<String>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -238,6 +244,9 @@ pub struct ValidConfig {
     /// [`sysctl_path`] turns a key into the real `/proc/sys` file once the name is known.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sysctls: BTreeMap<String, String>,
+    /// How the device reaches the pod; omitted when `netdev`, so older checkpoints still load.
+    #[serde(default, skip_serializing_if = "DeviceMode::is_netdev")]
+    pub device_mode: DeviceMode,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -310,6 +319,9 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.vlan.is_some() {
             merged.vlan.clone_from(&layer.vlan);
+        }
+        if layer.device_mode.is_some() {
+            merged.device_mode.clone_from(&layer.device_mode);
         }
         if let Some(sysctls) = &layer.sysctls {
             let target = merged.sysctls.get_or_insert_with(BTreeMap::new);

@@ -24,6 +24,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "routes",
     "vlan",
     "sysctls",
+    "deviceMode",
 ];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
 const IPAM_FIELDS: &[&str] = &["network"];
@@ -183,6 +184,9 @@ impl Parser {
         }
         if let Some(v) = field(map, "sysctls") {
             config.sysctls = self.sysctls(v, &child(path, "sysctls"));
+        }
+        if let Some(v) = field(map, "deviceMode") {
+            config.device_mode = self.string(v, &child(path, "deviceMode"));
         }
         config
     }

@@ -462,6 +462,7 @@ fn full_config_validates_and_round_trips() {
             ("ipv4.rp_filter".to_owned(), "2".to_owned()),
             ("ipv6.accept_ra".to_owned(), "0".to_owned()),
         ]),
+        device_mode: DeviceMode::Netdev,
     };
     assert_eq!(valid, expected);
 

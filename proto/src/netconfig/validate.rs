@@ -349,6 +349,9 @@ impl Validator {
         if let Some(sysctls) = &config.sysctls {
             out.sysctls = self.sysctls(sysctls, &out.addresses);
         }
+        let (mode, errors) = super::mode::check(config);
+        out.device_mode = mode;
+        self.errors.extend(errors);
         out
     }
 
