@@ -266,6 +266,15 @@ async fn a_vfio_function_is_bound_at_prepare_given_to_the_pod_and_restored_at_un
     kernel.add_namespace(&crate::netns::Ns::Pod(netns.clone()));
     let status = Arc::new(Recorder::default());
     let pods = PodNetworks::new(kernel, preparer.claims().clone(), status.clone());
+    // Not this host's RDMA subsystem: the test must not depend on it.
+    pods.set_rdma(
+        Arc::new(FakeRdma {
+            mode: crate::sriov::rdma::NetnsMode::Shared,
+            fail: false,
+            moves: StdMutex::default(),
+        }),
+        "/proc/self/ns/net".into(),
+    );
     pods.attach_pod("pu", "ns/pod", netns)
         .await
         .expect("attached");
@@ -448,4 +457,117 @@ async fn after_a_crash_mid_bind_the_retried_prepare_finishes_the_bind() {
     assert_eq!(node.driver_of(VF).as_deref(), Some("vfio-pci"));
     unprepare(&restarted).await.expect("unprepared");
     assert_eq!(node.driver_of(VF).as_deref(), Some("mlx5_core"));
+}
+
+/// Records RDMA moves in the mode it is given; `fail` makes every move fail.
+struct FakeRdma {
+    mode: crate::sriov::rdma::NetnsMode,
+    fail: bool,
+    moves: StdMutex<Vec<(String, std::path::PathBuf)>>,
+}
+
+impl crate::sriov::rdma::RdmaNamespaces for FakeRdma {
+    fn mode(&self) -> Result<crate::sriov::rdma::NetnsMode> {
+        Ok(self.mode)
+    }
+    fn move_device(&self, name: &str, netns: &std::path::Path) -> Result<()> {
+        if self.fail {
+            return Err(Error::io(
+                format!("moving RDMA device {name}"),
+                std::io::Error::from_raw_os_error(nix::libc::EBUSY),
+            ));
+        }
+        self.moves
+            .lock()
+            .expect("lock")
+            .push((name.to_owned(), netns.to_owned()));
+        Ok(())
+    }
+}
+
+/// Prepares the RDMA VF 0000:3b:00.3 in netdev mode and attaches it through `rdma`.
+async fn attach_rdma(
+    rdma: Arc<FakeRdma>,
+) -> (
+    Node,
+    Arc<PodNetworks<crate::netns::fake::FakeKernel>>,
+    Result<()>,
+    crate::netns::fake::FakeKernel,
+) {
+    let node = node(true);
+    node.claim(&[("rdma", "vf-3b-00-3")], json!({}));
+    let preparer = node.preparer();
+    prepare(&preparer).await.expect("prepared");
+    let kernel = crate::netns::fake::FakeKernel::new();
+    kernel.add_link(
+        &crate::netns::Ns::Host,
+        "enp59s0f0v1",
+        1500,
+        [2, 0, 0, 0xcc, 0, 1],
+        None,
+        &[],
+    );
+    let netns = std::path::PathBuf::from("/var/run/netns/pod");
+    kernel.add_namespace(&crate::netns::Ns::Pod(netns.clone()));
+    let pods = PodNetworks::new(
+        kernel.clone(),
+        preparer.claims().clone(),
+        Arc::new(Recorder::default()),
+    );
+    pods.set_rdma(rdma, "/proc/self/ns/net".into());
+    let outcome = pods.attach_pod("pu", "ns/pod", netns).await;
+    (node, pods, outcome, kernel)
+}
+
+#[tokio::test]
+async fn in_exclusive_mode_the_rdma_device_follows_the_netdev_into_the_pod_and_back() {
+    let rdma = Arc::new(FakeRdma {
+        mode: crate::sriov::rdma::NetnsMode::Exclusive,
+        fail: false,
+        moves: StdMutex::default(),
+    });
+    let (_node, pods, outcome, _kernel) = attach_rdma(rdma.clone()).await;
+    outcome.expect("attached");
+    pods.detach_pod("pu", None).await.expect("detached");
+    assert_eq!(
+        *rdma.moves.lock().expect("lock"),
+        [
+            ("mlx5_3".to_owned(), "/var/run/netns/pod".into()),
+            ("mlx5_3".to_owned(), "/proc/self/ns/net".into()),
+        ]
+    );
+
+    let shared = Arc::new(FakeRdma {
+        mode: crate::sriov::rdma::NetnsMode::Shared,
+        fail: false,
+        moves: StdMutex::default(),
+    });
+    let (_node, _pods, outcome, _kernel) = attach_rdma(shared.clone()).await;
+    outcome.expect("attached");
+    assert!(
+        shared.moves.lock().expect("lock").is_empty(),
+        "shared mode moves nothing"
+    );
+}
+
+#[tokio::test]
+async fn an_rdma_device_that_cannot_follow_fails_the_attach_and_the_netdev_comes_back() {
+    let rdma = Arc::new(FakeRdma {
+        mode: crate::sriov::rdma::NetnsMode::Exclusive,
+        fail: true,
+        moves: StdMutex::default(),
+    });
+    let (_node, _pods, outcome, kernel) = attach_rdma(rdma).await;
+    let err = outcome.expect_err("attach refused").to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/claim: device node-a/vf-3b-00-3: moving RDMA device mlx5_3: Device or \
+         resource busy (os error 16)"
+    );
+    let host: Vec<String> = kernel
+        .links(&crate::netns::Ns::Host)
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    assert!(host.contains(&"enp59s0f0v1".to_owned()), "{host:?}");
 }

@@ -314,5 +314,92 @@ pub fn query_netns_mode() -> Result<NetnsMode> {
     netns_mode(&parse(&answer)?)
 }
 
+/// Where RDMA devices change namespace: the kernel, or a recorder in tests. Behind `dyn` so
+/// the pod networks can hold either.
+pub trait RdmaNamespaces: Send + Sync + 'static {
+    /// The subsystem's mode; an error means no RDMA core (nothing to move).
+    fn mode(&self) -> Result<NetnsMode>;
+    /// Moves the RDMA device `name` into the network namespace at `netns`.
+    fn move_device(&self, name: &str, netns: &Path) -> Result<()>;
+}
+
+/// The host's RDMA subsystem over `NETLINK_RDMA`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelRdma;
+
+impl KernelRdma {
+    fn socket() -> Result<netlink_sys::Socket> {
+        let io = |what: &str, e: std::io::Error| Error::io(format!("RDMA netlink: {what}"), e);
+        let mut socket =
+            netlink_sys::Socket::new(NETLINK_RDMA).map_err(|e| io("opening the socket", e))?;
+        socket
+            .bind_auto()
+            .map_err(|e| io("binding the socket", e))?;
+        socket
+            .connect(&netlink_sys::SocketAddr::new(0, 0))
+            .map_err(|e| io("connecting to the kernel", e))?;
+        Ok(socket)
+    }
+
+    /// Sends `request` and collects the answer up to its end (`NLMSG_DONE`, an error or an
+    /// acknowledgement, or the one answer of a plain request), at most 64 reads.
+    fn exchange(request: &[u8], dump: bool) -> Result<Vec<Message>> {
+        let io = |what: &str, e: std::io::Error| Error::io(format!("RDMA netlink: {what}"), e);
+        let socket = Self::socket()?;
+        socket
+            .send(request, 0)
+            .map_err(|e| io("sending a request", e))?;
+        let mut out = Vec::new();
+        for _ in 0..64 {
+            let (bytes, _) = socket
+                .recv_from_full()
+                .map_err(|e| io("receiving the answer", e))?;
+            let messages = parse(&bytes)?;
+            let end = messages
+                .iter()
+                .any(|m| matches!(m, Message::Done | Message::Error(_)));
+            out.extend(messages);
+            if end || !dump {
+                return Ok(out);
+            }
+        }
+        Err(malformed("the answer did not end within 64 reads"))
+    }
+}
+
+impl RdmaNamespaces for KernelRdma {
+    fn mode(&self) -> Result<NetnsMode> {
+        query_netns_mode()
+    }
+
+    fn move_device(&self, name: &str, netns: &Path) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let answer = Self::exchange(&dump_devices_request(1), true)?;
+        let index = device_index(&answer, name).ok_or_else(|| {
+            Error::io(
+                format!("moving RDMA device {name}"),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such RDMA device"),
+            )
+        })?;
+        let file = std::fs::File::open(netns)
+            .map_err(|e| Error::io(format!("opening {}", netns.display()), e))?;
+        let fd = u32::try_from(file.as_raw_fd()).unwrap_or_default();
+        let answer = Self::exchange(&set_netns_request(2, index, fd), false)?;
+        match answer.first() {
+            Some(Message::Error(0)) => Ok(()),
+            Some(Message::Error(errno)) => Err(Error::io(
+                format!("moving RDMA device {name} to {}", netns.display()),
+                std::io::Error::from_raw_os_error(*errno),
+            )),
+            _ => Err(malformed("no acknowledgement of the move")),
+        }
+    }
+}
+
+/// Whether `error` means the host has no RDMA core at all (so nothing can need moving).
+pub fn no_rdma_core(error: &Error) -> bool {
+    matches!(error, Error::Io { source, .. } if source.raw_os_error() == Some(nix::libc::EPROTONOSUPPORT))
+}
+
 #[cfg(test)]
 mod tests;
