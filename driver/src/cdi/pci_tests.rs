@@ -22,7 +22,7 @@ try:
     from referencing import Registry
     from referencing.jsonschema import DRAFT7
 except ImportError as e:
-    print(f"python3 cannot import jsonschema ({e}): install it with `python3 -m pip install jsonschema` (CI installs it from PyPI)")
+    print(f"python3 cannot import jsonschema ({e}): install it with `python3 -m pip install 'jsonschema>=4.18'` (CI installs jsonschema==4.26.0 from PyPI)")
     sys.exit(3)
 d = pathlib.Path(sys.argv[1])
 schema = json.loads((d / "schema.json").read_text())
