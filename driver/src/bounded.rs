@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -57,42 +57,6 @@ pub fn read_regular(path: &Path, limit: u64, links: Links) -> io::Result<Vec<u8>
     read_at_most(file, limit)
 }
 
-/// The most one sysfs attribute write may carry: attributes take a page at most.
-pub const MAX_ATTRIBUTE_WRITE: usize = 4096;
-
-/// Writes `value` to the existing regular file at `path` in one `write(2)`, as sysfs attributes
-/// need (a split write would be two stores). Never creates a file, never follows a final
-/// symlink, refuses FIFOs and devices (checked on the open descriptor, opened non-blocking), so a
-/// planted file in a tree cannot hang or redirect the write.
-pub fn write_attribute(path: &Path, value: &str) -> io::Result<()> {
-    use std::io::Write as _;
-    if value.len() > MAX_ATTRIBUTE_WRITE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("value larger than the {MAX_ATTRIBUTE_WRITE}-byte limit of an attribute"),
-        ));
-    }
-    let meta = std::fs::symlink_metadata(path)?;
-    if !meta.file_type().is_file() {
-        return Err(not_regular(meta.file_type()));
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW).bits())
-        .open(path)?;
-    if !file.metadata()?.file_type().is_file() {
-        return Err(not_regular(file.metadata()?.file_type()));
-    }
-    let written = file.write(value.as_bytes())?;
-    if written != value.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            format!("short write: {written} of {} bytes", value.len()),
-        ));
-    }
-    Ok(())
-}
-
 /// Reads at most `limit` bytes, failing when there is more: a silently truncated file would be
 /// read as a different, valid-looking content.
 fn read_at_most(file: File, limit: u64) -> io::Result<Vec<u8>> {
@@ -131,6 +95,64 @@ fn not_regular(kind: std::fs::FileType) -> io::Error {
         io::ErrorKind::InvalidInput,
         format!("not a regular file (it is {what})"),
     )
+}
+
+/// The most a sysfs attribute takes in one `write(2)` (the kernel hands a store at most one
+/// page); anything longer cannot be what the caller meant.
+pub const MAX_ATTRIBUTE_WRITE: usize = 4096;
+
+/// Writes `value` to the existing sysfs attribute `path` in one `write(2)`.
+///
+/// Attribute writes act on the kernel (unbind a driver, probe a device), so the target must be
+/// exactly what the caller named: the file is never created (a typo or a missing driver must
+/// fail, not leave a new file), the last component must not be a symlink, and it must be a
+/// regular file (sysfs attributes are) checked before opening and again on the descriptor,
+/// opened non-blocking so a FIFO cannot hang the write. The error text names the path and the
+/// rule broken.
+pub fn write_attribute(path: &Path, value: &[u8]) -> io::Result<()> {
+    let refuse = |kind: io::ErrorKind, rule: String| {
+        io::Error::new(kind, format!("writing {}: {rule}", path.display()))
+    };
+    if value.len() > MAX_ATTRIBUTE_WRITE {
+        return Err(refuse(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} bytes is more than a sysfs attribute takes ({MAX_ATTRIBUTE_WRITE})",
+                value.len()
+            ),
+        ));
+    }
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| refuse(e.kind(), format!("the attribute must exist ({e})")))?;
+    if !meta.file_type().is_file() {
+        let rule = not_regular(meta.file_type()).to_string();
+        return Err(refuse(io::ErrorKind::InvalidInput, rule));
+    }
+    let flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(flags.bits())
+        .open(path)
+        .map_err(|e| refuse(e.kind(), e.to_string()))?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        let rule = not_regular(meta.file_type()).to_string();
+        return Err(refuse(io::ErrorKind::InvalidInput, rule));
+    }
+    let written = file
+        .write(value)
+        .map_err(|e| refuse(e.kind(), e.to_string()))?;
+    if written != value.len() {
+        return Err(refuse(
+            io::ErrorKind::WriteZero,
+            format!(
+                "only {written} of {} bytes were taken in one write",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Cuts `text` to at most `max` bytes (marker included, for `max` ≥ 96) on a character boundary,
@@ -229,5 +251,64 @@ mod tests {
         assert_eq!(read_regular(&link, 10, Links::Follow).unwrap().len(), 10);
         let err = read_regular(&link, 10, Links::Refuse).unwrap_err();
         assert_eq!(err.to_string(), "not a regular file (it is a symlink)");
+    }
+
+    #[test]
+    fn write_attribute_writes_existing_regular_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("unbind");
+        std::fs::write(&file, "old content\n").unwrap();
+        write_attribute(&file, b"0000:3b:00.2").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"0000:3b:00.2");
+
+        let missing = dir.path().join("bind");
+        let err = write_attribute(&missing, b"x").unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "writing {}: the attribute must exist (",
+                missing.display()
+            )),
+            "{err}"
+        );
+        assert!(!missing.exists(), "never created");
+
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = write_attribute(&fifo, b"x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "writing {}: not a regular file (it is a FIFO)",
+                fifo.display()
+            )
+        );
+
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let err = write_attribute(&link, b"x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "writing {}: not a regular file (it is a symlink)",
+                link.display()
+            )
+        );
+        let err = write_attribute(dir.path(), b"x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "writing {}: not a regular file (it is a directory)",
+                dir.path().display()
+            )
+        );
+        let err = write_attribute(&file, &[b'x'; MAX_ATTRIBUTE_WRITE + 1]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "writing {}: 4097 bytes is more than a sysfs attribute takes (4096)",
+                file.display()
+            )
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"0000:3b:00.2");
     }
 }

@@ -89,10 +89,16 @@ impl CdiSpecs {
         format!("{CDI_KIND}={claim_uid}-{index}")
     }
 
+    /// The fully qualified CDI device ID of a claim's `index`th PCI function (a vfio-pci one).
+    pub fn vfio_device_id(claim_uid: &str, index: usize) -> String {
+        format!("{CDI_KIND}={claim_uid}-vfio-{index}")
+    }
+
     /// Writes (or rewrites: a repeated prepare must be able to repair a spec lost in a crash)
-    /// the spec of `claim`, atomically. A claim without attachments gets none.
+    /// the spec of `claim`, atomically. A claim with neither attachments nor vfio-pci functions
+    /// gets none.
     pub fn write(&self, claim: &PreparedClaim) -> Result<()> {
-        if claim.attachments.is_empty() {
+        if claim.attachments.is_empty() && !claim.functions.iter().any(|f| f.vfio.is_some()) {
             return Ok(());
         }
         Self::checked(&claim.uid)?;
@@ -120,17 +126,43 @@ impl CdiSpecs {
     }
 }
 
+/// The VFIO container device every vfio-pci user opens besides its group.
+pub const VFIO_CONTAINER: &str = "/dev/vfio/vfio";
+
+/// The env name suffix for a request: its base name upper-cased, `-` as `_`.
+fn env_suffix(request: &str) -> String {
+    request
+        .split('/')
+        .next()
+        .unwrap_or(request)
+        .chars()
+        .map(|c| match c {
+            'a'..='z' => c.to_ascii_uppercase(),
+            'A'..='Z' | '0'..='9' => c,
+            _ => '_',
+        })
+        .collect()
+}
+
 /// The CDI spec of a claim: one device per attachment, whose hook checks that attachment's
-/// interface in the container's network namespace.
+/// interface in the container's network namespace (plus the RDMA character devices of its
+/// function), and one per vfio-pci function, which has no interface to check: its VFIO group
+/// and container devices, its PCI address as `KNIC_PCI_ADDRESS_<REQUEST>`, and the claim's
+/// vfio addresses as `PCIDEVICE_KNIC_DEV` (the SR-IOV device plugin's convention,
+/// `PCIDEVICE_<resource name>`, which KubeVirt and DPDK tooling read).
 pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
-    let devices: Vec<serde_json::Value> = claim
+    let vfio_addresses: Vec<&str> = claim
+        .functions
+        .iter()
+        .filter(|f| f.vfio.is_some())
+        .map(|f| f.pci_address.as_str())
+        .collect();
+    let mut devices: Vec<serde_json::Value> = claim
         .attachments
         .iter()
         .enumerate()
         .map(|(index, a)| {
-            json!({
-                "name": format!("{}-{index}", claim.uid),
-                "containerEdits": {
+            let mut edits = json!({
                     "hooks": [{
                         "hookName": "createRuntime",
                         "path": hook,
@@ -144,10 +176,47 @@ pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
                         ],
                         "timeout": HOOK_TIMEOUT_SECONDS,
                     }]
-                }
-            })
+            });
+            let rdma: Vec<&crate::sriov::rdma::RdmaDevice> = claim
+                .functions
+                .iter()
+                .filter(|f| f.device == a.plan.device)
+                .flat_map(|f| &f.rdma)
+                .collect();
+            if !rdma.is_empty() {
+                let mut nodes: Vec<serde_json::Value> = rdma
+                    .iter()
+                    .flat_map(|r| &r.uverbs)
+                    .map(|u| json!({"path": format!("{}/{u}", crate::sriov::rdma::DEV_DIR)}))
+                    .collect();
+                nodes.push(json!({"path": crate::sriov::rdma::RDMA_CM}));
+                let names: Vec<&str> = rdma.iter().map(|r| r.name.as_str()).collect();
+                edits["deviceNodes"] = nodes.into();
+                edits["env"] = json!([format!(
+                    "KNIC_RDMA_DEVICES_{}={}",
+                    env_suffix(&a.plan.request),
+                    names.join(",")
+                )]);
+            }
+            json!({"name": format!("{}-{index}", claim.uid), "containerEdits": edits})
         })
         .collect();
+    for (index, f) in claim.functions.iter().enumerate() {
+        let Some(vfio) = &f.vfio else { continue };
+        devices.push(json!({
+            "name": format!("{}-vfio-{index}", claim.uid),
+            "containerEdits": {
+                "deviceNodes": [
+                    {"path": format!("/dev/vfio/{}", vfio.group)},
+                    {"path": VFIO_CONTAINER},
+                ],
+                "env": [
+                    format!("KNIC_PCI_ADDRESS_{}={}", env_suffix(&f.request), f.pci_address),
+                    format!("PCIDEVICE_KNIC_DEV={}", vfio_addresses.join(",")),
+                ],
+            }
+        }));
+    }
     json!({
         "cdiVersion": "0.6.0",
         "kind": CDI_KIND,
@@ -223,6 +292,9 @@ pub async fn check_interface<K: Kernel>(
 }
 
 #[cfg(test)]
+pub(crate) mod pci_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::claims::checkpoint::Attachment;
@@ -243,6 +315,7 @@ mod tests {
                 Attachment::planned(plan("dev-1", "eth1", "data0", &[])),
             ],
             allocations: vec![],
+            functions: vec![],
         }
     }
 

@@ -307,6 +307,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         status: Arc::new(LogStatus),
         address_book: None,
         pool: NODE.into(),
+        sysfs_root: sysfs_root.to_path_buf(),
         fail_closed: None,
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

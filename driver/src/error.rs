@@ -48,6 +48,14 @@ pub enum Error {
         /// Why it cannot be prepared.
         reason: String,
     },
+    /// A PCI function could not be (un)bound for vfio-pci, or does not qualify for it.
+    #[error("PCI function {address}: {reason}")]
+    Vfio {
+        /// The function's PCI address (`0000:3b:00.2`), or the device name when it has none.
+        address: String,
+        /// The rule or the step that failed.
+        reason: String,
+    },
     /// A claim's `ipam: {network}` cannot be served: the Network is missing, static or
     /// invalid, or every subnet of a family is exhausted (with the controller's exact text and
     /// numbers, so the operator sizes the subnet from the claim's error alone).

@@ -410,6 +410,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             args.node_name.clone(),
         )),
         pool: args.node_name.clone(),
+        sysfs_root: discovery.root.clone(),
         fail_closed: Some(FailClosed {
             cdi: CdiSpecs::new(&args.cdi_dir, &hook),
             nri_connected,

@@ -41,6 +41,9 @@ pub struct Parts<K> {
     pub address_book: Option<(Arc<dyn AddressBook>, String)>,
     /// This node's pool: allocation results in another pool are refused.
     pub pool: String,
+    /// The sysfs root discovery reads: `vfio-pci` binding and RDMA lookups happen below it too,
+    /// so fixture trees exercise them.
+    pub sysfs_root: std::path::PathBuf,
     /// The fail-closed guards (see [`crate::cdi`]); `None` where no runtime runs containers
     /// (the demo's test runtime).
     pub fail_closed: Option<FailClosed>,
@@ -63,6 +66,10 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
     let mut preparer = Preparer::new(knic_proto::DRIVER_NAME, parts.source, claims.clone())
         .with_devices(parts.devices)
         .with_pool(parts.pool)
+        .with_pci(crate::sriov::vfio::Vfio::new(
+            parts.sysfs_root,
+            Arc::new(crate::sriov::vfio::KernelPci),
+        ))
         .with_release(pods.clone());
     if let Some(guards) = parts.fail_closed {
         preparer = preparer
@@ -144,6 +151,7 @@ mod tests {
             status: Arc::new(LogStatus),
             address_book: None,
             pool: "node-a".into(),
+            sysfs_root: dir.path().into(),
             fail_closed: None,
         });
         let wanted = ClaimRef {

@@ -343,6 +343,7 @@ async fn claim_status_write_survives() -> anyhow::Result<()> {
             interface_name: Some("net1".into()),
             ips: vec!["192.0.2.10/24".into()],
             hardware_address: None,
+            data: None,
         };
         let path = format!("/resourceclaims/{name}/status");
         let since = fake.requests().len();

@@ -101,6 +101,7 @@ fn netconfig_corpus() -> Vec<Value> {
                 "interface": { "name": "eth1" } }),
         json!({ "apiVersion": API_VERSION, "kind": KIND, "interface": { "mtu": 1280 },
                 "vlan": { "id": 4094 } }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "deviceMode": "vfio-pci" }),
     ]
 }
 
@@ -123,6 +124,7 @@ const NETCONFIG_KEYS: &[&str] = &[
     "vlan",
     "id",
     "sysctls",
+    "deviceMode",
 ];
 
 /// Layers as a claim carries them: class entries then claim entries, each parsed with its own
@@ -784,6 +786,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         prepared_at: 1_700_000_000,
         attachments: vec![Attachment::planned(plan(device))],
         allocations: Vec::new(),
+        functions: Vec::new(),
     };
     let checkpoints = [
         Checkpoint::default(),

@@ -54,6 +54,14 @@ pub fn status_patch(
                     data["hardwareAddress"] = mac.clone().into();
                 }
                 entry["networkData"] = data;
+            } else if d.ready
+                && let Some(mac) = &d.hardware_address
+            {
+                // A function without a netdev (vfio-pci): its MAC is all the network data.
+                entry["networkData"] = serde_json::json!({"hardwareAddress": mac});
+            }
+            if let Some(data) = &d.data {
+                entry["data"] = data.clone();
             }
             entry
         })
@@ -101,6 +109,7 @@ mod tests {
             prepared_at: 0,
             attachments: vec![],
             allocations: vec![],
+            functions: vec![],
         };
         let ok = DeviceStatus {
             pool: "node-a".into(),
@@ -111,6 +120,7 @@ mod tests {
             interface_name: Some("net1".into()),
             ips: vec!["192.0.2.10/24".into()],
             hardware_address: Some("02:00:00:00:00:10".into()),
+            data: None,
         };
         let failed = DeviceStatus {
             ready: false,
@@ -136,5 +146,31 @@ mod tests {
             })
         );
         assert_eq!(now_rfc3339().len(), 20);
+    }
+
+    #[test]
+    fn a_vfio_entry_carries_its_data_and_mac_without_an_interface() {
+        let claim: PreparedClaim = serde_json::from_value(serde_json::json!({
+            "namespace": "ns", "name": "c", "uid": "u", "podUid": "p", "podName": "pod",
+            "devices": [{"request": "dpdk", "pool": "node-a", "device": "vf-3b-00-2"}],
+            "configs": [], "preparedAt": 0,
+            "functions": [{"device": "vf-3b-00-2", "request": "dpdk", "pciAddress": "0000:3b:00.2",
+                           "mode": "vfio-pci", "vfio": {"group": 200, "originalDriver": "mlx5_core"},
+                           "mac": "02:00:00:cc:00:00"}],
+        }))
+        .expect("claim");
+        let entries = crate::pods::vfio_statuses(&claim, "ns/pod");
+        let patch = status_patch(&claim, &entries, "2026-11-22T00:00:00Z");
+        assert_eq!(
+            patch["status"]["devices"],
+            serde_json::json!([{
+                "driver": "knic.dev", "pool": "node-a", "device": "vf-3b-00-2",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "VfioBound",
+                                "message": "0000:3b:00.2 bound to vfio-pci (IOMMU group 200) for pod ns/pod",
+                                "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                "networkData": {"hardwareAddress": "02:00:00:cc:00:00"},
+                "data": {"pciAddress": "0000:3b:00.2", "deviceMode": "vfio-pci", "vfioGroup": 200},
+            }])
+        );
     }
 }

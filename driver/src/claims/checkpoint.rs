@@ -89,6 +89,11 @@ pub struct PreparedClaim {
     /// are gone. Defaulted so checkpoints written before IPAM still load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocations: Vec<crate::claims::ipam::Allocation>,
+    /// The claim's PCI functions: vfio-pci bindings (recorded before the bind, so unprepare
+    /// gives a function back to its driver even after a crash mid-bind) and RDMA devices, for
+    /// the CDI spec and the claim status. Defaulted so older checkpoints still load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<crate::claims::functions::PciFunction>,
 }
 
 /// A device's attach plan and its progress.
@@ -460,6 +465,7 @@ mod tests {
                 prepared_at: 1_700_000_000,
                 attachments: vec![],
                 allocations: vec![],
+                functions: vec![],
             },
         );
         cp

@@ -22,6 +22,7 @@ use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
 
 pub mod checkpoint;
+pub mod functions;
 pub mod ipam;
 pub mod plan;
 mod store;
@@ -34,6 +35,7 @@ use crate::claims::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, Prepare
 use crate::claims::ipam::{AddressBook, Allocation, Requester};
 use crate::claims::plan::{DeviceConfigs, IpamAddresses};
 use crate::error::{Error, Result};
+use crate::sriov::vfio::{KernelPci, Vfio};
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
 pub trait ClaimSource: Send + Sync + 'static {
@@ -167,6 +169,7 @@ pub fn resolve(
         prepared_at: now,
         attachments: Vec::new(),
         allocations: Vec::new(),
+        functions: Vec::new(),
     })
 }
 
@@ -185,7 +188,7 @@ pub fn answer(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
         .collect()
 }
 
-/// [`answer`] with each attached device's CDI device ID.
+/// [`answer`] with each attached device's CDI device ID, and each vfio-pci function's.
 fn answer_with_cdi(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
     let mut answers = answer(claim);
     for a in &mut answers {
@@ -195,6 +198,12 @@ fn answer_with_cdi(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
             .position(|at| at.plan.device == a.device)
         {
             a.cdi_device_ids = vec![CdiSpecs::device_id(&claim.uid, index)];
+        } else if let Some(index) = claim
+            .functions
+            .iter()
+            .position(|f| f.vfio.is_some() && f.device == a.device)
+        {
+            a.cdi_device_ids = vec![CdiSpecs::vfio_device_id(&claim.uid, index)];
         }
     }
     answers
@@ -271,6 +280,9 @@ pub struct Preparer {
     /// Where IPAM allocations are made and this node's name; unset (demo, tests) means claims
     /// with `ipam` cannot be prepared.
     ipam: Option<(Arc<dyn AddressBook>, String)>,
+    /// Where vfio-pci functions are bound and RDMA devices found (the host's `/sys` unless
+    /// [`Preparer::with_pci`] says otherwise).
+    pci: Vfio,
     /// One lock per claim UID with a prepare or unprepare in flight.
     inflight: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
@@ -292,6 +304,7 @@ impl Preparer {
             runtime_hooks: None,
             release: None,
             ipam: None,
+            pci: Vfio::new("/", Arc::new(KernelPci)),
             inflight: std::sync::Mutex::default(),
         }
     }
@@ -352,6 +365,12 @@ impl Preparer {
         node: impl Into<String>,
     ) -> Self {
         self.ipam = Some((book, node.into()));
+        self
+    }
+
+    /// vfio-pci binding and RDMA discovery go through `pci` (its sysfs root and writer).
+    pub fn with_pci(mut self, pci: Vfio) -> Self {
+        self.pci = pci;
         self
     }
 
@@ -420,6 +439,10 @@ impl Preparer {
         // Already prepared: answer from the checkpoint without touching the API or the node.
         if let Some(done) = self.claims.claim(&wanted.uid).await? {
             tracing::debug!(claim = %wanted.name, "already prepared");
+            // A crash between the record and the bind: the retry finishes the bind.
+            functions::bind_all(&self.pci, &done.functions)
+                .await
+                .map_err(|e| claim_error(e.to_string()))?;
             return self.answered(&done);
         }
         // The API read happens outside the lock, so a slow apiserver never serialises pods.
@@ -599,6 +622,8 @@ impl Preparer {
         let plans = crate::claims::plan::plans(&prepared, configs, &taken, ipam)
             .map_err(|e| claim_error(e.to_string()))?;
         prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
+        prepared.functions =
+            functions::functions(&prepared, configs, &self.pci).map_err(claim_error)?;
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         // The spec goes first: a spec without its claim only holds back containers of a pod
@@ -608,6 +633,10 @@ impl Preparer {
             specs.write(&prepared)?;
         }
         locked.save(next, true).await?;
+        // Recorded first: a crash from here on leaves what unprepare needs to give them back.
+        if let Err(e) = functions::bind_all(&self.pci, &prepared.functions).await {
+            return Err(self.undo_bind(&mut locked, &prepared, e).await);
+        }
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
             devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
         let answer = match &self.cdi {
@@ -615,6 +644,40 @@ impl Preparer {
             None => answer(&prepared),
         };
         Ok((answer, prepared.allocations))
+    }
+
+    /// A failed bind: gives every function back and forgets the claim, or, when a function
+    /// cannot be given back, keeps the record so unprepare (or a retried prepare) finishes.
+    async fn undo_bind(
+        &self,
+        locked: &mut Locked<'_>,
+        prepared: &PreparedClaim,
+        failure: Error,
+    ) -> Error {
+        let claim_error = |reason: String| Error::Claim {
+            namespace: prepared.namespace.clone(),
+            name: prepared.name.clone(),
+            reason,
+        };
+        if let Err(restore) = functions::restore_all(&self.pci, &prepared.functions).await {
+            return claim_error(format!(
+                "{failure}; giving the functions back failed too, so the claim stays recorded \
+                 for unprepare to retry: {restore}"
+            ));
+        }
+        let forget = async {
+            let mut next = locked.checkpoint()?.clone();
+            next.claims.remove(&prepared.uid);
+            locked.save(next, true).await?;
+            if let Some(specs) = &self.cdi {
+                specs.remove(&prepared.uid)?;
+            }
+            Ok::<(), Error>(())
+        };
+        if let Err(e) = forget.await {
+            tracing::warn!(claim = %prepared.name, error = %e, "could not forget a claim whose bind failed; unprepare forgets it");
+        }
+        claim_error(failure.to_string())
     }
 
     async fn unprepare_one(&self, wanted: &ClaimRef) -> Result<()> {
@@ -626,7 +689,7 @@ impl Preparer {
     }
 
     async fn unprepare_serialised(&self, wanted: &ClaimRef) -> Result<()> {
-        let allocations = {
+        let (allocations, pci_functions) = {
             let mut locked = self.claims.lock().await;
             let checkpoint = locked.checkpoint()?;
             let Some(claim) = checkpoint.claims.get(&wanted.uid) else {
@@ -644,8 +707,17 @@ impl Preparer {
                 // the node is put back here, before the claim's memory is dropped.
                 releaser.release(claim).await?;
             }
-            claim.allocations.clone()
+            (claim.allocations.clone(), claim.functions.clone())
         };
+        // vfio-pci functions go back to their drivers before the claim (and its record of
+        // those drivers) is forgotten; a failure keeps the claim for the kubelet's retry.
+        functions::restore_all(&self.pci, &pci_functions)
+            .await
+            .map_err(|e| Error::Claim {
+                namespace: wanted.namespace.clone(),
+                name: wanted.name.clone(),
+                reason: format!("giving its PCI functions back: {e}"),
+            })?;
         // Addresses are released from the checkpoint's record alone (the claim and even the
         // Network may be gone), outside the checkpoint lock, and before the claim is forgotten:
         // a failed release leaves the claim prepared, so the kubelet's retry releases again.
@@ -689,3 +761,6 @@ impl Preparer {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod vfio_tests;

@@ -64,6 +64,10 @@ pub fn plans(
                 continue;
             }
         };
+        // A vfio-pci function has no netdev to attach: prepare binds it (claims::functions).
+        if valid.device_mode == netconfig::DeviceMode::VfioPci {
+            continue;
+        }
         if let Some(network) = valid.ipam_network.clone() {
             match with_ipam(merged, &valid, &device.request, &network, ipam.get(&index)) {
                 Ok(v) => valid = v,
@@ -183,6 +187,17 @@ pub fn configure(claim: &PreparedClaim) -> DeviceConfigs {
             })
             .collect(),
     )
+}
+
+impl DeviceConfigs {
+    /// The mode of the `index`th device's valid config (`netdev` when invalid: plans reports it).
+    pub fn device_mode(&self, index: usize) -> netconfig::DeviceMode {
+        self.0
+            .get(index)
+            .and_then(|c| c.valid.as_ref().ok())
+            .map(|v| v.device_mode)
+            .unwrap_or_default()
+    }
 }
 
 /// The devices whose valid config asks for IPAM, with the network name: what prepare must
@@ -339,6 +354,7 @@ mod tests {
             prepared_at: 0,
             attachments: vec![],
             allocations: vec![],
+            functions: vec![],
         }
     }
 

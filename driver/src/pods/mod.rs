@@ -8,7 +8,7 @@
 //! are gone are returned. The claim status write happens after the hook has answered.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use crate::claims::{ClaimStore, Release};
 use crate::error::{Error, Result};
 use crate::netns::{self, Kernel, LinkState, Ns};
 use crate::nri::{NriHandler, PodSandbox};
+use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
 
 /// One device's line in a claim's `status.devices`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +39,11 @@ pub struct DeviceStatus {
     pub interface_name: Option<String>,
     /// Addresses in CIDR interface form.
     pub ips: Vec<String>,
-    /// MAC in the pod.
+    /// MAC in the pod (or, for a function without a netdev, as published).
     pub hardware_address: Option<String>,
+    /// Device data for the status's `data` (PCI address, VFIO group, RDMA devices, mode): what
+    /// a VM or DPDK user needs to find the function.
+    pub data: Option<serde_json::Value>,
 }
 
 /// Where claim status goes: the API in production, a recorder in tests.
@@ -78,7 +82,13 @@ pub struct PodNetworks<K> {
     status: Arc<dyn StatusSink>,
     /// Pod UID → netns path, cached from RunPodSandbox/Synchronize (Remove carries none).
     netns: Mutex<HashMap<String, PathBuf>>,
+    /// Where RDMA devices change namespace in exclusive mode, and the host's namespace to
+    /// bring them back to.
+    rdma: std::sync::Mutex<(Arc<dyn RdmaNamespaces>, PathBuf)>,
 }
+
+/// The driver's own network namespace: it runs with the host network, so this is the host's.
+pub const HOST_NETNS: &str = "/proc/self/ns/net";
 
 impl<K: Kernel> PodNetworks<K> {
     /// Wires the hooks to the kernel, the prepared claims and the status sink. Give the result
@@ -89,7 +99,56 @@ impl<K: Kernel> PodNetworks<K> {
             claims,
             status,
             netns: Mutex::default(),
+            rdma: std::sync::Mutex::new((Arc::new(KernelRdma), PathBuf::from(HOST_NETNS))),
         })
+    }
+
+    /// RDMA devices move through `rdma`, and back into `host_netns` (tests use a recorder).
+    pub fn set_rdma(&self, rdma: Arc<dyn RdmaNamespaces>, host_netns: PathBuf) {
+        *self
+            .rdma
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (rdma, host_netns);
+    }
+
+    fn rdma(&self) -> (Arc<dyn RdmaNamespaces>, PathBuf) {
+        self.rdma
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// When the RDMA subsystem is in exclusive mode, moves the RDMA devices of `device`'s
+    /// function into the namespace at `to` (`None`: back to the host's), so they follow the
+    /// netdev. Shared mode, or a host without RDMA core, needs nothing.
+    async fn rdma_follow(
+        &self,
+        claim: &PreparedClaim,
+        device: &str,
+        to: Option<&Path>,
+    ) -> Result<()> {
+        let names: Vec<String> = claim
+            .functions
+            .iter()
+            .filter(|f| f.device == device)
+            .flat_map(|f| f.rdma.iter().map(|r| r.name.clone()))
+            .collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let (rdma, host) = self.rdma();
+        let to = to.map_or(host, Path::to_path_buf);
+        tokio::task::spawn_blocking(move || {
+            match rdma.mode() {
+                Ok(NetnsMode::Exclusive) => {}
+                Ok(NetnsMode::Shared) => return Ok(()),
+                Err(e) if no_rdma_core(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            names.iter().try_for_each(|n| rdma.move_device(n, &to))
+        })
+        .await
+        .map_err(|e| Error::io("moving RDMA devices", std::io::Error::other(e)))?
     }
 
     fn publish_status(&self, claim: PreparedClaim, devices: Vec<DeviceStatus>) {
@@ -136,6 +195,11 @@ impl<K: Kernel> PodNetworks<K> {
                             interface_name: Some(a.plan.pod_ifname.clone()),
                             ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
                             hardware_address: link.mac.as_ref().map(netns::mac_text),
+                            data: claim
+                                .functions
+                                .iter()
+                                .find(|f| f.device == a.plan.device)
+                                .map(crate::claims::functions::PciFunction::status_data),
                         });
                     }
                     Err(e) => {
@@ -163,12 +227,14 @@ impl<K: Kernel> PodNetworks<K> {
                             interface_name: None,
                             ips: vec![],
                             hardware_address: None,
+                            data: None,
                         };
                         self.publish_status(claim.clone(), vec![failed]);
                         return Err(failure);
                     }
                 }
             }
+            entries.extend(vfio_statuses(&claim, pod_name));
             statuses.push((claim, entries));
         }
         for (claim, entries) in statuses {
@@ -209,7 +275,22 @@ impl<K: Kernel> PodNetworks<K> {
             })
             .await?;
         crate::failpoint::hit("attach:after-checkpoint");
-        match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
+        let attached = match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
+            // In exclusive mode the RDMA device follows the netdev, or the attach is undone.
+            Ok(link) => match self.rdma_follow(claim, &a.plan.device, Some(path)).await {
+                Ok(()) => Ok(link),
+                Err(e) => {
+                    if let Err(undo) =
+                        netns::detach(&self.kernel, &a.plan, Some(target), &restore).await
+                    {
+                        tracing::error!(error = %undo, "undoing an attach whose RDMA device could not follow failed");
+                    }
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match attached {
             Ok(link) => {
                 self.claims
                     .update(&claim.uid, move |c| {
@@ -248,6 +329,10 @@ impl<K: Kernel> PodNetworks<K> {
             return Ok(());
         };
         let recorded = a.netns.clone().map(Ns::Pod);
+        if let Err(e) = self.rdma_follow(&claim, &a.plan.device, None).await {
+            // The kernel returns it to the host when the pod's namespace goes away.
+            tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
+        }
         netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await?;
         self.claims
             .update(&claim.uid, move |c| {
@@ -293,11 +378,46 @@ impl<K: Kernel> PodNetworks<K> {
     }
 }
 
+/// Status entries of the claim's vfio-pci functions: bound at prepare, nothing to attach, so
+/// the sandbox start is where their status is written, with what a VM or DPDK user needs.
+pub fn vfio_statuses(claim: &PreparedClaim, pod_name: &str) -> Vec<DeviceStatus> {
+    claim
+        .functions
+        .iter()
+        .filter_map(|f| {
+            let vfio = f.vfio.as_ref()?;
+            let pool = claim
+                .devices
+                .iter()
+                .find(|d| d.device == f.device)
+                .map(|d| d.pool.clone())
+                .unwrap_or_default();
+            Some(DeviceStatus {
+                pool,
+                device: f.device.clone(),
+                ready: true,
+                reason: "VfioBound".into(),
+                message: format!(
+                    "{} bound to vfio-pci (IOMMU group {}) for pod {pod_name}",
+                    f.pci_address, vfio.group
+                ),
+                interface_name: None,
+                ips: vec![],
+                hardware_address: f.mac.clone(),
+                data: Some(f.status_data()),
+            })
+        })
+        .collect()
+}
+
 impl<K: Kernel> Release for PodNetworks<K> {
     fn release<'a>(&'a self, claim: &'a PreparedClaim) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             for (i, a) in claim.attachments.iter().enumerate() {
                 if let Some(restore) = &a.restore {
+                    if let Err(e) = self.rdma_follow(claim, &a.plan.device, None).await {
+                        tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
+                    }
                     let ns = a.netns.clone().map(Ns::Pod);
                     netns::detach(&self.kernel, &a.plan, ns.as_ref(), restore).await?;
                     tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");

@@ -98,6 +98,7 @@ mod hooks {
             .map(Attachment::planned)
             .collect(),
             allocations: vec![],
+            functions: vec![],
         };
         {
             let mut locked = claims.lock().await;

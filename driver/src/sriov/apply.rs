@@ -38,7 +38,7 @@ impl SysfsWrites for LiveWrites {
                 "symlink chain too long; not written",
             )
         })?;
-        crate::bounded::write_attribute(&sysfs.root().join(real), value)
+        crate::bounded::write_attribute(&sysfs.root().join(real), value.as_bytes())
     }
 }
 
@@ -198,13 +198,9 @@ fn write(
     rel: &Path,
     value: &str,
 ) -> std::result::Result<(), String> {
-    writes.write(sysfs, rel, value).map_err(|e| {
-        format!(
-            "writing {:?} to {} failed: {e}",
-            value.trim_end(),
-            rel.display()
-        )
-    })
+    writes
+        .write(sysfs, rel, value)
+        .map_err(|e| format!("{:?} not taken: {e}", value.trim_end()))
 }
 
 /// Polls `done` until it holds or `limit` passes; the error is the limit.

@@ -8,12 +8,20 @@
 //! tree with its [`fixture::FixtureKernel`] exercises all of it. It runs before the first
 //! discovery (so the first published slice has the VFs) and before every rescan (so a PF whose
 //! driver was reloaded, which drops its VFs, gets them back).
+//!
+//! Per claim, beyond netdevs: binding a function to `vfio-pci` for DPDK/KubeVirt pods
+//! ([`vfio`], with its own simulated kernel for fixture trees in [`fixture_kernel`]) and the
+//! RDMA side of a function ([`rdma`]: its character devices and the RDMA netlink messages that
+//! move an RDMA device between network namespaces).
 
 pub mod apply;
 pub mod fixture;
+pub mod fixture_kernel;
 pub mod pf;
 pub mod policy;
 pub mod provision;
+pub mod rdma;
+pub mod vfio;
 
 #[cfg(test)]
 mod tests;

@@ -359,6 +359,7 @@ fn sriov_held_vfs_are_read_from_the_checkpoint() {
             prepared_at: 0,
             attachments: Vec::new(),
             allocations: Vec::new(),
+            functions: Vec::new(),
         },
     );
     let held = Held::from_checkpoint(&checkpoint);
@@ -434,7 +435,13 @@ fn sriov_live_writes_refuse_what_is_not_an_attribute_file() {
     let fifo = apply::LiveWrites
         .write(&sysfs, Path::new("sys/x/fifo"), "1")
         .unwrap_err();
-    assert_eq!(fifo.to_string(), "not a regular file (it is a FIFO)");
+    assert_eq!(
+        fifo.to_string(),
+        format!(
+            "writing {}: not a regular file (it is a FIFO)",
+            dir.path().join("sys/x/fifo").display()
+        )
+    );
     let missing = apply::LiveWrites
         .write(&sysfs, Path::new("sys/x/none"), "1")
         .unwrap_err();

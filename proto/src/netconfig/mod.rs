@@ -20,6 +20,7 @@
 
 mod addr;
 mod cidr;
+mod mode;
 mod parse;
 mod validate;
 mod vf;
@@ -39,6 +40,7 @@ pub use addr::{
 };
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
+pub use mode::DeviceMode;
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
@@ -150,6 +152,10 @@ pub struct NetworkConfig {
     /// trust, rates…); only valid when the allocated device is a VF.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<VfConfig>,
+    /// `netdev` (default) or `vfio-pci`; see [`DeviceMode`]. A string here so [`validate`]
+    /// reports a wrong value with the accepted ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mode: Option<String>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -247,6 +253,9 @@ pub struct ValidConfig {
     /// VF settings; `None` when none were asked for (an empty `vf: {}` included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<VfSettings>,
+    /// How the device reaches the pod; omitted when `netdev`, so older checkpoints still load.
+    #[serde(default, skip_serializing_if = "DeviceMode::is_netdev")]
+    pub device_mode: DeviceMode,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -326,6 +335,9 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 .vf
                 .get_or_insert_with(VfConfig::default)
                 .merge_from(vf);
+        }
+        if layer.device_mode.is_some() {
+            merged.device_mode.clone_from(&layer.device_mode);
         }
         if let Some(sysctls) = &layer.sysctls {
             let target = merged.sysctls.get_or_insert_with(BTreeMap::new);

@@ -26,6 +26,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "vlan",
     "sysctls",
     "vf",
+    "deviceMode",
 ];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
 const IPAM_FIELDS: &[&str] = &["network"];
@@ -215,6 +216,9 @@ impl Parser {
         }
         if let Some(v) = field(map, "vf") {
             config.vf = self.vf(v, &child(path, "vf"));
+        }
+        if let Some(v) = field(map, "deviceMode") {
+            config.device_mode = self.string(v, &child(path, "deviceMode"));
         }
         config
     }

@@ -358,6 +358,9 @@ impl Validator {
         if let Some(vf) = &config.vf {
             out.vf = super::vf::validate_vf(vf, out.hardware_address, &mut self.errors);
         }
+        let (mode, errors) = super::mode::check(config);
+        out.device_mode = mode;
+        self.errors.extend(errors);
         out
     }
 
