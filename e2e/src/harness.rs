@@ -65,6 +65,35 @@ where
     }
 }
 
+/// Set to `1` by the test VM's `/init` (`e2e/vm/run-in-vm.sh`), whose Debian kernel is picked to
+/// have every module kernel tests use.
+pub const ENV_IN_VM: &str = "KNIC_IN_VM";
+
+/// Whether this test process runs in the test VM, where a kernel feature a trial needs must be
+/// there: lacking it is a failure, not a reason to skip.
+pub fn in_vm() -> bool {
+    std::env::var(ENV_IN_VM).is_ok_and(|v| v == "1")
+}
+
+/// A kernel trial needing something the running kernel may lack (`missing` says what, when it
+/// does). On a host's own kernel it is reported ignored (the caller prints the reason); in the
+/// test VM the lack fails it with the reason, so CI cannot pass a VLAN or ipvlan test by
+/// skipping it.
+pub fn kernel_trial(
+    name: &str,
+    missing: Option<String>,
+    run: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    match missing {
+        Some(reason) if in_vm() => Trial::test(name, move || {
+            Err(Failed::from(format!(
+                "{reason}, but this runs in the test VM ({ENV_IN_VM}=1), whose kernel must have it"
+            )))
+        }),
+        missing => Trial::test(name, run).with_ignored_flag(missing.is_some()),
+    }
+}
+
 /// Enters private network and mount namespaces for a kernel test binary: a fresh sysfs mounted
 /// at `<tmp>/knt-sysfs-<pid>/sys` (returned root), a private `/run/netns`, loopback up.
 /// Everything the test creates dies with the process. Must run before any other thread exists.
