@@ -3,10 +3,10 @@
 //! every `knt-` namespace it creates disappears with it, even on a crash; each trial also
 //! deletes what it made. VLAN needs 8021q, which this kernel may lack: then the VLAN trial is
 //! reported ignored with that reason, never passed; in the test VM (`e2e/vm/kernel-tests.sh`,
-//! `KNIC_IN_VM=1`), whose kernel has it, that lack fails the trial instead. Nor does it have SR-IOV: the VF-settings
-//! requests are checked here only as far as a device without VFs lets them (the kernel must
-//! accept the VF-table query and refuse the change), and on real hardware when
-//! `KNIC_TEST_SRIOV_PF` names a PF with VFs; otherwise that trial is ignored with the reason.
+//! `KNIC_IN_VM=1`), whose kernel has it, that lack fails the trial instead. Nor does it have
+//! SR-IOV: the VF-settings requests are checked here only as far as a device without VFs lets
+//! them (the kernel must accept the VF-table query and refuse the change), and on real hardware
+//! when `KNIC_TEST_SRIOV_PF` names a PF with VFs; otherwise that trial is ignored with the reason.
 
 #![allow(clippy::unwrap_used)]
 

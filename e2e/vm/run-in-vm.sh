@@ -20,6 +20,10 @@
 # qemu-system-x86, busybox-static, iproute2, cpio, kmod (modprobe). Nothing else: no KVM, no
 # network, no disk image.
 #
+# In the VM: PATH=/usr/sbin:/usr/bin:/sbin:/bin with iproute2's ip in /usr/sbin and busybox's
+# applets in /bin (a shell script there gets busybox's `ip` unless it calls /usr/sbin/ip);
+# tmpfs /run (/var/run links to it, for `ip netns`) and /tmp; no network device; cwd /.
+#
 # Usage: e2e/vm/run-in-vm.sh [options] [--] TEST-EXECUTABLE [ARGS...]
 #   --env NAME=VALUE   export this in the VM before the test starts (repeatable)
 #   --module NAME      load this module too (repeatable; the defaults are in KNIC_VM_MODULES)
@@ -91,12 +95,15 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v modprobe >/dev/null 2>&1 || need+=(kmod)
 [ -n "$(pick_kernel)" ] || need+=(linux-image-amd64)
 if [ "${#need[@]}" -gt 0 ]; then
-  if [ "${KNIC_VM_NO_INSTALL:-}" = 1 ] || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    die "missing ${need[*]} (install them with apt-get, as root; KNIC_VM_NO_INSTALL=1 forbids it here)"
-  fi
+  why=
+  [ "${KNIC_VM_NO_INSTALL:-}" != 1 ] || why="KNIC_VM_NO_INSTALL=1 forbids installing them"
+  [ -n "$why" ] || [ "$(id -u)" = 0 ] || why="installing them needs root"
+  [ -n "$why" ] || command -v apt-get >/dev/null 2>&1 || why="there is no apt-get to install them"
+  [ -z "$why" ] || die "missing Debian packages ${need[*]}: $why"
   say "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  apt-get update -qq || die "apt-get update failed (installing ${need[*]})"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
+    die "apt-get install ${need[*]} failed"
 fi
 command -v qemu-system-x86_64 >/dev/null 2>&1 || die "qemu-system-x86_64 not found after installing qemu-system-x86"
 kver=$(pick_kernel)
@@ -134,7 +141,9 @@ copy_exe "$(command -v busybox)" /bin/busybox
 for applet in $("$root/bin/busybox" --list); do
   [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
 done
-# iproute2's ip, not busybox's applet: PATH puts /usr/sbin first.
+# iproute2's ip, not busybox's applet: PATH puts /usr/sbin first for executables. (Debian's
+# busybox shell runs its applets before searching PATH, so a shell script in the VM calls
+# /usr/sbin/ip by path.)
 copy_exe "$(command -v ip)" /usr/sbin/ip
 for c in "${copies[@]}"; do
   [ -x "$c" ] || die "--copy $c: not an executable"
@@ -169,7 +178,8 @@ done
 
 # The test and its arguments, single-quoted for /init's shell.
 quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
-test_name=$(basename "$test_bin")
+# A name safe to write into /init unquoted.
+test_name=$(basename "$test_bin" | tr -c 'A-Za-z0-9._\n-' '_')
 copy_exe "$test_bin" "/knic/bin/$test_name"
 {
   printf 'set --'
@@ -194,7 +204,7 @@ mount -t tmpfs tmpfs /tmp || setup_failed "mounting /tmp"
 while read -r mod params; do
   insmod "\$mod" \$params || setup_failed "insmod \$mod \$params"
 done </knic/modules
-ip link set lo up || setup_failed "ip link set lo up"
+/usr/sbin/ip link set lo up || setup_failed "ip link set lo up"
 . /knic/args
 cd /
 echo "KNIC-VM: kernel \$(uname -r), running $test_name \$*"
