@@ -65,6 +65,40 @@ where
     }
 }
 
+/// Set to `1` by the test VM's `/init` (`e2e/vm/run-in-vm.sh`), whose Debian kernel is picked to
+/// have every module kernel tests use.
+pub const ENV_IN_VM: &str = "KNIC_IN_VM";
+
+/// Whether this test process runs in the test VM, where a kernel feature a trial needs must be
+/// there: lacking it is a failure, not a reason to skip.
+pub fn in_vm() -> bool {
+    std::env::var(ENV_IN_VM).is_ok_and(|v| v == "1")
+}
+
+/// A kernel trial needing something the running kernel may lack (`missing` says what, when it
+/// does). On a host's own kernel it is reported ignored (the caller prints the reason); in the
+/// test VM the lack fails it with the reason, so CI cannot pass a VLAN or ipvlan test by
+/// skipping it.
+pub fn kernel_trial(
+    name: &str,
+    missing: Option<String>,
+    run: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    kernel_trial_where(in_vm(), name, missing, run)
+}
+
+fn kernel_trial_where(
+    in_vm: bool,
+    name: &str,
+    missing: Option<String>,
+    run: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    match missing {
+        Some(reason) if in_vm => Trial::test(name, move || Err(missing_in_vm(&reason).into())),
+        missing => Trial::test(name, run).with_ignored_flag(missing.is_some()),
+    }
+}
+
 /// Enters private network and mount namespaces for a kernel test binary: a fresh sysfs mounted
 /// at `<tmp>/knt-sysfs-<pid>/sys` (returned root), a private `/run/netns`, loopback up.
 /// Everything the test creates dies with the process. Must run before any other thread exists.
@@ -294,4 +328,58 @@ macro_rules! scenarios {
             (stringify!($name), scenario)
         }),*]
     };
+}
+
+fn missing_in_vm(reason: &str) -> String {
+    format!("{reason}, but this runs in the test VM ({ENV_IN_VM}=1), whose kernel must have it")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// Runs one trial built by `kernel_trial_where`; returns (passed, failed, ignored, ran).
+    fn outcome(in_vm: bool, missing: Option<&str>) -> (u64, u64, u64, bool) {
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        let trial = kernel_trial_where(in_vm, "kernel/t", missing.map(String::from), move || {
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        let args = libtest_mimic::Arguments {
+            test_threads: Some(1),
+            quiet: true,
+            ..Default::default()
+        };
+        let c = libtest_mimic::run(&args, vec![trial]);
+        (
+            c.num_passed,
+            c.num_failed,
+            c.num_ignored,
+            ran.load(Ordering::SeqCst),
+        )
+    }
+
+    #[test]
+    fn missing_kernel_feature_skips_on_a_host_and_fails_in_the_vm() {
+        assert_eq!(
+            outcome(false, Some("kernel has no 8021q")),
+            (0, 0, 1, false)
+        );
+        assert_eq!(outcome(true, Some("kernel has no 8021q")), (0, 1, 0, false));
+        assert_eq!(outcome(true, None), (1, 0, 0, true));
+        assert_eq!(outcome(false, None), (1, 0, 0, true));
+    }
+
+    #[test]
+    fn the_vm_failure_names_what_is_missing_and_why_it_fails() {
+        assert_eq!(
+            missing_in_vm("kernel has no 8021q"),
+            "kernel has no 8021q, but this runs in the test VM (KNIC_IN_VM=1), whose kernel \
+             must have it"
+        );
+    }
 }

@@ -2,10 +2,11 @@
 //! process first enters private network and mount namespaces (its "host"), so every link and
 //! every `knt-` namespace it creates disappears with it, even on a crash; each trial also
 //! deletes what it made. VLAN needs 8021q, which this kernel may lack: then the VLAN trial is
-//! reported ignored with that reason, never passed. Nor does it have SR-IOV: the VF-settings
-//! requests are checked here only as far as a device without VFs lets them (the kernel must
-//! accept the VF-table query and refuse the change), and on real hardware when
-//! `KNIC_TEST_SRIOV_PF` names a PF with VFs; otherwise that trial is ignored with the reason.
+//! reported ignored with that reason, never passed; in the test VM (`e2e/vm/kernel-tests.sh`,
+//! `KNIC_IN_VM=1`), whose kernel has it, that lack fails the trial instead. Nor does it have
+//! SR-IOV: the VF-settings requests are checked here only as far as a device without VFs lets
+//! them (the kernel must accept the VF-table query and refuse the change), and on real hardware
+//! when `KNIC_TEST_SRIOV_PF` names a PF with VFs; otherwise that trial is ignored with the reason.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,9 +18,9 @@ use knic_driver::netns::{
     AttachMode, AttachPlan, DeviceIdentity, Kernel, LinkState, Ns, Restore, Session, VfState,
     attach, capture, detach,
 };
-use knic_e2e::harness::{Netns, in_netns, ip, isolate, udp_echo};
+use knic_e2e::harness::{Netns, in_netns, ip, isolate, kernel_trial, udp_echo};
 use knic_proto::netconfig::{Cidr, Route};
-use libtest_mimic::{Failed, Trial};
+use libtest_mimic::Failed;
 
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
@@ -354,12 +355,15 @@ async fn namespace_deleted_before_detach(k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The parent is up, as a host NIC carrying VLANs is: the kernel refuses to bring a VLAN child
+/// up over a parent that is down (ENETDOWN).
 async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
     let pod = Netns::new("knt-pod-v")?;
     let _links = Links(vec!["knt-v0"]);
     ip(&[
         "link", "add", "knt-v0", "type", "veth", "peer", "name", "knt-v1",
     ])?;
+    ip(&["link", "set", "knt-v0", "up"])?;
     let p = plan("knt-v0", AttachMode::Vlan { id: 100 });
     let restore = capture(k, &p).await?;
     let link = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
@@ -447,13 +451,18 @@ async fn vf_settings_on_sriov_hardware(k: &Rtnl) -> anyhow::Result<()> {
 fn main() {
     let args = knic_e2e::harness::arguments();
     let isolated = isolate();
-    if let Err(reason) = &isolated {
-        eprintln!("skipped: kernel executor tests: {reason}");
+    // In the test VM nothing is skipped for a missing kernel feature: it fails the trial there.
+    let in_vm = knic_e2e::harness::in_vm();
+    let unisolated = isolated
+        .as_ref()
+        .err()
+        .map(|reason| format!("kernel executor tests: {reason}"));
+    if let (Some(reason), false) = (&unisolated, in_vm) {
+        eprintln!("skipped: {reason}");
     }
-    let ignored = isolated.is_err();
-    let vlan = kernel_has_8021q();
-    if !vlan {
-        eprintln!("skipped: kernel/vlan_child_into_pod: kernel has no 8021q");
+    let no_vlan = (!kernel_has_8021q()).then(|| "kernel has no 8021q".to_string());
+    if let (Some(reason), false) = (&no_vlan, in_vm) {
+        eprintln!("skipped: kernel/vlan_child_into_pod: {reason}");
     }
     let sriov = sriov_pf().is_some();
     if !sriov {
@@ -468,65 +477,80 @@ fn main() {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
     static KERNEL: std::sync::OnceLock<Rtnl> = std::sync::OnceLock::new();
     let k: &'static Rtnl = KERNEL.get_or_init(|| Rtnl::new(None));
-    let cases: Vec<(&str, Case, bool)> = vec![
+    // What each trial lacks here (see `kernel_trial`), and whether it needs hardware the VM
+    // cannot have either (SR-IOV), which only ever skips it.
+    let cases: Vec<(&str, Case, Option<String>, bool)> = vec![
         (
             "kernel/veth_attach_detach_ipv4_ipv6_routes_mtu_mac_rename",
             |k| Box::pin(veth_attach_detach(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/name_clash_in_pod",
             |k| Box::pin(name_clash(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/sysctls_through_a_mounted_proc_sys_net",
             |k| Box::pin(sysctls_through_a_mounted_proc_sys_net(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/renamed_device_is_refused",
             |k| Box::pin(renamed_device_is_refused(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/failed_attach_is_undone",
             |k| Box::pin(failed_attach_is_undone(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/namespace_deleted_before_detach",
             |k| Box::pin(namespace_deleted_before_detach(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/vlan_child_into_pod",
             |k| Box::pin(vlan_child(k)),
-            ignored || !vlan,
+            unisolated.clone().or(no_vlan),
+            false,
         ),
         (
             "kernel/vf_requests_on_a_device_without_vfs",
             |k| Box::pin(vf_requests_on_a_device_without_vfs(k)),
-            ignored,
+            unisolated.clone(),
+            false,
         ),
         (
             "kernel/vf_settings_on_sriov_hardware",
             |k| Box::pin(vf_settings_on_sriov_hardware(k)),
-            ignored || !sriov,
+            unisolated.clone(),
+            !sriov,
         ),
     ];
     let trials = cases
         .into_iter()
-        .map(|(name, case, ignore)| {
-            Trial::test(name, move || {
+        .map(|(name, case, missing, no_hardware)| {
+            let trial = kernel_trial(name, missing, move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| Failed::from(e.to_string()))?;
                 rt.block_on(case(k))
                     .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-            .with_ignored_flag(ignore)
+            });
+            if no_hardware {
+                trial.with_ignored_flag(true)
+            } else {
+                trial
+            }
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
