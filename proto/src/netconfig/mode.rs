@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{FieldError, NetworkConfig};
+use super::{FieldError, NetworkConfig, VfConfig};
 
 /// The wire field's name, used in every error about it.
 pub const FIELD: &str = "deviceMode";
@@ -124,6 +124,22 @@ pub fn check(config: &NetworkConfig) -> (DeviceMode, Vec<FieldError>) {
                 errors.push(rule(field));
             }
         }
+        if config
+            .vf
+            .as_ref()
+            .is_some_and(|vf| *vf != VfConfig::default())
+        {
+            // Refused rather than silently dropped: knic applies VF settings as the VF's
+            // netdev moves into the pod, and a vfio-pci function never does.
+            errors.push(FieldError::new(
+                "vf",
+                format!(
+                    "cannot be set with {FIELD}: \"vfio-pci\" (yet): knic applies VF settings \
+                     when the VF's netdev moves into the pod, which a vfio-pci function does not; \
+                     set them on the PF (ip link set PF vf N ...) or use netdev mode"
+                ),
+            ));
+        }
     }
     (mode, errors)
 }
@@ -220,6 +236,14 @@ mod tests {
             errors(json!({"deviceMode": "vfio-pci", "ipam": {"network": "pods"}})),
             format!("ipam: {rule}")
         );
+        // VF settings are refused, not silently dropped; an empty block asks for nothing.
+        assert_eq!(
+            errors(json!({"deviceMode": "vfio-pci", "vf": {"vlan": 100}})),
+            "vf: cannot be set with deviceMode: \"vfio-pci\" (yet): knic applies VF settings \
+             when the VF's netdev moves into the pod, which a vfio-pci function does not; set \
+             them on the PF (ip link set PF vf N ...) or use netdev mode"
+        );
+        assert!(validate(&config(json!({"deviceMode": "vfio-pci", "vf": {}}))).is_ok());
     }
 
     #[test]
