@@ -5,6 +5,8 @@
 //! `knic.dev` slice, is not in any claim's allocation, and passes every selector the scheduler
 //! would apply: the DeviceClass's and the template's request selectors, including the
 //! exhaustion selector, so a full network reports zero nodes, exactly as the scheduler sees it.
+//! Devices drawing on shared counters (an SR-IOV PF's VF budget) count only while the budget
+//! has room ([`counters`]).
 //! Selectors are evaluated by [`crate::cel`]; a Network whose selectors use CEL outside knic's
 //! subset gets no number at all (the field is left unset) rather than a wrong one.
 //!
@@ -19,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplateSpec, ResourceSlice,
+    Device, DeviceClass, ResourceClaim, ResourceClaimTemplateSpec, ResourceSlice,
 };
 use kube::ResourceExt;
 
@@ -144,8 +146,11 @@ pub fn allocated<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> BTr
 
 /// How many nodes publish at least `wanted.count` free devices that pass `wanted`'s
 /// selectors. Only node-local slices of the newest generation of their pool count, like for
-/// the scheduler. `Err` when a selector fails to evaluate on a free device: the scheduler would
-/// then fail pods of this network outright, so no number would be honest.
+/// the scheduler. Devices that consume shared counters (an SR-IOV PF and its VFs share one
+/// budget) count only while their pool's counters have room, after what allocated devices
+/// consume: a PF with one VF taken is not free, nor are the VFs of a PF that is. `Err` when a
+/// selector fails to evaluate on a free device, or a counter is not a whole number: the
+/// scheduler would then fail pods of this network outright, so no number would be honest.
 pub fn available_nodes(
     wanted: &Wanted,
     slices: &[&ResourceSlice],
@@ -157,15 +162,21 @@ pub fn available_nodes(
         let generation = newest.entry(key).or_insert(s.spec.pool.generation);
         *generation = (*generation).max(s.spec.pool.generation);
     }
-    let mut free: BTreeMap<&str, u32> = BTreeMap::new();
-    for s in slices {
+    let current: Vec<&ResourceSlice> = slices
+        .iter()
+        .copied()
+        .filter(|s| {
+            let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+            newest.get(&key) == Some(&s.spec.pool.generation)
+        })
+        .collect();
+    let mut budgets = counters::Budgets::of(&current, allocated)?;
+    // Per node, the free accepted devices with what each would consume.
+    let mut candidates: BTreeMap<&str, Vec<(&str, &str, &Device)>> = BTreeMap::new();
+    for s in &current {
         let Some(node) = s.spec.node_name.as_deref() else {
             continue;
         };
-        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
-        if newest.get(&key) != Some(&s.spec.pool.generation) {
-            continue;
-        }
         for device in s.spec.devices.iter().flatten() {
             let id = (
                 s.spec.driver.clone(),
@@ -180,11 +191,28 @@ pub fn available_nodes(
                 .accepts(&view)
                 .map_err(|e| uncountable(format!("device {} of node {node}: {e}", device.name)))?;
             if accepted {
-                *free.entry(node).or_default() += 1;
+                candidates.entry(node).or_default().push((
+                    s.spec.driver.as_str(),
+                    s.spec.pool.name.as_str(),
+                    device,
+                ));
             }
         }
     }
-    let nodes = free.values().filter(|&&n| n >= wanted.count).count();
+    let mut nodes = 0usize;
+    for (_, mut devices) in candidates {
+        // Cheapest first, so a PF that would take a whole budget does not hide its VFs.
+        devices.sort_by_key(|(_, _, d)| counters::total(d));
+        let mut free = 0u32;
+        for (driver, pool, device) in devices {
+            if budgets.take(driver, pool, device)? {
+                free += 1;
+            }
+        }
+        if free >= wanted.count {
+            nodes += 1;
+        }
+    }
     Ok(u32::try_from(nodes).unwrap_or(u32::MAX))
 }
 
@@ -235,6 +263,7 @@ where
         .collect()
 }
 
+mod counters;
 mod updater;
 pub use updater::run;
 

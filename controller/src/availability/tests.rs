@@ -282,3 +282,93 @@ fn slices_without_a_node_and_of_other_drivers_are_ignored() {
         Some(0)
     );
 }
+
+/// node-a's pool as knic publishes it with PF budgets: a PF and two VFs drawing on one
+/// counter set (the PF takes the whole budget), the set in a slice of its own.
+fn budget_slices() -> Vec<ResourceSlice> {
+    let consumes = |n: i64| json!([{"counterSet": "pf-0000-a2-00-0", "counters": {"vfs": {"value": n.to_string()}}}]);
+    let devices = json!([
+        {"name": "pf0", "attributes": {"kind": {"string": "pf"}}, "consumesCounters": consumes(2)},
+        {"name": "vf0", "attributes": {"kind": {"string": "vf"}}, "consumesCounters": consumes(1)},
+        {"name": "vf1", "attributes": {"kind": {"string": "vf"}}, "consumesCounters": consumes(1)},
+    ]);
+    let spec = |devices: Value, counters: Value| {
+        let mut spec = json!({"driver": "knic.dev", "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 2}});
+        if !devices.is_null() {
+            spec["devices"] = devices;
+        }
+        if !counters.is_null() {
+            spec["sharedCounters"] = counters;
+        }
+        spec
+    };
+    [
+        spec(devices, Value::Null),
+        spec(
+            Value::Null,
+            json!([{"name": "pf-0000-a2-00-0", "counters": {"vfs": {"value": "2"}}}]),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, spec)| {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("node-a-{i}")}, "spec": spec,
+        }))
+        .unwrap()
+    })
+    .collect()
+}
+
+#[test]
+fn a_pf_and_its_vfs_share_one_budget() {
+    let slices = budget_slices();
+    let pf = network("whole", json!({"kind": "nic"}));
+    let mut classes = classes();
+    classes.push(class(
+        "nic.knic.dev",
+        "device.driver == \"knic.dev\" && device.attributes[\"knic.dev\"].kind in [\"nic\", \"pf\"]",
+    ));
+    let mut two_vfs = vf_network();
+    two_vfs.spec.interfaces_per_pod = Some(2);
+    let count = |n: &Network, claims: &[ResourceClaim]| {
+        compute(std::slice::from_ref(n), &slices, claims, &classes)[&n.name_any()]
+    };
+    assert_eq!(count(&pf, NO_CLAIMS), Some(1));
+    assert_eq!(
+        count(&two_vfs, NO_CLAIMS),
+        Some(1),
+        "both VFs fit the budget"
+    );
+    let one_vf = [claim(&[("node-a", "vf0")])];
+    assert_eq!(
+        count(&pf, &one_vf),
+        Some(0),
+        "a PF with a VF taken is not free"
+    );
+    assert_eq!(count(&vf_network(), &one_vf), Some(1));
+    assert_eq!(count(&two_vfs, &one_vf), Some(0));
+    let whole = [claim(&[("node-a", "pf0")])];
+    assert_eq!(
+        count(&vf_network(), &whole),
+        Some(0),
+        "no VF of a taken PF is free"
+    );
+    // A network any device passes: the VFs are counted before the PF would take the budget.
+    let mut any_two = network("any", json!({"deviceClassName": "knic.dev"}));
+    any_two.spec.interfaces_per_pod = Some(2);
+    assert_eq!(count(&any_two, NO_CLAIMS), Some(1));
+}
+
+#[test]
+fn a_counter_that_is_not_a_whole_number_leaves_the_number_unknown() {
+    let mut slices = budget_slices();
+    if let Some(sets) = slices[1].spec.shared_counters.as_mut() {
+        sets[0].counters.get_mut("vfs").unwrap().value =
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into());
+    }
+    let numbers = compute(&[vf_network()], &slices, NO_CLAIMS, &classes());
+    assert_eq!(numbers["blue"], None);
+}
