@@ -6,7 +6,7 @@
 //! would apply: the DeviceClass's and the template's request selectors, including the
 //! exhaustion selector, so a full network reports zero nodes, exactly as the scheduler sees it.
 //! Devices drawing on shared counters (an SR-IOV PF's VF budget) count only while the budget
-//! has room ([`counters`]).
+//! has room (`availability/counters.rs`).
 //! Selectors are evaluated by [`crate::cel`]; a Network whose selectors use CEL outside knic's
 //! subset gets no number at all (the field is left unset) rather than a wrong one.
 //!
