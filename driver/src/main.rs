@@ -20,7 +20,7 @@ use knic_driver::nri::{self, NriSettings};
 use knic_driver::slices::exhaustion;
 use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
 use knic_driver::slices::{self, PoolOwner};
-use knic_driver::sriov::apply::LiveWrites;
+use knic_driver::sriov::writes::LiveWrites;
 use knic_driver::sriov::{Provisioner, SriovPolicy};
 use knic_driver::wiring::{self, FailClosed, Parts};
 use tokio::signal::unix::{SignalKind, signal};

@@ -68,7 +68,7 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
         .with_pool(parts.pool)
         .with_pci(crate::sriov::vfio::Vfio::new(
             parts.sysfs_root,
-            Arc::new(crate::sriov::vfio::KernelPci),
+            Arc::new(crate::sriov::writes::LiveWrites),
         ))
         .with_release(pods.clone());
     if let Some(guards) = parts.fail_closed {

@@ -44,7 +44,7 @@ impl ScenarioEnv for Env {
         )?;
         knic_driver::inventory::fixture::materialise(&text, &root)?;
         std::fs::create_dir_all(root.join("sys/bus/pci/drivers/vfio-pci"))?;
-        let kernel = Arc::new(FixtureKernel::new("iavf")).serve(&root)?;
+        let kernel = Arc::new(FixtureKernel::new(&root, "iavf")?).serve()?;
         let policy = cluster.tmp.path().join("sriov-policy.yaml");
         let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig)
             .with_env("KNIC_SYSFS_ROOT", root.to_string_lossy())

@@ -35,7 +35,8 @@ use crate::claims::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, Prepare
 use crate::claims::ipam::{AddressBook, Allocation, Requester};
 use crate::claims::plan::{DeviceConfigs, IpamAddresses};
 use crate::error::{Error, Result};
-use crate::sriov::vfio::{KernelPci, Vfio};
+use crate::sriov::vfio::Vfio;
+use crate::sriov::writes::LiveWrites;
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
 pub trait ClaimSource: Send + Sync + 'static {
@@ -304,7 +305,7 @@ impl Preparer {
             runtime_hooks: None,
             release: None,
             ipam: None,
-            pci: Vfio::new("/", Arc::new(KernelPci)),
+            pci: Vfio::new("/", Arc::new(LiveWrites)),
             inflight: std::sync::Mutex::default(),
         }
     }

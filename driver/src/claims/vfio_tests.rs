@@ -12,10 +12,11 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::claims::checkpoint::CheckpointStore;
+use crate::inventory::Sysfs;
 use crate::inventory::fixture::materialise;
 use crate::pods::{DeviceStatus, PodNetworks, StatusSink};
-use crate::sriov::fixture_kernel::FixtureKernel;
-use crate::sriov::vfio::PciDrivers;
+use crate::sriov::fixture::FixtureKernel;
+use crate::sriov::writes::SysfsWrites;
 
 const CX5: &str = include_str!("../../tests/fixtures/sysfs/mellanox-cx5-pf-vfs-rdma.derived.txt");
 const DRIVER: &str = "knic.dev";
@@ -41,17 +42,14 @@ struct CrashAfter {
     allowed: AtomicUsize,
 }
 
-impl PciDrivers for CrashAfter {
-    fn write(&self, path: &std::path::Path, value: &[u8]) -> Result<()> {
+impl SysfsWrites for CrashAfter {
+    fn write(&self, sysfs: &Sysfs, rel: &std::path::Path, value: &str) -> std::io::Result<()> {
         let left = self.allowed.load(Ordering::SeqCst);
         if left == 0 {
-            return Err(Error::io(
-                "writing a sysfs attribute",
-                std::io::Error::other("the driver crashed"),
-            ));
+            return Err(std::io::Error::other("the driver crashed"));
         }
         self.allowed.store(left - 1, Ordering::SeqCst);
-        self.kernel.write(path, value)
+        self.kernel.write(sysfs, rel, value)
     }
 }
 
@@ -87,7 +85,7 @@ fn published() -> watch::Receiver<Vec<Device>> {
 fn node(vfio_loaded: bool) -> Node {
     let dir = tempfile::tempdir().expect("tempdir");
     materialise(CX5, dir.path()).expect("fixture");
-    let kernel = Arc::new(FixtureKernel::new(dir.path()).expect("kernel"));
+    let kernel = Arc::new(FixtureKernel::new(dir.path(), "mlx5_core").expect("kernel"));
     if vfio_loaded {
         kernel.load_vfio_pci().expect("modprobe");
     }
@@ -107,7 +105,7 @@ impl Node {
         )))
     }
 
-    fn preparer_with(&self, writes: Arc<dyn PciDrivers>) -> Preparer {
+    fn preparer_with(&self, writes: Arc<dyn SysfsWrites>) -> Preparer {
         Preparer::new(DRIVER, self.source.clone(), self.store())
             .with_devices(published())
             .with_pool("node-a")

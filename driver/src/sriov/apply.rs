@@ -6,41 +6,18 @@
 //! 0; VFs appear while the write runs on most drivers, but their netdevs and driver bindings may
 //! follow later, so each step waits, bounded, for what it needs and says what is missing.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::pf::{self, PfFacts};
 use super::policy::VfDriver;
 use super::provision::{PfPlan, VFIO_PCI};
+use super::writes::SysfsWrites;
 use crate::error::{Error, Result};
 use crate::inventory::Sysfs;
 
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(20);
-
-/// Writes to sysfs attribute files, by root-relative path.
-pub trait SysfsWrites: Send + Sync {
-    /// Writes `value` to the attribute at `rel` (links resolved under the root).
-    fn write(&self, sysfs: &Sysfs, rel: &Path, value: &str) -> io::Result<()>;
-}
-
-/// The real thing: opens the existing attribute file (never creates one, never follows a link
-/// the resolver did not clamp) and writes the value in one `write(2)`, as sysfs requires.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LiveWrites;
-
-impl SysfsWrites for LiveWrites {
-    fn write(&self, sysfs: &Sysfs, rel: &Path, value: &str) -> io::Result<()> {
-        let real = sysfs.try_resolve(rel).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "symlink chain too long; not written",
-            )
-        })?;
-        crate::bounded::write_attribute(&sysfs.root().join(real), value.as_bytes())
-    }
-}
 
 /// Applies `plan` to its PF: the VF count (through 0 when changing a non-zero count), then the
 /// VFs' driver bindings. `held_vfs` are VF addresses claims hold, whose binding is theirs.

@@ -1,109 +1,191 @@
 //! A kernel for fixture trees: writes land in the tree, and the tree then changes the way a live
-//! `/sys` would, so provisioning is tested end to end without SR-IOV hardware.
+//! `/sys` would, so SR-IOV provisioning and vfio-pci binding are tested end to end without
+//! hardware, through the same [`SysfsWrites`] port the driver uses on a live node.
 //!
-//! What it reproduces, from the kernel's `drivers/pci/iov.c` and `drivers/pci/bus.c`:
-//! `sriov_numvfs` refuses a count over `sriov_totalvfs` (ERANGE) and a change between two
-//! non-zero counts (EBUSY); enabling creates each VF at routing ID PF + `sriov_offset` + N ×
-//! `sriov_stride` with `virtfnN`/`physfn` links, a bus link, its own IOMMU group, and — unless
-//! `sriov_drivers_autoprobe` is 0 — binds it to the VF driver, which creates its netdev;
-//! `driver_override` is honoured by `drivers_probe`; a driver's `unbind` removes the binding
-//! and the netdev. Public so the e2e tests drive a real driver process against the same trees
-//! (through the same writes; the process sees only the files).
+//! Every write first lands through [`LiveWrites`] (so a missing attribute or a FIFO fails
+//! exactly as on a live node), then the fixture does what the kernel would, after
+//! `drivers/pci/iov.c` and `drivers/base/bus.c`:
+//! - `sriov_numvfs` refuses a count over `sriov_totalvfs` (ERANGE) and a change between two
+//!   non-zero counts (EBUSY); enabling creates each VF at routing ID PF + `sriov_offset` + N ×
+//!   `sriov_stride` with `virtfnN`/`physfn` links, a bus link, its own IOMMU group, and — unless
+//!   `sriov_drivers_autoprobe` is 0 — binds it to the VF driver, which creates its netdev;
+//!   disabling removes them;
+//! - `driver_override` reads back `(null)` once cleared;
+//! - `drivers/<d>/unbind` (ENODEV unless bound to `d`) removes the binding and the netdev,
+//!   `drivers/<d>/bind` binds an unbound function;
+//! - `drivers_probe` binds an unbound function to its override, else the driver it had when
+//!   the fixture started (the kernel's id-table match), else, for a VF, the VF driver; a driver
+//!   that is not loaded or whose probes are refused ([`FixtureKernel::refuse_probes_by`])
+//!   leaves it unbound and the write succeeds, as a failed probe does.
+//!
+//! Public so the e2e tests drive a real driver process against the same trees
+//! ([`FixtureKernel::serve`]: the process sees only the files).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::apply::SysfsWrites;
+use super::is_pci_address;
+use super::writes::{LiveWrites, SysfsWrites};
 use crate::inventory::Sysfs;
 
-/// The simulated kernel's knobs.
+const DEVICES: &str = "sys/bus/pci/devices";
+const DRIVERS: &str = "sys/bus/pci/drivers";
+const PROBE: &str = "sys/bus/pci/drivers_probe";
+
+/// The simulated kernel of one fixture tree.
 #[derive(Debug)]
 pub struct FixtureKernel {
+    /// The tree it was started on (what [`FixtureKernel::serve`] watches).
+    sysfs: Sysfs,
     /// The VF netdev driver VFs are bound to by default (`iavf`, `mlx5_core`).
-    pub vf_driver: String,
+    vf_driver: String,
     /// Accept `sriov_numvfs` writes but never create the VFs (a driver that fails quietly).
-    pub stall: bool,
-    /// Every write so far, `(root-relative path, value)`, for assertions on order.
-    pub log: Mutex<Vec<(PathBuf, String)>>,
+    stall: bool,
+    /// The driver each function had at start: what a probe without override binds it to.
+    native: BTreeMap<String, String>,
+    /// Drivers whose probe fails (the function stays unbound), for the error paths.
+    refusing: Mutex<BTreeSet<String>>,
+    /// Every write, `(root-relative path as written, value)`, for assertions on order.
+    log: Mutex<Vec<(PathBuf, String)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
 }
 
 impl FixtureKernel {
-    /// A kernel whose VFs bind to `vf_driver`.
-    pub fn new(vf_driver: &str) -> Self {
-        FixtureKernel {
+    /// Takes over the tree at `root`, whose VFs bind to `vf_driver`: records each function's
+    /// driver and creates the write-only attributes a capture has no content for
+    /// (`drivers/*/bind`, `drivers/*/unbind`, `drivers_probe`), which a live sysfs always has.
+    pub fn new(root: &Path, vf_driver: &str) -> io::Result<Self> {
+        let sysfs = Sysfs::new(root);
+        let native = sysfs
+            .list(Path::new(DEVICES))
+            .into_iter()
+            .filter_map(|address| {
+                let driver = sysfs.link_name(&Path::new(DEVICES).join(&address).join("driver"))?;
+                Some((address, driver))
+            })
+            .collect();
+        let kernel = FixtureKernel {
+            sysfs,
             vf_driver: vf_driver.to_owned(),
             stall: false,
-            log: Mutex::new(Vec::new()),
-        }
+            native,
+            refusing: Mutex::default(),
+            log: Mutex::default(),
+        };
+        kernel.attributes()?;
+        Ok(kernel)
     }
 
-    /// The writes so far.
+    /// From now on `sriov_numvfs` writes are accepted but create no VFs.
+    pub fn stalling(mut self) -> Self {
+        self.stall = true;
+        self
+    }
+
+    /// The root of the tree it simulates.
+    pub fn root(&self) -> &Path {
+        self.sysfs.root()
+    }
+
+    /// `modprobe vfio-pci`: the driver directory appears with its attributes.
+    pub fn load_vfio_pci(&self) -> io::Result<()> {
+        driver_attributes(self.root(), "vfio-pci")
+    }
+
+    /// From now on probes by `driver` fail, leaving the function unbound.
+    pub fn refuse_probes_by(&self, driver: &str) {
+        lock(&self.refusing).insert(driver.to_owned());
+    }
+
+    /// Every write so far, `(root-relative path as written, value)`.
     pub fn writes(&self) -> Vec<(PathBuf, String)> {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        lock(&self.log).clone()
+    }
+
+    fn attributes(&self) -> io::Result<()> {
+        touch(&self.root().join(PROBE))?;
+        for driver in self.sysfs.list(Path::new(DRIVERS)) {
+            if self.sysfs.is_dir(&Path::new(DRIVERS).join(&driver)) {
+                driver_attributes(self.root(), &driver)?;
+            }
+        }
+        Ok(())
     }
 }
 
 impl SysfsWrites for FixtureKernel {
     fn write(&self, sysfs: &Sysfs, rel: &Path, value: &str) -> io::Result<()> {
+        lock(&self.log).push((rel.to_path_buf(), value.to_owned()));
+        // What the attribute held before: a refused `sriov_numvfs` write keeps it.
+        let before = sysfs.try_resolve(rel).and_then(|real| sysfs.read(&real));
+        LiveWrites.write(sysfs, rel, value)?;
         let real = sysfs.resolve(rel);
-        if let Ok(mut log) = self.log.lock() {
-            log.push((real.clone(), value.to_owned()));
-        }
-        let root = sysfs.root();
-        let name = real
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
+        let path = sysfs.root().join(&real);
+        let name = file_name(&real);
         let dir = real.parent().map(Path::to_path_buf).unwrap_or_default();
-        match name {
-            "sriov_numvfs" => self.numvfs(sysfs, &dir, value.trim()),
-            "driver_override" => {
-                let text = match value.trim() {
-                    "" => "(null)",
-                    other => other,
-                };
-                fs::write(root.join(&real), format!("{text}\n"))
-            }
-            "unbind" => {
-                let driver = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                let device = sysfs.resolve(&dir.join(value.trim()));
-                if !root.join(&device).is_dir() {
-                    return Err(io::Error::from_raw_os_error(nix::libc::ENODEV));
+        let value = value.trim();
+        match name.as_str() {
+            "sriov_numvfs" => {
+                let answer = self.numvfs(sysfs, &dir, value, before.as_deref());
+                if answer.is_err() {
+                    fs::write(&path, format!("{}\n", before.unwrap_or_default()))?;
                 }
-                unbind(root, &device, driver)
+                answer
             }
-            "drivers_probe" => self.probe(sysfs, value.trim()),
-            _ => fs::write(root.join(&real), value),
+            "driver_override" if value.is_empty() => fs::write(&path, "(null)\n"),
+            "bind" | "unbind" if dir.parent() == Some(Path::new(DRIVERS)) => {
+                // Write-only in the kernel: nothing stays behind to read.
+                fs::write(&path, "")?;
+                let driver = file_name(&dir);
+                match name.as_str() {
+                    "bind" => self.bind_request(sysfs, &driver, value),
+                    _ => self.unbind_request(sysfs, &driver, value),
+                }
+            }
+            _ if real == Path::new(PROBE) => {
+                fs::write(&path, "")?;
+                self.probe(sysfs, value)
+            }
+            _ => Ok(()),
         }
     }
 }
 
 impl FixtureKernel {
-    fn numvfs(&self, sysfs: &Sysfs, pf: &Path, value: &str) -> io::Result<()> {
-        let want: u32 = value
-            .parse()
-            .map_err(|_| io::Error::from_raw_os_error(nix::libc::EINVAL))?;
+    /// A `sriov_numvfs` write of `value` to the PF at `pf`, which held `before`.
+    fn numvfs(
+        &self,
+        sysfs: &Sysfs,
+        pf: &Path,
+        value: &str,
+        before: Option<&str>,
+    ) -> io::Result<()> {
+        let want: u32 = value.parse().map_err(|_| errno(nix::libc::EINVAL))?;
         let total = sysfs
             .read_i64(&pf.join("sriov_totalvfs"))
             .and_then(|t| u32::try_from(t).ok())
-            .ok_or_else(|| io::Error::from_raw_os_error(nix::libc::ENOENT))?;
-        let now = sysfs
-            .read_i64(&pf.join("sriov_numvfs"))
-            .and_then(|t| u32::try_from(t).ok())
-            .unwrap_or(0);
+            .ok_or_else(|| errno(nix::libc::ENOENT))?;
+        let now: u32 = before.and_then(|b| b.parse().ok()).unwrap_or(0);
         if want > total {
-            return Err(io::Error::from_raw_os_error(nix::libc::ERANGE));
+            return Err(errno(nix::libc::ERANGE));
         }
-        if want == now {
-            return Ok(());
+        if now != 0 && want != 0 && want != now {
+            return Err(errno(nix::libc::EBUSY));
         }
-        if now != 0 && want != 0 {
-            return Err(io::Error::from_raw_os_error(nix::libc::EBUSY));
+        if want != now {
+            self.set_vfs(sysfs, pf, want)?;
         }
-        self.set_vfs(sysfs, pf, want)?;
         fs::write(
             sysfs.root().join(pf).join("sriov_numvfs"),
             format!("{want}\n"),
@@ -124,28 +206,90 @@ impl FixtureKernel {
             for index in 0..want {
                 let vf = create_vf(sysfs, pf, index)?;
                 if autoprobe {
-                    self.bind(sysfs, &vf, &self.vf_driver)?;
+                    self.attach(sysfs, &vf, &self.vf_driver)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Answers, on a thread, the writes another process makes to the tree below `root` (a
-    /// driver under test writes with [`super::apply::LiveWrites`]): a changed `sriov_numvfs`,
-    /// a BDF in `drivers_probe` or in a driver's `unbind`. Files those writes need (which a
-    /// live sysfs always has) are created first. Stops when the returned guard is dropped.
-    pub fn serve(self: Arc<Self>, root: &Path) -> io::Result<Serving> {
-        let sysfs = Sysfs::new(root);
-        touch(&root.join("sys/bus/pci/drivers_probe"))?;
-        for driver in sysfs.list(Path::new("sys/bus/pci/drivers")) {
-            touch(&root.join("sys/bus/pci/drivers").join(driver).join("unbind"))?;
+    /// The root-relative real directory of the function `address`; ENODEV, as the kernel
+    /// answers a name it has no device for, when there is none.
+    fn device(sysfs: &Sysfs, address: &str) -> io::Result<PathBuf> {
+        if !is_pci_address(address) {
+            return Err(errno(nix::libc::ENODEV));
         }
+        let device = sysfs.resolve(&Path::new(DEVICES).join(address));
+        if !sysfs.is_dir(&device) {
+            return Err(errno(nix::libc::ENODEV));
+        }
+        Ok(device)
+    }
+
+    fn unbind_request(&self, sysfs: &Sysfs, driver: &str, address: &str) -> io::Result<()> {
+        let device = Self::device(sysfs, address)?;
+        if sysfs.link_name(&device.join("driver")).as_deref() != Some(driver) {
+            return Err(errno(nix::libc::ENODEV));
+        }
+        unbind(sysfs.root(), &device, driver)
+    }
+
+    fn bind_request(&self, sysfs: &Sysfs, driver: &str, address: &str) -> io::Result<()> {
+        let device = Self::device(sysfs, address)?;
+        if sysfs.exists(&device.join("driver")) {
+            return Err(errno(nix::libc::ENODEV));
+        }
+        self.attach(sysfs, &device, driver)
+    }
+
+    /// The driver a probe binds the function to: its override, else its driver at start, else
+    /// (a VF) the VF driver.
+    fn wanted(&self, sysfs: &Sysfs, device: &Path) -> Option<String> {
+        sysfs
+            .read(&device.join("driver_override"))
+            .filter(|o| o != "(null)")
+            .or_else(|| self.native.get(&file_name(device)).cloned())
+            .or_else(|| {
+                sysfs
+                    .exists(&device.join("physfn"))
+                    .then(|| self.vf_driver.clone())
+            })
+    }
+
+    fn probe(&self, sysfs: &Sysfs, address: &str) -> io::Result<()> {
+        let device = Self::device(sysfs, address)?;
+        if sysfs.exists(&device.join("driver")) {
+            return Ok(());
+        }
+        match self.wanted(sysfs, &device) {
+            Some(driver) => self.attach(sysfs, &device, &driver),
+            None => Ok(()),
+        }
+    }
+
+    /// A probe of `device` by `driver`: it binds unless the driver is not loaded (the VF
+    /// driver always is) or refuses; either way the function stays unbound and the write that
+    /// asked succeeds, as with a real probe error.
+    fn attach(&self, sysfs: &Sysfs, device: &Path, driver: &str) -> io::Result<()> {
+        if lock(&self.refusing).contains(driver) {
+            return Ok(());
+        }
+        if driver != self.vf_driver && !sysfs.is_dir(&Path::new(DRIVERS).join(driver)) {
+            return Ok(());
+        }
+        self.bind(sysfs, device, driver)
+    }
+
+    /// Answers, on a thread, the writes another process makes to the tree (a driver under test
+    /// writes with [`LiveWrites`]): a changed `sriov_numvfs`, a BDF in `drivers_probe` or in a
+    /// driver's `bind` or `unbind`. Stops when the returned guard is dropped.
+    pub fn serve(self: Arc<Self>) -> io::Result<Serving> {
+        self.attributes()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
-                self.settle(&sysfs);
+                self.settle(&self.sysfs);
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         });
@@ -167,26 +311,23 @@ impl FixtureKernel {
             Some(text)
         };
         // Unbinds first: a writer unbinds before it probes, and both may be pending.
-        let drivers = Path::new("sys/bus/pci/drivers");
+        let drivers = Path::new(DRIVERS);
         for driver in sysfs.list(drivers) {
             if let Some(address) = take(&root.join(drivers).join(&driver).join("unbind")) {
-                let device = sysfs.resolve(&Path::new("sys/bus/pci/devices").join(address));
-                let _ = unbind(root, &device, &driver);
+                let _ = self.unbind_request(sysfs, &driver, &address);
+            }
+            if let Some(address) = take(&root.join(drivers).join(&driver).join("bind")) {
+                let _ = self.bind_request(sysfs, &driver, &address);
             }
         }
-        let probe = root.join("sys/bus/pci/drivers_probe");
+        let probe = root.join(PROBE);
         if let Some(address) = take(&probe) {
-            let device = sysfs.resolve(&Path::new("sys/bus/pci/devices").join(&address));
-            let wanted = sysfs
-                .read(&device.join("driver_override"))
-                .filter(|o| o != "(null)")
-                .or_else(|| {
-                    sysfs
-                        .exists(&device.join("physfn"))
-                        .then(|| self.vf_driver.clone())
-                });
-            let bound = sysfs.link_name(&device.join("driver"));
-            if bound.is_some() && wanted.is_some() && bound != wanted {
+            let pending = Self::device(sysfs, &address).ok().is_some_and(|device| {
+                let bound = sysfs.link_name(&device.join("driver"));
+                let wanted = self.wanted(sysfs, &device);
+                bound.is_some() && wanted.is_some() && bound != wanted
+            });
+            if pending {
                 // Its unbind was written but not seen yet: a synchronous kernel would have
                 // handled it first, so the probe waits for the next round.
                 let _ = fs::write(&probe, &address);
@@ -194,7 +335,7 @@ impl FixtureKernel {
                 let _ = self.probe(sysfs, &address);
             }
         }
-        let devices = Path::new("sys/bus/pci/devices");
+        let devices = Path::new(DEVICES);
         for address in sysfs.list(devices) {
             let pf = sysfs.resolve(&devices.join(address));
             if !sysfs.exists(&pf.join("sriov_totalvfs")) {
@@ -217,37 +358,11 @@ impl FixtureKernel {
         }
     }
 
-    fn probe(&self, sysfs: &Sysfs, address: &str) -> io::Result<()> {
-        let device = sysfs.resolve(&Path::new("sys/bus/pci/devices").join(address));
-        if !sysfs.root().join(&device).is_dir() {
-            return Err(io::Error::from_raw_os_error(nix::libc::ENODEV));
-        }
-        if sysfs.exists(&device.join("driver")) {
-            return Ok(());
-        }
-        let driver = match sysfs
-            .read(&device.join("driver_override"))
-            .filter(|o| o != "(null)")
-        {
-            Some(over) => over,
-            None if sysfs.exists(&device.join("physfn")) => self.vf_driver.clone(),
-            None => return Ok(()),
-        };
-        if driver != self.vf_driver
-            && !sysfs.is_dir(&Path::new("sys/bus/pci/drivers").join(&driver))
-        {
-            // No such driver loaded: the device stays unbound, and the write succeeds.
-            return Ok(());
-        }
-        self.bind(sysfs, &device, &driver)
-    }
-
     fn bind(&self, sysfs: &Sysfs, device: &Path, driver: &str) -> io::Result<()> {
         let root = sysfs.root();
         let address = file_name(device);
-        let drivers = PathBuf::from("sys/bus/pci/drivers").join(driver);
-        fs::create_dir_all(root.join(&drivers))?;
-        touch(&root.join(&drivers).join("unbind"))?;
+        let drivers = Path::new(DRIVERS).join(driver);
+        driver_attributes(root, driver)?;
         link(root, &drivers.join(&address), device)?;
         link(root, &device.join("driver"), &drivers)?;
         if driver != self.vf_driver {
@@ -307,6 +422,14 @@ impl Drop for Serving {
             let _ = thread.join();
         }
     }
+}
+
+/// A loaded driver's directory with the attributes writers use.
+fn driver_attributes(root: &Path, driver: &str) -> io::Result<()> {
+    let dir = root.join(DRIVERS).join(driver);
+    fs::create_dir_all(&dir)?;
+    touch(&dir.join("bind"))?;
+    touch(&dir.join("unbind"))
 }
 
 fn touch(path: &Path) -> io::Result<()> {
@@ -430,21 +553,22 @@ fn file_name(path: &Path) -> String {
         .to_owned()
 }
 
-/// A relative symlink at root-relative `at` pointing to root-relative `to`, as sysfs has them.
+/// A symlink at root-relative `at` to root-relative `to`, relative and shortest, as the kernel
+/// makes them (`../../../../bus/pci/drivers/vfio-pci`).
 fn link(root: &Path, at: &Path, to: &Path) -> io::Result<()> {
-    let depth = at
+    let from: Vec<Component<'_>> = at
         .parent()
-        .map(|p| {
-            p.components()
-                .filter(|c| matches!(c, Component::Normal(_)))
-                .count()
-        })
-        .unwrap_or(0);
+        .map(|p| p.components().collect())
+        .unwrap_or_default();
+    let to: Vec<Component<'_>> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(x, y)| x == y).count();
     let mut target = PathBuf::new();
-    for _ in 0..depth {
+    for _ in common..from.len() {
         target.push("..");
     }
-    target.push(to);
+    for c in &to[common..] {
+        target.push(c);
+    }
     let path = root.join(at);
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent)?;
@@ -452,3 +576,6 @@ fn link(root: &Path, at: &Path, to: &Path) -> io::Result<()> {
     let _ = fs::remove_file(&path);
     std::os::unix::fs::symlink(target, path)
 }
+
+#[cfg(test)]
+mod tests;

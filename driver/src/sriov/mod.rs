@@ -4,24 +4,27 @@
 //! Peers need an operator for this; knic does it in the driver because it already knows which
 //! VFs are prepared for claims, which is exactly what makes re-provisioning safe or not. A
 //! reconcile reads the PFs ([`pf`]), decides per PF ([`provision::decide`]: pure, every rule
-//! there) and carries the changes out ([`apply`]) through [`apply::SysfsWrites`], so a fixture
-//! tree with its [`fixture::FixtureKernel`] exercises all of it. It runs before the first
-//! discovery (so the first published slice has the VFs) and before every rescan (so a PF whose
-//! driver was reloaded, which drops its VFs, gets them back).
+//! there) and carries the changes out ([`apply`]). It runs before the first discovery (so the
+//! first published slice has the VFs) and before every rescan (so a PF whose driver was
+//! reloaded, which drops its VFs, gets them back).
 //!
 //! Per claim, beyond netdevs: binding a function to `vfio-pci` for DPDK/KubeVirt pods
-//! ([`vfio`], with its own simulated kernel for fixture trees in [`fixture_kernel`]) and the
-//! RDMA side of a function ([`rdma`]: its character devices and the RDMA netlink messages that
-//! move an RDMA device between network namespaces).
+//! ([`vfio`]) and the RDMA side of a function ([`rdma`]: its character devices and the RDMA
+//! netlink messages that move an RDMA device between network namespaces).
+//!
+//! Provisioning and vfio-pci both change the kernel's state only through one port,
+//! [`writes::SysfsWrites`] (paths clamped to the sysfs root, bounded single writes), so one
+//! simulated kernel for fixture trees, [`fixture::FixtureKernel`], answers both the way a live
+//! `/sys` would, in-process or for a driver process under test.
 
 pub mod apply;
 pub mod fixture;
-pub mod fixture_kernel;
 pub mod pf;
 pub mod policy;
 pub mod provision;
 pub mod rdma;
 pub mod vfio;
+pub mod writes;
 
 #[cfg(test)]
 mod tests;
@@ -34,8 +37,27 @@ use std::time::Duration;
 use crate::claims::checkpoint::Checkpoint;
 use crate::error::Error;
 use crate::inventory::{AttrValue, Inventory, Sysfs};
-use apply::SysfsWrites;
 pub use policy::{SriovPolicy, VfDriver};
+use writes::SysfsWrites;
+
+/// Whether `text` is a PCI address in sysfs form (`0000:3b:00.2`, lowercase hex, function
+/// 0-7): policies, claims and the fixture kernel all turn addresses into path components, so
+/// anything else is refused before a path is built.
+pub fn is_pci_address(text: &str) -> bool {
+    let b = text.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    b.len() == 12
+        && hex(0..4)
+        && b[4] == b':'
+        && hex(5..7)
+        && b[7] == b':'
+        && hex(8..10)
+        && b[10] == b'.'
+        && (b'0'..=b'7').contains(&b[11])
+}
 
 /// How long a reconcile waits for the kernel to create VFs or bind them, per step.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);

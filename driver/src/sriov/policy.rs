@@ -24,6 +24,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::is_pci_address;
 use crate::bounded::{Links, quote, read_regular};
 use crate::error::{Error, Result};
 use crate::inventory::filter::{Glob, Invalid};
@@ -287,23 +288,6 @@ fn entry(i: usize, raw: RawEntry) -> std::result::Result<PoolEntry, Invalid> {
         num_vfs,
         vf_driver,
     })
-}
-
-/// `DDDD:BB:DD.F`, lower-case hex as sysfs spells it.
-pub fn is_pci_address(text: &str) -> bool {
-    let b = text.as_bytes();
-    let hex = |r: std::ops::Range<usize>| {
-        b[r].iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-    };
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && hex(0..4)
-        && hex(5..7)
-        && hex(8..10)
-        && (b'0'..=b'7').contains(&b[11])
 }
 
 fn invalid(what: &str, error: &dyn std::fmt::Display) -> Error {

@@ -86,7 +86,7 @@ fn names(dir: &Path, max: usize) -> Vec<String> {
 /// `infiniband/<dev>` entries and `infiniband_verbs/uverbs*` character devices, matched by
 /// each uverbs' `ibdev` file (or all of them when a capture has none).
 pub fn devices(root: &Path, address: &str) -> Vec<RdmaDevice> {
-    if !super::vfio::is_pci_address(address) {
+    if !super::is_pci_address(address) {
         return Vec::new();
     }
     let function = root.join("sys/bus/pci/devices").join(address);

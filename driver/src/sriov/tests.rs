@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::fixture::{FixtureKernel, vf_address};
+use super::writes::{LiveWrites, SysfsWrites};
 use super::*;
 use crate::inventory::{self, DeviceKind, Filter, Sources};
 
@@ -16,6 +17,11 @@ fn tree(text: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     inventory::fixture::materialise(text, dir.path()).unwrap();
     dir
+}
+
+/// The fixture's kernel for the tree at `root`, VFs on `iavf` as on the E810.
+fn kernel(root: &Path) -> Arc<FixtureKernel> {
+    Arc::new(FixtureKernel::new(root, "iavf").unwrap())
 }
 
 fn provisioner(root: &Path, policy: &str, kernel: Arc<FixtureKernel>) -> Provisioner {
@@ -51,7 +57,7 @@ fn numvfs(root: &Path) -> String {
 #[test]
 fn sriov_grows_a_pf_through_zero_and_discovery_sees_the_new_vfs() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let p = provisioner(
         dir.path(),
         "pools: [{name: fabric, pfNames: [\"enp162s0f0*\"], numVfs: 4}]",
@@ -126,7 +132,7 @@ fn sriov_refuses_each_rule_with_the_pf_and_writes_nothing() {
     ];
     for (policy, held, routes, want) in cases {
         let dir = tree(E810);
-        let kernel = Arc::new(FixtureKernel::new("iavf"));
+        let kernel = kernel(dir.path());
         let routes: BTreeSet<String> = routes.iter().map(|r| (*r).to_owned()).collect();
         let report = provisioner(dir.path(), policy, kernel.clone()).reconcile(&held, &routes);
         assert_eq!(texts(&report.refused), vec![want], "{policy}");
@@ -142,7 +148,7 @@ fn sriov_refuses_each_rule_with_the_pf_and_writes_nothing() {
 #[test]
 fn sriov_refuses_a_pf_that_is_not_sriov_capable() {
     let dir = tree(VIRTIO);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let sysfs = crate::inventory::Sysfs::new(dir.path());
     let pf = &pf::read(&sysfs)[0];
     let policy = format!(
@@ -164,7 +170,7 @@ fn sriov_refuses_a_pf_that_is_not_sriov_capable() {
 #[test]
 fn sriov_one_entry_per_pf_and_unmatched_entries_are_reported() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let report = provisioner(
         dir.path(),
         "pools: [{name: a, pfNames: [\"enp*\"], numVfs: 2}, {name: b, pciIds: [\"8086:159b\"], numVfs: 6}, {name: c, pfNames: [\"ib*\"], numVfs: 1}]",
@@ -185,7 +191,7 @@ fn sriov_one_entry_per_pf_and_unmatched_entries_are_reported() {
 #[test]
 fn sriov_a_held_pf_may_still_be_checked_when_its_count_is_right() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let held = Held {
         by_pf: BTreeMap::from([(
             "0000:a2:00.0".to_owned(),
@@ -209,10 +215,7 @@ fn sriov_a_held_pf_may_still_be_checked_when_its_count_is_right() {
 #[test]
 fn sriov_vfs_that_never_appear_fail_bounded_with_the_reason() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel {
-        stall: true,
-        ..FixtureKernel::new("iavf")
-    });
+    let kernel = Arc::new(FixtureKernel::new(dir.path(), "iavf").unwrap().stalling());
     let started = std::time::Instant::now();
     let report = provisioner(
         dir.path(),
@@ -236,7 +239,7 @@ fn sriov_kernel_refusals_reach_the_report() {
     // A count the fixture's kernel refuses like the real one (EBUSY between non-zero counts)
     // shows through a writer that skips the step through 0.
     struct Direct(FixtureKernel);
-    impl apply::SysfsWrites for Direct {
+    impl SysfsWrites for Direct {
         fn write(
             &self,
             sysfs: &crate::inventory::Sysfs,
@@ -252,7 +255,7 @@ fn sriov_kernel_refusals_reach_the_report() {
     let report = Provisioner::new(
         dir.path(),
         SriovPolicy::parse("pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 5}]").unwrap(),
-        Arc::new(Direct(FixtureKernel::new("iavf"))),
+        Arc::new(Direct(FixtureKernel::new(dir.path(), "iavf").unwrap())),
     )
     .with_wait(Duration::from_millis(100))
     .reconcile(&Held::default(), &BTreeSet::new());
@@ -267,7 +270,7 @@ fn sriov_kernel_refusals_reach_the_report() {
 #[test]
 fn sriov_vfio_pools_bind_vfs_to_vfio_pci_and_back() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let vfio = "pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 3, vfDriver: vfio-pci}]";
     // vfio-pci not loaded: refused with the reason, VFs keep their driver.
     let report =
@@ -396,14 +399,12 @@ fn sriov_live_writes_drive_a_served_fixture_tree() {
     // watching the tree from another thread.
     let dir = tree(E810);
     std::fs::create_dir_all(dir.path().join("sys/bus/pci/drivers/vfio-pci")).unwrap();
-    let serving = Arc::new(FixtureKernel::new("iavf"))
-        .serve(dir.path())
-        .unwrap();
+    let serving = kernel(dir.path()).serve().unwrap();
     let live = |policy: &str| {
         Provisioner::new(
             dir.path(),
             SriovPolicy::parse(policy).unwrap(),
-            Arc::new(apply::LiveWrites),
+            Arc::new(LiveWrites),
         )
         .with_wait(Duration::from_secs(5))
         .reconcile(&Held::default(), &BTreeSet::new())
@@ -431,8 +432,7 @@ fn sriov_live_writes_refuse_what_is_not_an_attribute_file() {
         nix::sys::stat::Mode::S_IRWXU,
     )
     .unwrap();
-    use apply::SysfsWrites as _;
-    let fifo = apply::LiveWrites
+    let fifo = LiveWrites
         .write(&sysfs, Path::new("sys/x/fifo"), "1")
         .unwrap_err();
     assert_eq!(
@@ -442,7 +442,7 @@ fn sriov_live_writes_refuse_what_is_not_an_attribute_file() {
             dir.path().join("sys/x/fifo").display()
         )
     );
-    let missing = apply::LiveWrites
+    let missing = LiveWrites
         .write(&sysfs, Path::new("sys/x/none"), "1")
         .unwrap_err();
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
@@ -455,7 +455,7 @@ fn sriov_live_writes_refuse_what_is_not_an_attribute_file() {
 #[test]
 fn sriov_pools_label_their_pfs_and_vfs_even_when_refused() {
     let dir = tree(E810);
-    let kernel = Arc::new(FixtureKernel::new("iavf"));
+    let kernel = kernel(dir.path());
     let p = provisioner(
         dir.path(),
         "pools: [{name: fabric, pfNames: [\"enp162s0f0np0\"], numVfs: 200}]",

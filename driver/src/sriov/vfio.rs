@@ -8,8 +8,9 @@
 //! matching give the function back to its original driver, which the caller recorded in the
 //! checkpoint before the first write (see [`crate::claims`]).
 //!
-//! Reads go to the tree directly; every write goes through [`PciDrivers`], so the fixture
-//! kernel ([`super::fixture_kernel`]) can play the kernel's part in tests.
+//! Reads go to the tree directly; every write goes through [`SysfsWrites`] (paths resolved and
+//! clamped under the root, as provisioning's are), so the fixture kernel
+//! ([`super::fixture::FixtureKernel`]) can play the kernel's part in tests.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::is_pci_address;
+use super::writes::SysfsWrites;
 use crate::error::{Error, Result};
+use crate::inventory::Sysfs;
 
 /// The driver a vfio device is bound to.
 pub const VFIO_DRIVER: &str = "vfio-pci";
@@ -29,23 +33,6 @@ pub const BIND_WAIT: Duration = Duration::from_secs(5);
 
 /// The most IOMMU group members listed in an error (a group can hold a whole bridge).
 const MAX_NAMED_MEMBERS: usize = 8;
-
-/// Where sysfs attribute writes go: the kernel, or a fixture that simulates it.
-pub trait PciDrivers: Send + Sync + 'static {
-    /// Writes `value` to the existing attribute `path` (absolute, under the sysfs root).
-    fn write(&self, path: &Path, value: &[u8]) -> Result<()>;
-}
-
-/// The real kernel: one bounded `write(2)` per attribute.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KernelPci;
-
-impl PciDrivers for KernelPci {
-    fn write(&self, path: &Path, value: &[u8]) -> Result<()> {
-        crate::bounded::write_attribute(path, value)
-            .map_err(|e| Error::io("writing a sysfs attribute", e))
-    }
-}
 
 /// What prepare records about a vfio-pci function before touching it, so unprepare (even
 /// after a crash between the record and the bind) can give it back.
@@ -63,7 +50,7 @@ pub struct VfioBinding {
 #[derive(Clone)]
 pub struct Vfio {
     root: PathBuf,
-    writes: Arc<dyn PciDrivers>,
+    writes: Arc<dyn SysfsWrites>,
     wait: Duration,
 }
 
@@ -76,27 +63,9 @@ impl std::fmt::Debug for Vfio {
     }
 }
 
-/// Whether `text` is a PCI address in sysfs form (`0000:3b:00.2`, lowercase hex): anything
-/// else would become a path component, so it is refused before any path is built.
-pub fn is_pci_address(text: &str) -> bool {
-    let b = text.as_bytes();
-    let hex = |r: std::ops::Range<usize>| {
-        b[r].iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-    };
-    b.len() == 12
-        && hex(0..4)
-        && b[4] == b':'
-        && hex(5..7)
-        && b[7] == b':'
-        && hex(8..10)
-        && b[10] == b'.'
-        && (b'0'..=b'7').contains(&b[11])
-}
-
 impl Vfio {
     /// Functions under `root` (the parent of `sys/`), writing through `writes`.
-    pub fn new(root: impl Into<PathBuf>, writes: Arc<dyn PciDrivers>) -> Self {
+    pub fn new(root: impl Into<PathBuf>, writes: Arc<dyn SysfsWrites>) -> Self {
         Vfio {
             root: root.into(),
             writes,
@@ -122,12 +91,22 @@ impl Vfio {
         }
     }
 
+    /// Root-relative, as writes take them.
+    fn device_rel(address: &str) -> PathBuf {
+        Path::new("sys/bus/pci/devices").join(address)
+    }
+
+    /// Root-relative, as writes take them.
+    fn driver_rel(driver: &str) -> PathBuf {
+        Path::new("sys/bus/pci/drivers").join(driver)
+    }
+
     fn device_dir(&self, address: &str) -> PathBuf {
-        self.root.join("sys/bus/pci/devices").join(address)
+        self.root.join(Self::device_rel(address))
     }
 
     fn driver_dir(&self, driver: &str) -> PathBuf {
-        self.root.join("sys/bus/pci/drivers").join(driver)
+        self.root.join(Self::driver_rel(driver))
     }
 
     /// The last component of a symlink's target (sysfs links are relative, kernel style).
@@ -226,8 +205,10 @@ impl Vfio {
         })
     }
 
-    fn write(&self, path: PathBuf, value: &str) -> Result<()> {
-        self.writes.write(&path, value.as_bytes())
+    fn write(&self, rel: PathBuf, value: &str) -> Result<()> {
+        self.writes
+            .write(&Sysfs::new(&self.root), &rel, value)
+            .map_err(|e| Error::io("writing a sysfs attribute", e))
     }
 
     /// Waits until the function's driver is `want` (`None`: no driver), or says what it is.
@@ -267,12 +248,14 @@ impl Vfio {
         if self.current_driver(address).as_deref() == Some(VFIO_DRIVER) {
             return Ok(());
         }
-        let device = self.device_dir(address);
-        self.write(device.join("driver_override"), VFIO_DRIVER)?;
+        self.write(
+            Self::device_rel(address).join("driver_override"),
+            VFIO_DRIVER,
+        )?;
         if let Some(current) = self.current_driver(address) {
-            self.write(self.driver_dir(&current).join("unbind"), address)?;
+            self.write(Self::driver_rel(&current).join("unbind"), address)?;
         }
-        self.write(self.root.join("sys/bus/pci/drivers_probe"), address)?;
+        self.write(PathBuf::from("sys/bus/pci/drivers_probe"), address)?;
         self.wait_for(address, Some(VFIO_DRIVER))
     }
 
@@ -286,17 +269,16 @@ impl Vfio {
                 "is not a PCI address of the form 0000:3b:00.2",
             ));
         }
-        let device = self.device_dir(address);
-        self.write(device.join("driver_override"), "\n")?;
+        self.write(Self::device_rel(address).join("driver_override"), "\n")?;
         let current = self.current_driver(address);
         if current.as_deref() == original {
             return Ok(());
         }
         if let Some(current) = current {
-            self.write(self.driver_dir(&current).join("unbind"), address)?;
+            self.write(Self::driver_rel(&current).join("unbind"), address)?;
         }
         if original.is_some() {
-            self.write(self.root.join("sys/bus/pci/drivers_probe"), address)?;
+            self.write(PathBuf::from("sys/bus/pci/drivers_probe"), address)?;
         }
         self.wait_for(address, original)
     }

@@ -1,10 +1,10 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
 use crate::inventory::fixture::materialise;
-use crate::sriov::fixture_kernel::FixtureKernel;
+use crate::sriov::fixture::FixtureKernel;
 
 const CX5: &str =
     include_str!("../../../tests/fixtures/sysfs/mellanox-cx5-pf-vfs-rdma.derived.txt");
@@ -14,7 +14,7 @@ const VF: &str = "0000:3b:00.2";
 fn tree(vfio: bool) -> (tempfile::TempDir, Arc<FixtureKernel>, Vfio) {
     let dir = tempfile::tempdir().expect("tempdir");
     materialise(CX5, dir.path()).expect("fixture");
-    let kernel = Arc::new(FixtureKernel::new(dir.path()).expect("kernel"));
+    let kernel = Arc::new(FixtureKernel::new(dir.path(), "mlx5_core").expect("kernel"));
     if vfio {
         kernel.load_vfio_pci().expect("modprobe");
     }
@@ -87,14 +87,14 @@ fn a_function_alone_in_its_group_binds_and_comes_back_to_its_driver() {
         kernel.writes(),
         [
             (
-                "sys/bus/pci/devices/0000:3b:00.2/driver_override".to_owned(),
+                PathBuf::from("sys/bus/pci/devices/0000:3b:00.2/driver_override"),
                 "vfio-pci".to_owned()
             ),
             (
-                "sys/bus/pci/drivers/mlx5_core/unbind".to_owned(),
+                PathBuf::from("sys/bus/pci/drivers/mlx5_core/unbind"),
                 VF.to_owned()
             ),
-            ("sys/bus/pci/drivers_probe".to_owned(), VF.to_owned()),
+            (PathBuf::from("sys/bus/pci/drivers_probe"), VF.to_owned()),
         ]
     );
     // A second bind (a retried prepare) writes nothing.
@@ -120,14 +120,14 @@ fn a_function_alone_in_its_group_binds_and_comes_back_to_its_driver() {
         kernel.writes()[3..],
         [
             (
-                "sys/bus/pci/devices/0000:3b:00.2/driver_override".to_owned(),
+                PathBuf::from("sys/bus/pci/devices/0000:3b:00.2/driver_override"),
                 "\n".to_owned()
             ),
             (
-                "sys/bus/pci/drivers/vfio-pci/unbind".to_owned(),
+                PathBuf::from("sys/bus/pci/drivers/vfio-pci/unbind"),
                 VF.to_owned()
             ),
-            ("sys/bus/pci/drivers_probe".to_owned(), VF.to_owned()),
+            (PathBuf::from("sys/bus/pci/drivers_probe"), VF.to_owned()),
         ]
     );
     // Restoring again (a retried unprepare) only clears the override.
