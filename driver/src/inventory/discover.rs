@@ -640,6 +640,7 @@ fn decide(
             driver: candidate.driver.as_deref(),
             kind: Some(device.kind),
         };
+        let default_route = route.is_some() && candidate.never.is_none();
         let reason = if let Some(never) = candidate.never {
             Some(never)
         } else if let Some(route) = route {
@@ -668,6 +669,7 @@ fn decide(
         match reason {
             Some(reason) => inventory.excluded.push(ExcludedDevice {
                 device: candidate.device,
+                default_route,
                 reason,
             }),
             None => inventory.devices.push(candidate.device),

@@ -158,6 +158,11 @@ pub struct ExcludedDevice {
     pub device: NetDevice,
     /// Why it is not.
     pub reason: String,
+    /// Whether the reason is the node's default route (the interface carries it, or is a
+    /// master, slave or lower device of one that does): SR-IOV provisioning must not touch
+    /// such a PF either.
+    #[serde(skip)]
+    pub default_route: bool,
 }
 
 /// The result of one discovery.

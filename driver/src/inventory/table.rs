@@ -196,6 +196,7 @@ mod tests {
         let inv = Inventory {
             devices: vec![pf],
             excluded: vec![ExcludedDevice {
+                default_route: false,
                 device: lo,
                 reason: "loopback".into(),
             }],
@@ -266,6 +267,7 @@ mod tests {
         let inv = Inventory {
             devices: vec![hostile.clone()],
             excluded: vec![ExcludedDevice {
+                default_route: false,
                 device: hostile,
                 reason: "excluded by name=\u{1b}[31m*".into(),
             }],

@@ -51,6 +51,7 @@ impl Discovery {
         let root = self.root.clone();
         let run = tokio::task::spawn_blocking(move || {
             let routes = netlink::default_route_interfaces(&root);
+            let routes = crate::sriov::route_bound(&root, &routes);
             provisioner.reconcile(&held, &routes)
         });
         match run.await {

@@ -46,13 +46,12 @@ pub fn apply(
     }
     let numvfs = plan.pf.file("sriov_numvfs");
     let result = change_count(sysfs, writes, plan, &numvfs, held_vfs, wait, &fail);
-    if plan.vf_driver == VfDriver::VfioPci {
-        let autoprobe = plan.pf.file("sriov_drivers_autoprobe");
-        if sysfs.read(&autoprobe).as_deref() == Some("0") {
-            // Back to the kernel default whatever happened, so VFs made later by anyone else
-            // behave normally.
-            write(sysfs, writes, &autoprobe, "1").map_err(&fail)?;
-        }
+    let autoprobe = plan.pf.file("sriov_drivers_autoprobe");
+    if sysfs.read(&autoprobe).as_deref() == Some("0") {
+        // Back to the kernel default whatever happened, also for a netdev pool after a crash
+        // in the middle of a vfio change: with autoprobe off, the kernel probes no VF without
+        // an override, so VFs made later (by knic or anyone) would stay driverless.
+        write(sysfs, writes, &autoprobe, "1").map_err(&fail)?;
     }
     result
 }

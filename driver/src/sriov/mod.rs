@@ -82,7 +82,7 @@ pub const ATTR_POOL: &str = "sriovPool";
 /// Who holds which VFs: a PF's address → claims holding its VFs, and the held VFs' addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Held {
-    /// PF PCI address → `namespace/name` of claims with one of its VFs prepared.
+    /// PF PCI address → `namespace/name` of claims with it or one of its VFs prepared.
     pub by_pf: BTreeMap<String, BTreeSet<String>>,
     /// PCI addresses of prepared VFs.
     pub vfs: BTreeSet<String>,
@@ -102,7 +102,12 @@ impl Held {
                     continue;
                 };
                 let text = |key: &str| attrs.get(key).and_then(|a| a.string.clone());
-                let Some(pf) = text("pfPciAddress") else {
+                // A VF holds its PF; a whole PF holds itself.
+                let pf = match text("kind").as_deref() {
+                    Some("pf") => text("pciAddress"),
+                    _ => text("pfPciAddress"),
+                };
+                let Some(pf) = pf else {
                     continue;
                 };
                 held.by_pf
@@ -116,6 +121,25 @@ impl Held {
         }
         held
     }
+}
+
+/// The PCI functions the node's default routes depend on, with why: discovery's own rule (the
+/// interface carrying a route, its bond or bridge master, and those masters' slaves and lower
+/// devices), so a PF enslaved to the default-route bond is as safe from provisioning as one
+/// carrying the route itself. `routes` are the interfaces carrying the default routes.
+pub fn route_bound(root: &std::path::Path, routes: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let inventory = crate::inventory::discover(
+        root,
+        &crate::inventory::Sources::sysfs_only(),
+        routes,
+        &crate::inventory::Filter::default(),
+    );
+    inventory
+        .excluded
+        .into_iter()
+        .filter(|e| e.default_route)
+        .filter_map(|e| Some((e.device.pci_address?, e.reason)))
+        .collect()
 }
 
 /// Applies a policy to the PFs below a sysfs root.
@@ -164,8 +188,9 @@ impl Provisioner {
     }
 
     /// One reconcile: blocking (sysfs writes and bounded waits), so async callers run it on a
-    /// blocking thread. `routes` are the interfaces carrying the node's default routes.
-    pub fn reconcile(&self, held: &Held, routes: &BTreeSet<String>) -> Report {
+    /// blocking thread. `routes` are the PFs the node's default routes depend on, with why
+    /// ([`route_bound`]).
+    pub fn reconcile(&self, held: &Held, routes: &BTreeMap<String, String>) -> Report {
         let sysfs = Sysfs::new(&self.root);
         let pfs = pf::read(&sysfs);
         let decision = provision::decide(&self.policy, &pfs, &held.by_pf, routes);

@@ -49,13 +49,14 @@ pub struct Decision {
 
 /// Decides, for every PF an entry selects, whether and how its VF count changes.
 ///
-/// `held` maps a PF's PCI address to the claims (`namespace/name`) that hold its VFs;
-/// `routes` are the interfaces carrying the node's default routes.
+/// `held` maps a PF's PCI address to the claims (`namespace/name`) that hold it or its VFs;
+/// `routes` maps the PCI address of a PF the node's default routes depend on (it carries one,
+/// or is a slave or lower device of an interface that does) to why.
 pub fn decide(
     policy: &SriovPolicy,
     pfs: &[PfFacts],
     held: &BTreeMap<String, BTreeSet<String>>,
-    routes: &BTreeSet<String>,
+    routes: &BTreeMap<String, String>,
 ) -> Decision {
     let mut decision = Decision::default();
     let mut chosen: BTreeMap<&str, &str> = BTreeMap::new();
@@ -108,7 +109,7 @@ fn decide_one(
     pf: &PfFacts,
     want: u32,
     held: &BTreeMap<String, BTreeSet<String>>,
-    routes: &BTreeSet<String>,
+    routes: &BTreeMap<String, String>,
 ) -> Result<Option<NumVfs>, String> {
     let Some(total) = pf.total_vfs else {
         return Err(
@@ -124,18 +125,18 @@ fn decide_one(
     if from == want {
         return Ok(None);
     }
-    if let Some(name) = pf.names.iter().find(|n| routes.contains(*n)) {
+    if let Some(why) = routes.get(&pf.pci_address) {
         return Err(format!(
-            "carries the node's default route (on {name}); changing its VF count can reset the \
-             link and cut the node off, so knic leaves it at {from} VFs"
+            "{why}; changing its VF count can reset the link and cut the node off, so knic \
+             leaves it at {from} VFs"
         ));
     }
-    if from != 0
-        && let Some(claims) = held.get(&pf.pci_address).filter(|c| !c.is_empty())
-    {
+    if let Some(claims) = held.get(&pf.pci_address).filter(|c| !c.is_empty()) {
+        // Also with no VFs now: then the PF itself is prepared (in a pod, or on vfio-pci),
+        // and creating VFs would reset it under its pod.
         let claims: Vec<&str> = claims.iter().map(String::as_str).collect();
         return Err(format!(
-            "numVfs {want} wanted, but its VFs are prepared for claims {}; changing a non-zero \
+            "numVfs {want} wanted, but it or its VFs are prepared for claims {}; changing the \
              count goes through 0 and would destroy them, so it stays at {from} until they are \
              released",
             claims.join(", ")

@@ -10,6 +10,7 @@ use crate::inventory::{self, DeviceKind, Filter, Sources};
 
 const E810: &str = include_str!("../../tests/fixtures/sysfs/intel-e810-pf-with-vfs.derived.txt");
 const VIRTIO: &str = include_str!("../../tests/fixtures/sysfs/virtio-net.real.txt");
+const BOND: &str = include_str!("../../tests/fixtures/sysfs/bond-active-backup.derived.txt");
 const PF: &str = "enp162s0f0np0 (0000:a2:00.0)";
 const PF_DIR: &str = "sys/devices/pci0000:a2/0000:a2:00.0";
 
@@ -63,7 +64,7 @@ fn sriov_grows_a_pf_through_zero_and_discovery_sees_the_new_vfs() {
         "pools: [{name: fabric, pfNames: [\"enp162s0f0*\"], numVfs: 4}]",
         kernel.clone(),
     );
-    let report = p.reconcile(&Held::default(), &BTreeSet::new());
+    let report = p.reconcile(&Held::default(), &BTreeMap::new());
     assert!(
         report.refused.is_empty() && report.failed.is_empty(),
         "{report:?}"
@@ -88,7 +89,7 @@ fn sriov_grows_a_pf_through_zero_and_discovery_sees_the_new_vfs() {
         ]
     );
     // Applied already: the next reconcile writes nothing.
-    let again = p.reconcile(&Held::default(), &BTreeSet::new());
+    let again = p.reconcile(&Held::default(), &BTreeMap::new());
     assert!(again.changed.is_empty(), "{again:?}");
     assert_eq!(kernel.writes().len(), 2);
 }
@@ -109,8 +110,8 @@ fn sriov_refuses_each_rule_with_the_pf_and_writes_nothing() {
             Held::default(),
             &["enp162s0f0np0"],
             format!(
-                "SR-IOV PF {PF}: carries the node's default route (on enp162s0f0np0); changing \
-                 its VF count can reset the link and cut the node off, so knic leaves it at 2 VFs"
+                "SR-IOV PF {PF}: carries a node default route; changing its VF count can reset \
+                 the link and cut the node off, so knic leaves it at 2 VFs"
             ),
         ),
         (
@@ -124,9 +125,9 @@ fn sriov_refuses_each_rule_with_the_pf_and_writes_nothing() {
             },
             &[],
             format!(
-                "SR-IOV PF {PF}: numVfs 1 wanted, but its VFs are prepared for claims ns/a, ns/b; \
-                 changing a non-zero count goes through 0 and would destroy them, so it stays at \
-                 2 until they are released"
+                "SR-IOV PF {PF}: numVfs 1 wanted, but it or its VFs are prepared for claims \
+                 ns/a, ns/b; changing the count goes through 0 and would destroy them, so it \
+                 stays at 2 until they are released"
             ),
         ),
     ];
@@ -134,6 +135,7 @@ fn sriov_refuses_each_rule_with_the_pf_and_writes_nothing() {
         let dir = tree(E810);
         let kernel = kernel(dir.path());
         let routes: BTreeSet<String> = routes.iter().map(|r| (*r).to_owned()).collect();
+        let routes = route_bound(dir.path(), &routes);
         let report = provisioner(dir.path(), policy, kernel.clone()).reconcile(&held, &routes);
         assert_eq!(texts(&report.refused), vec![want], "{policy}");
         assert!(
@@ -156,7 +158,7 @@ fn sriov_refuses_a_pf_that_is_not_sriov_capable() {
         pf.pci_address
     );
     let report = provisioner(dir.path(), &policy, kernel.clone())
-        .reconcile(&Held::default(), &BTreeSet::new());
+        .reconcile(&Held::default(), &BTreeMap::new());
     assert_eq!(
         texts(&report.refused),
         vec![format!(
@@ -176,7 +178,7 @@ fn sriov_one_entry_per_pf_and_unmatched_entries_are_reported() {
         "pools: [{name: a, pfNames: [\"enp*\"], numVfs: 2}, {name: b, pciIds: [\"8086:159b\"], numVfs: 6}, {name: c, pfNames: [\"ib*\"], numVfs: 1}]",
         kernel.clone(),
     )
-    .reconcile(&Held::default(), &BTreeSet::new());
+    .reconcile(&Held::default(), &BTreeMap::new());
     assert_eq!(
         texts(&report.refused),
         vec![format!(
@@ -204,7 +206,7 @@ fn sriov_a_held_pf_may_still_be_checked_when_its_count_is_right() {
         "pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 2}]",
         kernel.clone(),
     )
-    .reconcile(&held, &BTreeSet::new());
+    .reconcile(&held, &BTreeMap::new());
     assert!(
         report.refused.is_empty() && report.failed.is_empty(),
         "{report:?}"
@@ -222,7 +224,7 @@ fn sriov_vfs_that_never_appear_fail_bounded_with_the_reason() {
         "pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 3}]",
         kernel,
     )
-    .reconcile(&Held::default(), &BTreeSet::new());
+    .reconcile(&Held::default(), &BTreeMap::new());
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(
         texts(&report.failed),
@@ -258,7 +260,7 @@ fn sriov_kernel_refusals_reach_the_report() {
         Arc::new(Direct(FixtureKernel::new(dir.path(), "iavf").unwrap())),
     )
     .with_wait(Duration::from_millis(100))
-    .reconcile(&Held::default(), &BTreeSet::new());
+    .reconcile(&Held::default(), &BTreeMap::new());
     let failed = texts(&report.failed);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert!(
@@ -274,7 +276,7 @@ fn sriov_vfio_pools_bind_vfs_to_vfio_pci_and_back() {
     let vfio = "pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 3, vfDriver: vfio-pci}]";
     // vfio-pci not loaded: refused with the reason, VFs keep their driver.
     let report =
-        provisioner(dir.path(), vfio, kernel.clone()).reconcile(&Held::default(), &BTreeSet::new());
+        provisioner(dir.path(), vfio, kernel.clone()).reconcile(&Held::default(), &BTreeMap::new());
     assert_eq!(
         texts(&report.failed),
         vec![format!(
@@ -285,7 +287,7 @@ fn sriov_vfio_pools_bind_vfs_to_vfio_pci_and_back() {
     assert!(kernel.writes().is_empty(), "{:?}", kernel.writes());
     std::fs::create_dir_all(dir.path().join("sys/bus/pci/drivers/vfio-pci")).unwrap();
     let netdev = "pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 3}]";
-    provisioner(dir.path(), netdev, kernel.clone()).reconcile(&Held::default(), &BTreeSet::new());
+    provisioner(dir.path(), netdev, kernel.clone()).reconcile(&Held::default(), &BTreeMap::new());
     let held = Held {
         by_pf: BTreeMap::from([(
             "0000:a2:00.0".to_owned(),
@@ -293,7 +295,7 @@ fn sriov_vfio_pools_bind_vfs_to_vfio_pci_and_back() {
         )]),
         vfs: BTreeSet::from(["0000:a2:01.2".to_owned()]),
     };
-    let report = provisioner(dir.path(), vfio, kernel.clone()).reconcile(&held, &BTreeSet::new());
+    let report = provisioner(dir.path(), vfio, kernel.clone()).reconcile(&held, &BTreeMap::new());
     assert!(report.failed.is_empty(), "{report:?}");
     let sysfs = crate::inventory::Sysfs::new(dir.path());
     let driver =
@@ -315,7 +317,7 @@ fn sriov_vfio_pools_bind_vfs_to_vfio_pci_and_back() {
     assert_eq!(found[0], ("0000:a2:01.0".to_owned(), None));
     // Back to netdev: the override knic set is cleared and the VFs get their driver again.
     let report =
-        provisioner(dir.path(), netdev, kernel).reconcile(&Held::default(), &BTreeSet::new());
+        provisioner(dir.path(), netdev, kernel).reconcile(&Held::default(), &BTreeMap::new());
     assert!(report.failed.is_empty(), "{report:?}");
     assert_eq!(driver("0000:a2:01.0").as_deref(), Some("iavf"));
     assert_eq!(vfs(dir.path())[0].1.as_deref(), Some("enp162s0f0v0"));
@@ -407,7 +409,7 @@ fn sriov_live_writes_drive_a_served_fixture_tree() {
             Arc::new(LiveWrites),
         )
         .with_wait(Duration::from_secs(5))
-        .reconcile(&Held::default(), &BTreeSet::new())
+        .reconcile(&Held::default(), &BTreeMap::new())
     };
     let report = live("pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 4}]");
     assert!(report.failed.is_empty(), "{report:?}");
@@ -461,7 +463,7 @@ fn sriov_pools_label_their_pfs_and_vfs_even_when_refused() {
         "pools: [{name: fabric, pfNames: [\"enp162s0f0np0\"], numVfs: 200}]",
         kernel,
     );
-    let report = p.reconcile(&Held::default(), &BTreeSet::new());
+    let report = p.reconcile(&Held::default(), &BTreeMap::new());
     assert_eq!(report.refused.len(), 1);
     let mut inv = inventory::discover(
         dir.path(),
@@ -489,5 +491,92 @@ fn sriov_pools_label_their_pfs_and_vfs_even_when_refused() {
             ("pci-0000-a2-01-0".to_owned(), Some("fabric".to_owned())),
             ("pci-0000-a2-01-1".to_owned(), Some("fabric".to_owned())),
         ]
+    );
+}
+
+#[test]
+fn sriov_a_pf_enslaved_to_the_default_route_bond_is_left_alone() {
+    let dir = tree(BOND);
+    // Make the bond's X710 ports SR-IOV capable.
+    let port = "sys/devices/pci0000:17/0000:17:02.0/0000:18:00.0";
+    std::fs::write(dir.path().join(port).join("sriov_totalvfs"), "64\n").unwrap();
+    std::fs::write(dir.path().join(port).join("sriov_numvfs"), "0\n").unwrap();
+    let kernel = kernel(dir.path());
+    let routes = route_bound(dir.path(), &BTreeSet::from(["bond0".to_owned()]));
+    let report = provisioner(
+        dir.path(),
+        "pools: [{pfNames: [ens1f0], numVfs: 4}]",
+        kernel.clone(),
+    )
+    .reconcile(&Held::default(), &routes);
+    let refused = texts(&report.refused);
+    assert_eq!(refused.len(), 1, "{report:?}");
+    assert!(
+        refused[0]
+            .starts_with("SR-IOV PF ens1f0 (0000:18:00.0): slave, port or lower device of bond0")
+            && refused[0].ends_with("so knic leaves it at 0 VFs"),
+        "{refused:?}"
+    );
+    assert!(kernel.writes().is_empty(), "{:?}", kernel.writes());
+}
+
+#[test]
+fn sriov_a_pf_prepared_whole_is_held_even_without_vfs() {
+    let dir = tree(E810);
+    let kernel = kernel(dir.path());
+    // Down to no VFs first, then the PF itself is prepared for a claim.
+    provisioner(
+        dir.path(),
+        "pools: [{pfNames: [enp162s0f0np0], numVfs: 0}]",
+        kernel.clone(),
+    )
+    .reconcile(&Held::default(), &BTreeMap::new());
+    assert_eq!(numvfs(dir.path()), "0");
+    let held = Held {
+        by_pf: BTreeMap::from([(
+            "0000:a2:00.0".to_owned(),
+            BTreeSet::from(["ns/pf".to_owned()]),
+        )]),
+        vfs: BTreeSet::new(),
+    };
+    let before = kernel.writes().len();
+    let report = provisioner(
+        dir.path(),
+        "pools: [{pfNames: [enp162s0f0np0], numVfs: 4}]",
+        kernel.clone(),
+    )
+    .reconcile(&held, &BTreeMap::new());
+    assert_eq!(
+        texts(&report.refused),
+        vec![format!(
+            "SR-IOV PF {PF}: numVfs 4 wanted, but it or its VFs are prepared for claims ns/pf; \
+             changing the count goes through 0 and would destroy them, so it stays at 0 until \
+             they are released"
+        )]
+    );
+    assert_eq!(kernel.writes().len(), before);
+}
+
+#[test]
+fn sriov_autoprobe_left_off_by_a_crash_is_restored_for_a_netdev_pool() {
+    let dir = tree(E810);
+    std::fs::write(
+        dir.path().join(PF_DIR).join("sriov_drivers_autoprobe"),
+        "0\n",
+    )
+    .unwrap();
+    let kernel = kernel(dir.path());
+    let report = provisioner(
+        dir.path(),
+        "pools: [{pfNames: [enp162s0f0np0], numVfs: 2}]",
+        kernel,
+    )
+    .reconcile(&Held::default(), &BTreeMap::new());
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(PF_DIR).join("sriov_drivers_autoprobe"))
+            .unwrap()
+            .trim(),
+        "1"
     );
 }

@@ -140,6 +140,21 @@ impl Vfio {
                 ),
             ));
         }
+        let vfs = std::fs::read_to_string(device.join("sriov_numvfs"))
+            .ok()
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if vfs > 0 {
+            // Unbinding a PF's driver disables SR-IOV: every VF, prepared for other claims or
+            // not, would vanish with it.
+            return Err(Self::refuse(
+                address,
+                format!(
+                    "is an SR-IOV PF with {vfs} VFs: binding it to vfio-pci would unbind its \
+                     driver and destroy them; set its VF count to 0 first"
+                ),
+            ));
+        }
         let Some(group_text) = Self::link_name(&device.join("iommu_group")) else {
             return Err(Self::refuse(
                 address,

@@ -206,3 +206,16 @@ fn a_missing_attribute_fails_the_write_with_its_path() {
     );
     assert!(!probe.exists(), "never created");
 }
+
+#[test]
+fn a_pf_with_vfs_is_refused_before_its_driver_is_touched() {
+    let (_dir, kernel, vfio) = tree(true);
+    assert_eq!(
+        vfio.check("0000:3b:00.0")
+            .expect_err("a PF with VFs")
+            .to_string(),
+        "PCI function 0000:3b:00.0: is an SR-IOV PF with 2 VFs: binding it to vfio-pci would \
+         unbind its driver and destroy them; set its VF count to 0 first"
+    );
+    assert!(kernel.writes().is_empty());
+}
