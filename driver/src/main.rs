@@ -222,8 +222,9 @@ struct RunArgs {
     /// and binds the VFs it asks for before every scan. Unset: VFs are left as they are.
     #[arg(long, env = "KNIC_SRIOV_POLICY")]
     sriov_policy: Option<PathBuf>,
-    /// Where `sys/` is writable for the SR-IOV policy [default: --sysfs-root]; the chart mounts
-    /// the host's /sys there, because a container's own /sys is read-only.
+    /// Where `sys/` is writable for the SR-IOV policy and vfio-pci binds [default:
+    /// --sysfs-root]; the chart mounts the host's /sys there, because a container's own /sys is
+    /// read-only.
     #[arg(long, env = "KNIC_SRIOV_SYSFS_ROOT")]
     sriov_sysfs_root: Option<PathBuf>,
     /// Seconds to wait for the kernel to create or bind a PF's VFs, per step.
@@ -367,6 +368,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .sriov_sysfs_root
                 .clone()
                 .unwrap_or_else(|| discovery.root.clone());
+            let sys = root.join("sys");
+            if nix::sys::statvfs::statvfs(&sys)
+                .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+            {
+                bail!(
+                    "invalid setting --sriov-sysfs-root/KNIC_SRIOV_SYSFS_ROOT: the SR-IOV policy has \
+                     pools, but {} is read-only (a container's own /sys is): point it at a \
+                     writable mount of the host's /sys (the chart's driver.sriov.writableSysfs \
+                     mounts it at /host/sys)",
+                    sys.display()
+                );
+            }
             tracing::info!(policy = %path.display(), pools = policy.pools.len(),
                 root = %root.display(), "SR-IOV policy loaded");
             discovery.provisioner = Some(Arc::new(
@@ -410,7 +423,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             args.node_name.clone(),
         )),
         pool: args.node_name.clone(),
-        sysfs_root: discovery.root.clone(),
+        // vfio-pci binds write sysfs too: where the SR-IOV policy writes.
+        sysfs_root: args
+            .sriov_sysfs_root
+            .clone()
+            .unwrap_or_else(|| discovery.root.clone()),
         fail_closed: Some(FailClosed {
             cdi: CdiSpecs::new(&args.cdi_dir, &hook),
             nri_connected,

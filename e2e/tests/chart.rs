@@ -1074,9 +1074,10 @@ fn driver_daemonset() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With SR-IOV pools in the values: the ConfigMap carries them as a policy the driver parses
-/// to the same entries, and the DaemonSet mounts the host's /sys writable at /host/sys and
-/// points the provisioning root there; without pools neither is there (checked above).
+/// With SR-IOV pools and writableSysfs in the values: the ConfigMap carries the pools as a
+/// policy the driver parses to the same entries, and the DaemonSet mounts the host's /sys
+/// writable at /host/sys and points the SR-IOV root there; by default neither is there
+/// (checked above).
 fn driver_daemonset_with_sriov_pools() -> anyhow::Result<()> {
     let mut scope = Scope::load()?;
     let pools = serde_json::json!([
@@ -1084,6 +1085,7 @@ fn driver_daemonset_with_sriov_pools() -> anyhow::Result<()> {
         {"name": "dpdk", "pciIds": ["8086:1593"], "numVfs": 4, "vfDriver": "vfio-pci"}
     ]);
     scope.values["driver"]["sriov"]["pools"] = pools.clone();
+    scope.values["driver"]["sriov"]["writableSysfs"] = serde_json::json!(true);
     let rendered = objects_with(&scope, &["daemonset.yaml", "configmap.yaml"])?;
     let maps: Vec<k8s_openapi::api::core::v1::ConfigMap> = of_kind(&rendered, "ConfigMap")?;
     let policy = maps
