@@ -147,7 +147,8 @@ fn env_suffix(request: &str) -> String {
 /// The CDI spec of a claim: one device per attachment, whose hook checks that attachment's
 /// interface in the container's network namespace (plus the RDMA character devices of its
 /// function), and one per vfio-pci function, which has no interface to check: its VFIO group
-/// and container devices, its PCI address as `KNIC_PCI_ADDRESS_<REQUEST>`, and the claim's
+/// and container devices, its request's PCI addresses as `KNIC_PCI_ADDRESS_<REQUEST>` (comma
+/// separated when a request has several devices), and the claim's
 /// vfio addresses as `PCIDEVICE_KNIC_DEV` (the SR-IOV device plugin's convention,
 /// `PCIDEVICE_<resource name>`, which KubeVirt and DPDK tooling read).
 pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
@@ -157,6 +158,24 @@ pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
         .filter(|f| f.vfio.is_some())
         .map(|f| f.pci_address.as_str())
         .collect();
+    // One value per request, whatever the number of its devices (`count: 2`, `All`): every
+    // device of a request sets the same variable, so all of them must carry all values.
+    let mut vfio_by_request: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for f in claim.functions.iter().filter(|f| f.vfio.is_some()) {
+        vfio_by_request
+            .entry(f.request.as_str())
+            .or_default()
+            .push(f.pci_address.as_str());
+    }
+    let mut rdma_by_request: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for a in &claim.attachments {
+        for f in claim.functions.iter().filter(|f| f.device == a.plan.device) {
+            rdma_by_request
+                .entry(a.plan.request.as_str())
+                .or_default()
+                .extend(f.rdma.iter().map(|r| r.name.as_str()));
+        }
+    }
     let mut devices: Vec<serde_json::Value> = claim
         .attachments
         .iter()
@@ -190,12 +209,14 @@ pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
                     .map(|u| json!({"path": format!("{}/{u}", crate::sriov::rdma::DEV_DIR)}))
                     .collect();
                 nodes.push(json!({"path": crate::sriov::rdma::RDMA_CM}));
-                let names: Vec<&str> = rdma.iter().map(|r| r.name.as_str()).collect();
+                let names = rdma_by_request
+                    .get(a.plan.request.as_str())
+                    .map(|n| n.join(","))
+                    .unwrap_or_default();
                 edits["deviceNodes"] = nodes.into();
                 edits["env"] = json!([format!(
-                    "KNIC_RDMA_DEVICES_{}={}",
-                    env_suffix(&a.plan.request),
-                    names.join(",")
+                    "KNIC_RDMA_DEVICES_{}={names}",
+                    env_suffix(&a.plan.request)
                 )]);
             }
             json!({"name": format!("{}-{index}", claim.uid), "containerEdits": edits})
@@ -211,7 +232,14 @@ pub fn spec(claim: &PreparedClaim, hook: &Path) -> serde_json::Value {
                     {"path": VFIO_CONTAINER},
                 ],
                 "env": [
-                    format!("KNIC_PCI_ADDRESS_{}={}", env_suffix(&f.request), f.pci_address),
+                    format!(
+                        "KNIC_PCI_ADDRESS_{}={}",
+                        env_suffix(&f.request),
+                        vfio_by_request
+                            .get(f.request.as_str())
+                            .map(|a| a.join(","))
+                            .unwrap_or_default()
+                    ),
                     format!("PCIDEVICE_KNIC_DEV={}", vfio_addresses.join(",")),
                 ],
             }

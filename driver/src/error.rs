@@ -145,6 +145,11 @@ pub enum Error {
         /// The NRI socket knic connects to.
         socket: String,
     },
+    /// A claim's PCI functions cannot be prepared as its config asks (vfio-pci on a device
+    /// without a PCI address, an IOMMU group shared with other devices, …): every problem,
+    /// each naming its device, so one answer lists them all.
+    #[error("{0}")]
+    Functions(String),
     /// An SR-IOV PF the node policy names cannot be given its VFs: refused by a rule (not
     /// capable, over its total, carrying the default route, VFs prepared) or failed (a write,
     /// VFs that never appeared).

@@ -224,3 +224,21 @@ fn a_claim_with_only_vfio_functions_gets_a_spec_file() {
     specs.write(&none).expect("nothing to write");
     assert!(!specs.path("u1").exists());
 }
+
+#[test]
+fn several_devices_of_one_request_share_one_variable_with_all_their_values() {
+    // `count: 2`: both devices set KNIC_PCI_ADDRESS_DPDK, so each must carry both addresses
+    // (the runtime keeps whichever edit comes last).
+    let mut claim = claim();
+    claim.functions[2].request = "dpdk-a".into();
+    let spec = spec(&claim, Path::new("/hook"));
+    let devices = spec["devices"].as_array().expect("devices");
+    for device in &devices[1..] {
+        assert_eq!(
+            device["containerEdits"]["env"][0],
+            "KNIC_PCI_ADDRESS_DPDK_A=0000:3b:00.2,0000:a2:01.0",
+            "{device}"
+        );
+    }
+    assert_valid_cdi(&spec);
+}

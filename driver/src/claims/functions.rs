@@ -79,7 +79,7 @@ pub fn functions(
     claim: &PreparedClaim,
     configs: &DeviceConfigs,
     vfio: &Vfio,
-) -> std::result::Result<Vec<PciFunction>, String> {
+) -> Result<Vec<PciFunction>> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
     for (index, device) in claim.devices.iter().enumerate() {
@@ -119,7 +119,7 @@ pub fn functions(
     if problems.is_empty() {
         Ok(out)
     } else {
-        Err(problems.join("; "))
+        Err(Error::Functions(problems.join("; ")))
     }
 }
 

@@ -623,8 +623,8 @@ impl Preparer {
         let plans = crate::claims::plan::plans(&prepared, configs, &taken, ipam)
             .map_err(|e| claim_error(e.to_string()))?;
         prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
-        prepared.functions =
-            functions::functions(&prepared, configs, &self.pci).map_err(claim_error)?;
+        prepared.functions = functions::functions(&prepared, configs, &self.pci)
+            .map_err(|e| claim_error(e.to_string()))?;
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         // The spec goes first: a spec without its claim only holds back containers of a pod

@@ -188,13 +188,15 @@ pub fn set_message(pf_index: u32, vf: u32, state: &VfState) -> NetlinkMessage<Ro
 }
 
 /// `RTM_GETLINK` for the PF asking for its VF table (`IFLA_EXT_MASK` = `RTEXT_FILTER_VF`),
-/// which the kernel leaves out of link replies unless asked.
+/// which the kernel leaves out of link replies unless asked, without per-VF statistics
+/// (`RTEXT_FILTER_SKIP_STATS`): with 256 VFs they would overflow one netlink reply.
 pub fn get_message(pf_index: u32) -> NetlinkMessage<RouteNetlinkMessage> {
     let mut message = LinkMessage::default();
     message.header.index = pf_index;
-    message
-        .attributes
-        .push(LinkAttribute::ExtMask(vec![LinkExtentMask::Vf]));
+    message.attributes.push(LinkAttribute::ExtMask(vec![
+        LinkExtentMask::Vf,
+        LinkExtentMask::SkipStats,
+    ]));
     let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetLink(message));
     request.header.flags = NLM_F_REQUEST;
     request

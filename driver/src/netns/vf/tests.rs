@@ -227,12 +227,19 @@ fn the_state_read_asks_the_pf_for_its_vf_table() {
     assert_eq!(u16_at(&bytes, 6), NLM_F_REQUEST, "one link, not a dump");
     assert_eq!(u32_at(&bytes, 16 + 4), PF_INDEX);
     assert_eq!(u16_at(&bytes, 32 + 2), IFLA_EXT_MASK);
-    assert_eq!(u32_at(&bytes, 36), 1, "RTEXT_FILTER_VF");
+    assert_eq!(
+        u32_at(&bytes, 36),
+        1 | 8,
+        "RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS"
+    );
     let (kind, _, link) = parsed(&bytes);
     assert_eq!(kind, RTM_GETLINK);
     assert_eq!(
         link.attributes,
-        [LinkAttribute::ExtMask(vec![LinkExtentMask::Vf])]
+        [LinkAttribute::ExtMask(vec![
+            LinkExtentMask::Vf,
+            LinkExtentMask::SkipStats
+        ])]
     );
 }
 
