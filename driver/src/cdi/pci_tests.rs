@@ -235,8 +235,7 @@ fn several_devices_of_one_request_share_one_variable_with_all_their_values() {
     let devices = spec["devices"].as_array().expect("devices");
     for device in &devices[1..] {
         assert_eq!(
-            device["containerEdits"]["env"][0],
-            "KNIC_PCI_ADDRESS_DPDK_A=0000:3b:00.2,0000:a2:01.0",
+            device["containerEdits"]["env"][0], "KNIC_PCI_ADDRESS_DPDK_A=0000:3b:00.2,0000:a2:01.0",
             "{device}"
         );
     }

@@ -36,12 +36,24 @@ pub struct Discovery {
 
 impl Discovery {
     /// Applies the SR-IOV policy, if any, so the scan that follows sees the VFs it asks for:
-    /// VFs held by prepared claims are never taken away. Blocking work (sysfs writes, bounded
-    /// waits for the kernel) runs off the async threads.
+    /// VFs held by prepared claims are never taken away. The checkpoint lock is held from the
+    /// snapshot of what claims hold until the writes are done, so a prepare (which records
+    /// and binds under the same lock) can neither be missed by the snapshot nor see its
+    /// function rebound or destroyed afterwards. A reconcile without changes reads sysfs only
+    /// (milliseconds); one that changes a VF count holds the lock while the kernel creates
+    /// the VFs, bounded per step by the wait. Blocking work runs off the async threads, and a
+    /// reconcile stuck in a kernel write (a VF still open elsewhere) is left behind after
+    /// [`Provisioner::deadline`]: rescans and prepares go on, and no other reconcile starts
+    /// until it returns.
     pub async fn provision(&self, claims: &ClaimStore) -> Option<Report> {
         let provisioner = self.provisioner.clone()?;
-        let held = match claims.snapshot().await {
-            Ok(checkpoint) => Held::from_checkpoint(&checkpoint),
+        if provisioner.is_busy() {
+            tracing::warn!("the previous SR-IOV reconcile is still blocked in the kernel; skipped");
+            return None;
+        }
+        let mut locked = claims.lock().await;
+        let held = match locked.checkpoint() {
+            Ok(checkpoint) => Held::from_checkpoint(checkpoint),
             Err(e) => {
                 // Without the prepared set nothing is known safe to change.
                 tracing::warn!(error = %e, "no checkpoint; SR-IOV policy not applied this time");
@@ -49,15 +61,26 @@ impl Discovery {
             }
         };
         let root = self.root.clone();
+        let deadline = provisioner.deadline();
         let run = tokio::task::spawn_blocking(move || {
             let routes = netlink::default_route_interfaces(&root);
             let routes = crate::sriov::route_bound(&root, &routes);
             provisioner.reconcile(&held, &routes)
         });
-        match run.await {
-            Ok(report) => Some(report),
-            Err(e) => {
+        let outcome = tokio::time::timeout(deadline, run).await;
+        drop(locked);
+        match outcome {
+            Ok(Ok(report)) => Some(report),
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "SR-IOV provisioning panicked");
+                None
+            }
+            Err(_) => {
+                tracing::error!(
+                    after = ?deadline,
+                    "SR-IOV reconcile did not finish (a sysfs write is blocked in the kernel, e.g. \
+                     by a VF still in use); going on without it"
+                );
                 None
             }
         }

@@ -153,6 +153,8 @@ pub struct Provisioner {
     reported: Mutex<BTreeMap<String, String>>,
     /// PF address → pool, from the last reconcile, for [`Provisioner::label`].
     pools: Mutex<BTreeMap<String, String>>,
+    /// A reconcile is running (possibly stuck in a kernel write).
+    busy: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -178,6 +180,7 @@ impl Provisioner {
             wait: DEFAULT_WAIT,
             reported: Mutex::new(BTreeMap::new()),
             pools: Mutex::new(BTreeMap::new()),
+            busy: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -191,6 +194,33 @@ impl Provisioner {
     /// blocking thread. `routes` are the PFs the node's default routes depend on, with why
     /// ([`route_bound`]).
     pub fn reconcile(&self, held: &Held, routes: &BTreeMap<String, String>) -> Report {
+        use std::sync::atomic::Ordering;
+        struct Busy<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Report::default();
+        }
+        let _busy = Busy(&self.busy);
+        self.reconcile_now(held, routes)
+    }
+
+    /// Whether a reconcile is running (or stuck in the kernel).
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How long a caller waits for one reconcile before going on without it: every step's
+    /// wait (count to 0, count up, a bind per VF) is bounded, so this only passes when a
+    /// kernel write itself blocks.
+    pub fn deadline(&self) -> Duration {
+        self.wait * 4 + Duration::from_secs(30)
+    }
+
+    fn reconcile_now(&self, held: &Held, routes: &BTreeMap<String, String>) -> Report {
         let sysfs = Sysfs::new(&self.root);
         let pfs = pf::read(&sysfs);
         let decision = provision::decide(&self.policy, &pfs, &held.by_pf, routes);

@@ -580,3 +580,45 @@ fn sriov_autoprobe_left_off_by_a_crash_is_restored_for_a_netdev_pool() {
         "1"
     );
 }
+
+#[tokio::test]
+async fn sriov_provisioning_holds_the_checkpoint_from_snapshot_to_the_last_write() {
+    // A prepare records and binds under the checkpoint lock. Provisioning holds the same lock
+    // from its snapshot of what claims hold until its writes are done, so no prepare can
+    // commit in between (and see its VF destroyed or rebound by a stale decision).
+    let dir = tree(E810);
+    let store = Arc::new(crate::claims::ClaimStore::open(
+        crate::claims::checkpoint::CheckpointStore::new(dir.path().join("plugin")),
+    ));
+    // VFs that never appear keep the reconcile in its (bounded) wait for 300 ms.
+    let stalling = Arc::new(FixtureKernel::new(dir.path(), "iavf").unwrap().stalling());
+    let discovery = crate::slices::rescan::Discovery {
+        root: dir.path().to_path_buf(),
+        filter: Filter::default(),
+        netlink: false,
+        provisioner: Some(Arc::new(provisioner(
+            dir.path(),
+            "pools: [{pfNames: [enp162s0f0np0], numVfs: 3}]",
+            stalling,
+        ))),
+    };
+    let task = {
+        let store = store.clone();
+        tokio::spawn(async move { discovery.provision(&store).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let locked = store.lock().await;
+    let waited = started.elapsed();
+    assert!(
+        task.is_finished(),
+        "a prepare got the checkpoint while provisioning wrote"
+    );
+    assert!(
+        waited >= Duration::from_millis(100),
+        "waited only {waited:?}"
+    );
+    drop(locked);
+    let report = task.await.unwrap().expect("a report");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+}
