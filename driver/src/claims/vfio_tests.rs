@@ -461,14 +461,14 @@ async fn after_a_crash_mid_bind_the_retried_prepare_finishes_the_bind() {
 struct FakeRdma {
     mode: crate::sriov::rdma::NetnsMode,
     fail: bool,
-    moves: StdMutex<Vec<(String, std::path::PathBuf)>>,
+    moves: StdMutex<Vec<(String, std::path::PathBuf, std::path::PathBuf)>>,
 }
 
 impl crate::sriov::rdma::RdmaNamespaces for FakeRdma {
     fn mode(&self) -> Result<crate::sriov::rdma::NetnsMode> {
         Ok(self.mode)
     }
-    fn move_device(&self, name: &str, netns: &std::path::Path) -> Result<()> {
+    fn move_device(&self, name: &str, from: &std::path::Path, to: &std::path::Path) -> Result<()> {
         if self.fail {
             return Err(Error::io(
                 format!("moving RDMA device {name}"),
@@ -478,7 +478,7 @@ impl crate::sriov::rdma::RdmaNamespaces for FakeRdma {
         self.moves
             .lock()
             .expect("lock")
-            .push((name.to_owned(), netns.to_owned()));
+            .push((name.to_owned(), from.to_owned(), to.to_owned()));
         Ok(())
     }
 }
@@ -530,8 +530,17 @@ async fn in_exclusive_mode_the_rdma_device_follows_the_netdev_into_the_pod_and_b
     assert_eq!(
         *rdma.moves.lock().expect("lock"),
         [
-            ("mlx5_3".to_owned(), "/var/run/netns/pod".into()),
-            ("mlx5_3".to_owned(), "/proc/self/ns/net".into()),
+            (
+                "mlx5_3".to_owned(),
+                "/proc/self/ns/net".into(),
+                "/var/run/netns/pod".into()
+            ),
+            // Back from the pod's namespace, where an exclusive-mode kernel shows it.
+            (
+                "mlx5_3".to_owned(),
+                "/var/run/netns/pod".into(),
+                "/proc/self/ns/net".into()
+            ),
         ]
     );
 

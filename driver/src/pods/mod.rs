@@ -119,12 +119,13 @@ impl<K: Kernel> PodNetworks<K> {
     }
 
     /// When the RDMA subsystem is in exclusive mode, moves the RDMA devices of `device`'s
-    /// function into the namespace at `to` (`None`: back to the host's), so they follow the
-    /// netdev. Shared mode, or a host without RDMA core, needs nothing.
+    /// function from the namespace at `from` into the one at `to` (`None`: the host's), so
+    /// they follow the netdev. Shared mode, or a host without RDMA core, needs nothing.
     async fn rdma_follow(
         &self,
         claim: &PreparedClaim,
         device: &str,
+        from: Option<&Path>,
         to: Option<&Path>,
     ) -> Result<()> {
         let names: Vec<String> = claim
@@ -137,6 +138,7 @@ impl<K: Kernel> PodNetworks<K> {
             return Ok(());
         }
         let (rdma, host) = self.rdma();
+        let from = from.map_or_else(|| host.clone(), Path::to_path_buf);
         let to = to.map_or(host, Path::to_path_buf);
         tokio::task::spawn_blocking(move || {
             match rdma.mode() {
@@ -145,7 +147,9 @@ impl<K: Kernel> PodNetworks<K> {
                 Err(e) if no_rdma_core(&e) => return Ok(()),
                 Err(e) => return Err(e),
             }
-            names.iter().try_for_each(|n| rdma.move_device(n, &to))
+            names
+                .iter()
+                .try_for_each(|n| rdma.move_device(n, &from, &to))
         })
         .await
         .map_err(|e| Error::io("moving RDMA devices", std::io::Error::other(e)))?
@@ -277,7 +281,10 @@ impl<K: Kernel> PodNetworks<K> {
         crate::failpoint::hit("attach:after-checkpoint");
         let attached = match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
             // In exclusive mode the RDMA device follows the netdev, or the attach is undone.
-            Ok(link) => match self.rdma_follow(claim, &a.plan.device, Some(path)).await {
+            Ok(link) => match self
+                .rdma_follow(claim, &a.plan.device, None, Some(path))
+                .await
+            {
                 Ok(()) => Ok(link),
                 Err(e) => {
                     if let Err(undo) =
@@ -329,7 +336,11 @@ impl<K: Kernel> PodNetworks<K> {
             return Ok(());
         };
         let recorded = a.netns.clone().map(Ns::Pod);
-        if let Err(e) = self.rdma_follow(&claim, &a.plan.device, None).await {
+        let pod = a.netns.clone();
+        if let Err(e) = self
+            .rdma_follow(&claim, &a.plan.device, pod.as_deref(), None)
+            .await
+        {
             // The kernel returns it to the host when the pod's namespace goes away.
             tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
         }
@@ -415,7 +426,10 @@ impl<K: Kernel> Release for PodNetworks<K> {
         Box::pin(async move {
             for (i, a) in claim.attachments.iter().enumerate() {
                 if let Some(restore) = &a.restore {
-                    if let Err(e) = self.rdma_follow(claim, &a.plan.device, None).await {
+                    if let Err(e) = self
+                        .rdma_follow(claim, &a.plan.device, a.netns.as_deref(), None)
+                        .await
+                    {
                         tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
                     }
                     let ns = a.netns.clone().map(Ns::Pod);

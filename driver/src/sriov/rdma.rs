@@ -319,8 +319,10 @@ pub fn query_netns_mode() -> Result<NetnsMode> {
 pub trait RdmaNamespaces: Send + Sync + 'static {
     /// The subsystem's mode; an error means no RDMA core (nothing to move).
     fn mode(&self) -> Result<NetnsMode>;
-    /// Moves the RDMA device `name` into the network namespace at `netns`.
-    fn move_device(&self, name: &str, netns: &Path) -> Result<()>;
+    /// Moves the RDMA device `name` from the network namespace at `from` (where it is, and
+    /// where an exclusive-mode kernel alone shows it) into the one at `to`. A device already
+    /// in `to` is success, so a repeated move (a resumed attach) does not fail.
+    fn move_device(&self, name: &str, from: &Path, to: &Path) -> Result<()>;
 }
 
 /// The host's RDMA subsystem over `NETLINK_RDMA`.
@@ -372,28 +374,63 @@ impl RdmaNamespaces for KernelRdma {
         query_netns_mode()
     }
 
-    fn move_device(&self, name: &str, netns: &Path) -> Result<()> {
+    fn move_device(&self, name: &str, from: &Path, to: &Path) -> Result<()> {
         use std::os::fd::AsRawFd;
-        let answer = Self::exchange(&dump_devices_request(1), true)?;
-        let index = device_index(&answer, name).ok_or_else(|| {
-            Error::io(
+        let open = |path: &Path| {
+            std::fs::File::open(path)
+                .map_err(|e| Error::io(format!("opening {}", path.display()), e))
+        };
+        let (from_ns, to_ns) = (open(from)?, open(to)?);
+        // In exclusive mode the kernel shows (and moves) a device only to sockets of its own
+        // namespace, so each request goes out from the namespace it is about, on a thread of
+        // its own that dies with the namespace switch.
+        let index_in = |ns: &std::fs::File| -> Result<Option<u32>> {
+            in_netns(ns, || {
+                let answer = Self::exchange(&dump_devices_request(1), true)?;
+                Ok(device_index(&answer, name))
+            })
+        };
+        let Some(index) = index_in(&from_ns)? else {
+            if index_in(&to_ns)?.is_some() {
+                return Ok(());
+            }
+            return Err(Error::io(
                 format!("moving RDMA device {name}"),
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such RDMA device"),
-            )
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no such RDMA device in {}", from.display()),
+                ),
+            ));
+        };
+        let fd = u32::try_from(to_ns.as_raw_fd()).unwrap_or_default();
+        let answer = in_netns(&from_ns, || {
+            Self::exchange(&set_netns_request(2, index, fd), false)
         })?;
-        let file = std::fs::File::open(netns)
-            .map_err(|e| Error::io(format!("opening {}", netns.display()), e))?;
-        let fd = u32::try_from(file.as_raw_fd()).unwrap_or_default();
-        let answer = Self::exchange(&set_netns_request(2, index, fd), false)?;
         match answer.first() {
             Some(Message::Error(0)) => Ok(()),
             Some(Message::Error(errno)) => Err(Error::io(
-                format!("moving RDMA device {name} to {}", netns.display()),
+                format!("moving RDMA device {name} to {}", to.display()),
                 std::io::Error::from_raw_os_error(*errno),
             )),
             _ => Err(malformed("no acknowledgement of the move")),
         }
     }
+}
+
+/// Runs `f` on a new thread that has entered the network namespace `ns` first: its sockets
+/// belong to that namespace, and the switch dies with the thread.
+fn in_netns<T: Send>(ns: &std::fs::File, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    Error::io("entering a network namespace for RDMA netlink", e.into())
+                })?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(malformed("the RDMA netlink thread panicked")))
+    })
 }
 
 /// Whether `error` means the host has no RDMA core at all (so nothing can need moving).

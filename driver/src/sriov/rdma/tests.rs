@@ -135,3 +135,49 @@ fn live_namespace_mode_query() {
         Err(e) => panic!("the RDMA netlink query failed: {e}"),
     }
 }
+
+#[test]
+fn requests_go_out_from_the_namespace_they_are_about() {
+    // In exclusive mode the kernel answers about a device only to a socket of the device's
+    // namespace: `in_netns` runs the request on a thread inside it, and leaves the caller's
+    // own namespace alone.
+    if !nix::unistd::Uid::effective().is_root() {
+        println!("SKIPPED: requests_go_out_from_the_namespace_they_are_about needs root");
+        return;
+    }
+    let name = format!("knt-rdma-{}", std::process::id());
+    /// Deletes the namespace however the test ends.
+    struct Namespace(String);
+    impl Drop for Namespace {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "delete", &self.0])
+                .status();
+        }
+    }
+    let add = std::process::Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .expect("ip");
+    assert!(add.success());
+    let _namespace = Namespace(name.clone());
+    let inode =
+        |path: &str| std::fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let file = std::fs::File::open(format!("/var/run/netns/{name}")).expect("netns file");
+    let want = inode(&format!("/var/run/netns/{name}")).expect("inode");
+    let own = inode("/proc/thread-self/ns/net").expect("own");
+    let seen = in_netns(&file, || {
+        Ok(inode("/proc/thread-self/ns/net").expect("inside"))
+    })
+    .expect("entered");
+    let result = (
+        want,
+        own,
+        seen,
+        inode("/proc/thread-self/ns/net").expect("after"),
+    );
+    let (want, own, seen, after) = result;
+    assert_eq!(seen, want, "the request ran in the pod's namespace");
+    assert_ne!(seen, own);
+    assert_eq!(after, own, "the caller stayed where it was");
+}
