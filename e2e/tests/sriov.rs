@@ -197,8 +197,8 @@ async fn prepared_vfs_are_never_taken(env: &mut Env) -> anyhow::Result<()> {
     env.driver.as_mut().context("driver")?.terminate().await?;
     env.start("pools: [{pfNames: [\"enp162s0f0np0\"], numVfs: 1}]")?;
     let refusal = format!(
-        "SR-IOV PF enp162s0f0np0 (0000:a2:00.0): numVfs 1 wanted, but its VFs are prepared for \
-         claims {}/{}",
+        "SR-IOV PF enp162s0f0np0 (0000:a2:00.0): numVfs 1 wanted, but it or its VFs are prepared \
+         for claims {}/{}",
         env.cluster.namespace, claim.name
     );
     eventually("the refusal is logged", Duration::from_secs(20), || async {
