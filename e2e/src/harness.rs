@@ -354,12 +354,8 @@ fn missing_in_vm(reason: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
 
-    /// Runs one trial built by `kernel_trial_where`; returns (passed, failed, ignored, ran).
     // Decided without running a nested test harness: its "test result: FAILED" line would
     // read as a failure of this suite in CI's summary.
     #[test]
