@@ -275,7 +275,8 @@ impl Vfio {
     }
 
     /// Gives the function back to `original` (or leaves it driverless when it had none):
-    /// clears `driver_override`, unbinds whatever holds it now, probes, and checks.
+    /// clears `driver_override` (keeps it when `original` is vfio-pci itself), unbinds
+    /// whatever holds it now, probes, and checks.
     /// Idempotent, so a retried unprepare, or one after a crash mid-bind, converges.
     pub fn restore(&self, address: &str, original: Option<&str>) -> Result<()> {
         if !is_pci_address(address) {
@@ -284,7 +285,14 @@ impl Vfio {
                 "is not a PCI address of the form 0000:3b:00.2",
             ));
         }
-        self.write(Self::device_rel(address).join("driver_override"), "\n")?;
+        // A function that was on vfio-pci before (an SR-IOV pool bound it) keeps the pool's
+        // override, so the pool still recognises it as its own; any other loses knic's.
+        let over = if original == Some(VFIO_DRIVER) {
+            VFIO_DRIVER
+        } else {
+            "\n"
+        };
+        self.write(Self::device_rel(address).join("driver_override"), over)?;
         let current = self.current_driver(address);
         if current.as_deref() == original {
             return Ok(());

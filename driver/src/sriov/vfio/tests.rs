@@ -219,3 +219,27 @@ fn a_pf_with_vfs_is_refused_before_its_driver_is_touched() {
     );
     assert!(kernel.writes().is_empty());
 }
+
+#[test]
+fn a_function_a_pool_had_on_vfio_pci_keeps_the_pools_override() {
+    let (_dir, kernel, vfio) = tree(true);
+    let device = kernel
+        .root()
+        .join("sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.2");
+    // The SR-IOV pool bound it: override vfio-pci, driver vfio-pci.
+    vfio.bind(VF).expect("pool bind");
+    let record = vfio.check(VF).expect("qualifies");
+    assert_eq!(record.original_driver.as_deref(), Some("vfio-pci"));
+    // A claim takes it (nothing to do) and gives it back: the pool's mark stays, so the pool
+    // still owns it (and a switch of the pool to netdev rebinds it).
+    vfio.bind(VF).expect("claim bind");
+    vfio.restore(VF, record.original_driver.as_deref())
+        .expect("restore");
+    assert_eq!(vfio.current_driver(VF).as_deref(), Some("vfio-pci"));
+    assert_eq!(
+        std::fs::read_to_string(device.join("driver_override"))
+            .expect("override")
+            .trim(),
+        "vfio-pci"
+    );
+}
