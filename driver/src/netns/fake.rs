@@ -422,18 +422,44 @@ impl Session for FakeSession {
         Ok(())
     }
 
-    async fn add_vlan(&mut self, parent: &str, name: &str, id: u16) -> Result<()> {
+    async fn add_vlan(
+        &mut self,
+        parent: &str,
+        id: u16,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> Result<()> {
         let ns = self.ns.clone();
-        let mut s = self.record(format!("link add {name} link {parent} type vlan id {id}"))?;
+        let mut s = self.record(format!(
+            "link add link {parent} type vlan id {id} netns {to} {}",
+            describe(change)
+        ))?;
         let Some(p) = find(&mut s, &ns, parent).cloned() else {
             drop(s);
             return Err(self.missing(parent));
         };
+        let Some(target) = s.links.get(to) else {
+            return Err(Error::kernel(
+                to,
+                "entering the network namespace",
+                "it does not exist",
+            ));
+        };
+        let name = change
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("{parent}.{id}"));
+        if target.iter().any(|l| l.name == name) {
+            return Err(Error::io(
+                format!("creating VLAN {id} on {parent}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
         s.next_index += 1;
         let index = s.next_index;
-        s.links.entry(ns).or_default().push(LinkState {
+        let mut link = LinkState {
             index,
-            name: name.into(),
+            name,
             mtu: p.mtu,
             mac: p.mac,
             up: false,
@@ -441,7 +467,9 @@ impl Session for FakeSession {
             kind: Some("vlan".into()),
             permanent_mac: None,
             pci_address: None,
-        });
+        };
+        apply(&mut link, change);
+        s.links.entry(to.clone()).or_default().push(link);
         Ok(())
     }
 

@@ -471,24 +471,53 @@ impl Session for RtnlSession {
         )))
     }
 
-    async fn add_vlan(&mut self, parent: &str, name: &str, id: u16) -> Result<()> {
+    async fn add_vlan(
+        &mut self,
+        parent: &str,
+        id: u16,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> Result<()> {
         let parent_index = self.index(parent).await?;
-        let msg = LinkVlan::new(name, parent_index, id).build();
-        self.handle.link().add(msg).execute().await.map_err(|e| {
-            let text = e.to_string();
-            if text.contains("Operation not supported") || text.contains("-95") {
-                Error::kernel(
-                    self.describe(),
-                    format!("creating VLAN {id} on {parent}"),
-                    "the kernel has no 8021q (VLAN) support",
-                )
-            } else {
-                Error::io(
-                    format!("creating VLAN {id} on {parent}"),
-                    std::io::Error::other(text),
-                )
-            }
-        })
+        let target = match to {
+            Ns::Host => self.host_path.clone(),
+            Ns::Pod(p) => p.clone(),
+        };
+        let fd =
+            File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
+        let name = change
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("{parent}.{id}"));
+        // IFLA_LINK is the parent's index in this socket's namespace; IFLA_NET_NS_FD puts the
+        // new link in the pod, where name, MTU and MAC apply.
+        let mut msg = LinkVlan::new(&name, parent_index, id).setns_by_fd(fd.as_raw_fd());
+        if let Some(mtu) = change.mtu {
+            msg = msg.mtu(mtu);
+        }
+        if let Some(mac) = change.mac {
+            msg = msg.address(mac.to_vec());
+        }
+        self.handle
+            .link()
+            .add(msg.build())
+            .execute()
+            .await
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("Operation not supported") || text.contains("-95") {
+                    Error::kernel(
+                        self.describe(),
+                        format!("creating VLAN {id} on {parent}"),
+                        "the kernel has no 8021q (VLAN) support",
+                    )
+                } else {
+                    Error::io(
+                        format!("creating VLAN {id} on {parent} in namespace {to}"),
+                        std::io::Error::other(text),
+                    )
+                }
+            })
     }
 
     async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {

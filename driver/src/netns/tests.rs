@@ -248,32 +248,52 @@ async fn virtual_device_destroyed_with_the_namespace_is_not_an_error() {
 }
 
 #[tokio::test]
-async fn vlan_child_is_created_on_the_host_moved_and_deleted() {
+async fn vlan_child_is_created_in_the_pod_in_one_request_and_deleted() {
     let (k, _) = kernel();
     let p = plan(AttachMode::Vlan { id: 100 });
     let restore = capture(&k, &p).await.unwrap();
     let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert_eq!(link.kind.as_deref(), Some("vlan"));
-    let temp = p.vlan_temp_name();
-    assert!(temp.starts_with("knic") && temp.len() <= 15, "{temp}");
+    // One RTM_NEWLINK names the parent (on the host) and the pod namespace, with the final
+    // name, MTU and MAC: no temporary host name, no move.
     assert_eq!(
         k.log()[0],
-        format!("host: link add {temp} link ens1f0v0 type vlan id 100")
+        "host: link add link ens1f0v0 type vlan id 100 netns /var/run/netns/cni-1 name net1 \
+         mtu 9000 address 02:00:00:00:00:10"
     );
-    assert_eq!(
-        k.log()[1],
-        format!(
-            "host: link set {temp} netns /var/run/netns/cni-1 name net1 mtu 9000 address 02:00:00:00:00:10"
-        )
+    assert!(
+        !k.log()
+            .iter()
+            .any(|l| l.contains(" netns ") && l.contains("link set")),
+        "nothing moves: {:?}",
+        k.log()
     );
-    // The parent never left the host.
-    assert!(k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"));
+    // The parent never left the host, and no child ever appeared there.
+    let host: Vec<String> = k.links(&Ns::Host).iter().map(|l| l.name.clone()).collect();
+    assert!(host.contains(&"ens1f0v0".to_owned()));
+    assert!(!host.iter().any(|n| n.starts_with("knic")), "{host:?}");
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     assert_eq!(
         k.log().last().unwrap(),
         "/var/run/netns/cni-1: link del net1"
     );
     assert!(k.links(&pod()).is_empty());
+}
+
+#[tokio::test]
+async fn a_vlan_child_whose_configuration_fails_is_deleted_in_the_pod() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Vlan { id: 100 });
+    let restore = capture(&k, &p).await.unwrap();
+    k.fail_on("/var/run/netns/cni-1: addr add", "No space left on device");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect_err("the address fails");
+    assert!(k.links(&pod()).is_empty(), "{:?}", k.links(&pod()));
+    assert_eq!(
+        k.log().last().unwrap(),
+        "/var/run/netns/cni-1: link del net1"
+    );
 }
 
 #[tokio::test]

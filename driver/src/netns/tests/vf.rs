@@ -295,7 +295,7 @@ async fn a_vlan_child_of_a_vf_also_gets_the_vf_settings_and_gives_them_back() {
         .await
         .expect("detaches");
     assert_eq!(k.vf(PF, 3), Some(untouched()));
-    // And a failed VLAN attach after the child moved rolls the VF back too.
+    // And a failed VLAN attach after the child was created rolls the VF back too.
     k.fail_on("/var/run/netns/cni-1: addr add", "No space left on device");
     attach(&k, &p, &pod(), &restore, false)
         .await
