@@ -102,6 +102,8 @@ fn netconfig_corpus() -> Vec<Value> {
         json!({ "apiVersion": API_VERSION, "kind": KIND, "interface": { "mtu": 1280 },
                 "vlan": { "id": 4094 } }),
         json!({ "apiVersion": API_VERSION, "kind": KIND, "deviceMode": "vfio-pci" }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "macvlan": { "mode": "bridge" } }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "ipvlan": { "mode": "l3s" } }),
     ]
 }
 
@@ -125,6 +127,9 @@ const NETCONFIG_KEYS: &[&str] = &[
     "id",
     "sysctls",
     "deviceMode",
+    "macvlan",
+    "ipvlan",
+    "mode",
 ];
 
 /// Layers as a claim carries them: class entries then claim entries, each parsed with its own

@@ -19,7 +19,7 @@ use knic_driver::netns::{
     attach, capture, detach,
 };
 use knic_e2e::harness::{Netns, in_netns, ip, isolate, kernel_trial, udp_echo};
-use knic_proto::netconfig::{Cidr, Route};
+use knic_proto::netconfig::{ChildKind, Cidr, Route};
 use libtest_mimic::Failed;
 
 /// Links in the test's host namespace, deleted on drop.
@@ -380,6 +380,62 @@ async fn vlan_child(k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A macvlan or ipvlan child is created directly in the pod (one RTM_NEWLINK naming the parent
+/// on the host and the pod's namespace), configured there like any device, and deleted on
+/// detach; the parent never leaves the host.
+async fn child_into_pod(k: &Rtnl, child: ChildKind) -> anyhow::Result<()> {
+    let kind = match &child {
+        ChildKind::Macvlan(_) => "macvlan",
+        ChildKind::Ipvlan(_) => "ipvlan",
+    };
+    // Names of their own per kind: the trials run in parallel.
+    let (parent, peer, pod_name) = match kind {
+        "macvlan" => ("knt-cm0", "knt-cm1", "knt-pod-cm"),
+        _ => ("knt-ci0", "knt-ci1", "knt-pod-ci"),
+    };
+    let pod = Netns::new(pod_name)?;
+    let _links = Links(vec![parent]);
+    ip(&["link", "add", parent, "type", "veth", "peer", "name", peer])?;
+    ip(&["link", "set", parent, "up"])?;
+    let mut p = plan(parent, AttachMode::Child { child });
+    if kind == "ipvlan" {
+        p.mac = None; // ipvlan children share the parent's MAC
+    }
+    let restore = capture(k, &p).await?;
+    let link = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
+    ensure!(link.kind.as_deref() == Some(kind), "{link:?}");
+    ensure!(link.mtu == 1400 && link.up, "{link:?}");
+    if kind == "macvlan" {
+        ensure!(link.mac == Some([0x02, 0, 0, 0, 0x4b, 0x10]), "{link:?}");
+    } else {
+        ensure!(
+            link.mac == restore.host.mac,
+            "ipvlan shares the parent's MAC: {link:?}"
+        );
+    }
+    let mut host = k.open(&Ns::Host).await?.context("host")?;
+    let on_host = host
+        .link(parent)
+        .await?
+        .context("the parent left the host")?;
+    ensure!(on_host.up && on_host.name == parent, "{on_host:?}");
+    // A repeated hook finds it and changes nothing.
+    let again = attach(k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
+    ensure!(again.index == link.index);
+    detach(k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
+    ensure!(
+        k.open(&Ns::Pod(pod.path()))
+            .await?
+            .context("pod")?
+            .link("net1")
+            .await?
+            .is_none(),
+        "the child is gone from the pod"
+    );
+    ensure!(host.link(parent).await?.is_some(), "the parent stays");
+    Ok(())
+}
+
 /// The real kernel takes the VF-table query (`RTEXT_FILTER_VF`) for any link and answers
 /// without a table when there are no VFs, and refuses a VF change on a device without SR-IOV
 /// with EOPNOTSUPP, which must reach the operator with what was being set.
@@ -464,6 +520,11 @@ fn main() {
     if let (Some(reason), false) = (&no_vlan, in_vm) {
         eprintln!("skipped: kernel/vlan_child_into_pod: {reason}");
     }
+    let no_ipvlan = (!std::path::Path::new("/sys/module/ipvlan").exists())
+        .then(|| "kernel has no ipvlan".to_string());
+    if let (Some(reason), false) = (&no_ipvlan, in_vm) {
+        eprintln!("skipped: kernel/ipvlan_child_into_pod: {reason}");
+    }
     let sriov = sriov_pf().is_some();
     if !sriov {
         eprintln!(
@@ -520,6 +581,18 @@ fn main() {
             "kernel/vlan_child_into_pod",
             |k| Box::pin(vlan_child(k)),
             unisolated.clone().or(no_vlan),
+            false,
+        ),
+        (
+            "kernel/macvlan_child_into_pod",
+            |k| Box::pin(child_into_pod(k, ChildKind::Macvlan("bridge".into()))),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ipvlan_child_into_pod",
+            |k| Box::pin(child_into_pod(k, ChildKind::Ipvlan("l2".into()))),
+            unisolated.clone().or(no_ipvlan),
             false,
         ),
         (

@@ -131,9 +131,12 @@ pub fn plans(
             device: device.device.clone(),
             request: device.request.clone(),
             host_ifname,
-            mode: match valid.vlan {
-                Some(id) => AttachMode::Vlan { id },
-                None => AttachMode::Move,
+            mode: match (valid.vlan, &valid.child) {
+                (Some(id), _) => AttachMode::Vlan { id },
+                (None, Some(child)) => AttachMode::Child {
+                    child: child.clone(),
+                },
+                (None, None) => AttachMode::Move,
             },
             pod_ifname,
             mtu: valid.mtu,
@@ -443,6 +446,38 @@ mod tests {
         );
         assert_eq!(p[1].addresses[0].to_string(), "198.51.100.1/24");
         assert_eq!(p[1].mode, AttachMode::Vlan { id: 42 });
+    }
+
+    #[test]
+    fn a_macvlan_or_ipvlan_config_plans_a_child_in_the_pod() {
+        let c = claim(
+            vec![
+                device("a", "d0", Some("eth1")),
+                device("b", "d1", Some("eth2")),
+            ],
+            vec![
+                config("FromClass", &["a"], json!({"macvlan": {"mode": "private"}})),
+                config("FromClaim", &["b"], json!({"ipvlan": {}})),
+            ],
+        );
+        let p = plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new()).unwrap();
+        assert_eq!(
+            p[0].mode,
+            AttachMode::Child {
+                child: knic_proto::netconfig::ChildKind::Macvlan("private".into())
+            }
+        );
+        assert_eq!(
+            p[1].mode,
+            AttachMode::Child {
+                child: knic_proto::netconfig::ChildKind::Ipvlan("l2".into())
+            }
+        );
+        // The parent is the device's host interface; the child gets the pod's name.
+        assert_eq!(
+            (p[0].host_ifname.as_str(), p[0].pod_ifname.as_str()),
+            ("eth1", "net1")
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use knic_proto::netconfig::{Cidr, Route};
+use knic_proto::netconfig::{ChildKind, Cidr, Route};
 
 use super::vf::{VfState, describe as describe_vf};
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Session};
@@ -465,6 +465,62 @@ impl Session for FakeSession {
             up: false,
             addresses: vec![],
             kind: Some("vlan".into()),
+            permanent_mac: None,
+            pci_address: None,
+        };
+        apply(&mut link, change);
+        s.links.entry(to.clone()).or_default().push(link);
+        Ok(())
+    }
+
+    async fn add_child(
+        &mut self,
+        parent: &str,
+        child: &ChildKind,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> Result<()> {
+        let ns = self.ns.clone();
+        let (kind, mode) = match child {
+            ChildKind::Macvlan(m) => ("macvlan", m),
+            ChildKind::Ipvlan(m) => ("ipvlan", m),
+        };
+        let mut s = self.record(format!(
+            "link add link {parent} type {kind} mode {mode} netns {to} {}",
+            describe(change)
+        ))?;
+        let Some(p) = find(&mut s, &ns, parent).cloned() else {
+            drop(s);
+            return Err(self.missing(parent));
+        };
+        let Some(target) = s.links.get(to) else {
+            return Err(Error::kernel(
+                to,
+                "entering the network namespace",
+                "it does not exist",
+            ));
+        };
+        let name = change.name.clone().unwrap_or_else(|| parent.to_owned());
+        if target.iter().any(|l| l.name == name) {
+            return Err(Error::io(
+                format!("creating a {kind} child of {parent}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
+        s.next_index += 1;
+        let index = s.next_index;
+        let mut link = LinkState {
+            index,
+            name,
+            mtu: p.mtu,
+            // A macvlan gets a MAC of its own, an ipvlan shares its parent's.
+            mac: match child {
+                ChildKind::Macvlan(_) => Some([0x02, 0, 0, 0, 0xee, index as u8]),
+                ChildKind::Ipvlan(_) => p.mac,
+            },
+            up: false,
+            addresses: vec![],
+            kind: Some(kind.into()),
             permanent_mac: None,
             pci_address: None,
         };

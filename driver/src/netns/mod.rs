@@ -9,6 +9,7 @@
 //! can never lose a device: [`capture`] reads what must be restored (the caller checkpoints it)
 //! before [`attach`] changes anything, and a failing attach undoes every step it did.
 
+pub mod child;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
@@ -18,7 +19,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use knic_proto::netconfig::{Cidr, Route};
+use knic_proto::netconfig::{ChildKind, Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -196,6 +197,15 @@ pub trait Session: Send {
         to: &Ns,
         change: &LinkChange,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Creates a macvlan or ipvlan child of `parent` directly in `to`, like
+    /// [`Session::add_vlan`]: one RTM_NEWLINK, no move.
+    fn add_child(
+        &mut self,
+        parent: &str,
+        child: &ChildKind,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Deletes a link.
     fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// VF `index` of the PF `pf` as the PF reports it (its `IFLA_VFINFO_LIST` entry); `None`
@@ -233,6 +243,28 @@ pub enum AttachMode {
         /// VLAN id.
         id: u16,
     },
+    /// A macvlan or ipvlan child of the device goes into the pod; the device stays on the
+    /// host and other pods may get children of it too.
+    Child {
+        /// Kind and mode.
+        child: ChildKind,
+    },
+}
+
+impl AttachMode {
+    /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
+    pub fn child_kind(&self) -> Option<&'static str> {
+        match self {
+            AttachMode::Move => None,
+            AttachMode::Vlan { .. } => Some("vlan"),
+            AttachMode::Child {
+                child: ChildKind::Macvlan(_),
+            } => Some("macvlan"),
+            AttachMode::Child {
+                child: ChildKind::Ipvlan(_),
+            } => Some("ipvlan"),
+        }
+    }
 }
 
 /// Everything attach needs, computed at prepare time (a pure function of claim, device and
@@ -363,7 +395,7 @@ fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> boo
 #[derive(Debug)]
 enum Done {
     SetVf,
-    CreatedVlan,
+    CreatedChild,
     Moved,
 }
 
@@ -385,7 +417,9 @@ pub async fn attach<K: Kernel>(
         // Same device already there (repeat) → no-op; anything else is a name clash.
         let ours = match plan.mode {
             AttachMode::Move => is_same_device(&existing, plan, restore),
-            AttachMode::Vlan { .. } => existing.kind.as_deref() == Some("vlan"),
+            AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
+                existing.kind.as_deref() == plan.mode.child_kind()
+            }
         };
         if ours && resume {
             configure_in_pod(plan, &mut pod).await?;
@@ -473,7 +507,12 @@ async fn attach_steps<K: Kernel>(
                 // Created in the pod, its parent named from the host, in one request.
                 host.add_vlan(&plan.host_ifname, id, netns, &into_pod)
                     .await?;
-                done.push(Done::CreatedVlan);
+                done.push(Done::CreatedChild);
+            }
+            AttachMode::Child { ref child } => {
+                host.add_child(&plan.host_ifname, child, netns, &into_pod)
+                    .await?;
+                done.push(Done::CreatedChild);
             }
         }
     }
@@ -515,7 +554,7 @@ async fn undo<K: Kernel>(
         match step {
             // Detach also puts the VF settings back.
             Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
-            Done::CreatedVlan => {
+            Done::CreatedChild => {
                 if let Some(mut pod) = kernel.open(netns).await? {
                     pod.del_link(&plan.pod_ifname).await?;
                 }
@@ -586,15 +625,15 @@ async fn detach_device<K: Kernel>(
         mac: original.mac,
         up: None,
     };
-    if let AttachMode::Vlan { .. } = plan.mode {
-        // The child dies with the pod namespace; otherwise delete it there. A child left on the
-        // host by a crash between create and move is deleted too.
+    if let Some(kind) = plan.mode.child_kind() {
+        // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
+        // on the host by a crash of an older version (between create and move) goes too.
         if let Some(ns) = netns
             && let Some(mut pod) = kernel.open(ns).await?
             && pod
                 .link(&plan.pod_ifname)
                 .await?
-                .is_some_and(|l| l.kind.as_deref() == Some("vlan"))
+                .is_some_and(|l| l.kind.as_deref() == Some(kind))
         {
             pod.del_link(&plan.pod_ifname).await?;
         }

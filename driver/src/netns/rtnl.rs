@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use futures::{StreamExt, TryStreamExt};
-use knic_proto::netconfig::{Cidr, Route};
+use knic_proto::netconfig::{ChildKind, Cidr, Route};
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
@@ -518,6 +518,44 @@ impl Session for RtnlSession {
                     )
                 }
             })
+    }
+
+    async fn add_child(
+        &mut self,
+        parent: &str,
+        child: &ChildKind,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> Result<()> {
+        let parent_index = self.index(parent).await?;
+        let target = match to {
+            Ns::Host => self.host_path.clone(),
+            Ns::Pod(p) => p.clone(),
+        };
+        let fd =
+            File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
+        let name = change.name.clone().unwrap_or_else(|| parent.to_owned());
+        let msg =
+            super::child::new_link_message(&name, parent_index, child, fd.as_raw_fd(), change)?;
+        let kind = match child {
+            ChildKind::Macvlan(_) => "macvlan",
+            ChildKind::Ipvlan(_) => "ipvlan",
+        };
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("Operation not supported") || text.contains("-95") {
+                Error::kernel(
+                    self.describe(),
+                    format!("creating a {kind} child of {parent}"),
+                    format!("the kernel has no {kind} support"),
+                )
+            } else {
+                Error::io(
+                    format!("creating a {kind} child of {parent} in namespace {to}"),
+                    std::io::Error::other(text),
+                )
+            }
+        })
     }
 
     async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {

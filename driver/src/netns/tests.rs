@@ -449,3 +449,43 @@ async fn a_device_recorded_before_identities_still_comes_home() {
 
 // SR-IOV VF settings made through the PF (issue 12), in a file of its own.
 mod vf;
+
+#[tokio::test]
+async fn macvlan_and_ipvlan_children_are_created_in_the_pod_and_deleted() {
+    for (child, kind) in [
+        (ChildKind::Macvlan("bridge".into()), "macvlan"),
+        (ChildKind::Ipvlan("l3".into()), "ipvlan"),
+    ] {
+        let (k, _) = kernel();
+        let mut p = plan(AttachMode::Child {
+            child: child.clone(),
+        });
+        if kind == "ipvlan" {
+            p.mac = None;
+        }
+        let restore = capture(&k, &p).await.unwrap();
+        let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
+        assert_eq!(link.kind.as_deref(), Some(kind));
+        let mode = match &child {
+            ChildKind::Macvlan(m) | ChildKind::Ipvlan(m) => m.clone(),
+        };
+        assert!(
+            k.log()[0].starts_with(&format!(
+                "host: link add link ens1f0v0 type {kind} mode {mode} netns /var/run/netns/cni-1 name net1"
+            )),
+            "{:?}",
+            k.log()
+        );
+        // The parent stays, configured as it was; a repeated hook is a no-op.
+        assert!(k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"));
+        let again = attach(&k, &p, &pod(), &restore, false).await.unwrap();
+        assert_eq!(again.index, link.index);
+        detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+        assert_eq!(
+            k.log().last().unwrap(),
+            "/var/run/netns/cni-1: link del net1"
+        );
+        assert!(k.links(&pod()).is_empty());
+        assert!(k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"));
+    }
+}

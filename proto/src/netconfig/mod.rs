@@ -19,6 +19,7 @@
 //! one contract without pulling `k8s-openapi` into every consumer.
 
 mod addr;
+mod child;
 mod cidr;
 mod mode;
 mod parse;
@@ -38,6 +39,7 @@ pub use addr::{
     SpecialClass, check_address_range, check_interface_address, check_next_hop, check_not_reserved,
     check_route_destination, reserved_ends, reserved_role, special_class,
 };
+pub use child::{ChildKind, IPVLAN_MODES, IpvlanConfig, MACVLAN_MODES, MacvlanConfig};
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use mode::DeviceMode;
@@ -143,6 +145,12 @@ pub struct NetworkConfig {
     /// Tags the pod's traffic with an 802.1Q VLAN on top of the allocated device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<VlanConfig>,
+    /// A macvlan child of the device goes into the pod (many pods share one port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macvlan: Option<MacvlanConfig>,
+    /// An ipvlan child of the device goes into the pod (one MAC for all pods on the port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipvlan: Option<IpvlanConfig>,
     /// Per-interface sysctls, keyed by the short form `ipv4.<name>` / `ipv6.<name>` (the
     /// allowlist is documented on [`validate`]) because the interface's final name is only known
     /// once the driver assigns it. Values are strings, as in a pod's `securityContext.sysctls`.
@@ -246,6 +254,9 @@ pub struct ValidConfig {
     /// VLAN id in `1..=4094`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<u16>,
+    /// A macvlan or ipvlan child instead of the device itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<ChildKind>,
     /// Short sysctl key (`ipv4.rp_filter`) → canonical decimal value (`"01"` becomes `"1"`);
     /// [`sysctl_path`] turns a key into the real `/proc/sys` file once the name is known.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -329,6 +340,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.vlan.is_some() {
             merged.vlan.clone_from(&layer.vlan);
+        }
+        if layer.macvlan.is_some() {
+            merged.macvlan.clone_from(&layer.macvlan);
+        }
+        if layer.ipvlan.is_some() {
+            merged.ipvlan.clone_from(&layer.ipvlan);
         }
         if let Some(vf) = &layer.vf {
             merged

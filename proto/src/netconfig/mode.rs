@@ -119,6 +119,8 @@ pub fn check(config: &NetworkConfig) -> (DeviceMode, Vec<FieldError>) {
                 "sysctls",
             ),
             (config.vlan.is_some(), "vlan"),
+            (config.macvlan.is_some(), "macvlan"),
+            (config.ipvlan.is_some(), "ipvlan"),
         ] {
             if set {
                 errors.push(rule(field));

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::vf::VF_VLAN_RULE;
 use super::{
-    API_VERSION, ConfigErrors, FieldError, InterfaceConfig, IpamConfig, KIND, NetworkConfig,
-    RouteConfig, VfConfig, VlanConfig,
+    API_VERSION, ConfigErrors, FieldError, InterfaceConfig, IpamConfig, IpvlanConfig, KIND,
+    MacvlanConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[
@@ -24,10 +24,13 @@ const CONFIG_FIELDS: &[&str] = &[
     "ipam",
     "routes",
     "vlan",
+    "macvlan",
+    "ipvlan",
     "sysctls",
     "vf",
     "deviceMode",
 ];
+const CHILD_FIELDS: &[&str] = &["mode"];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
 const IPAM_FIELDS: &[&str] = &["network"];
 const ROUTE_FIELDS: &[&str] = &["destination", "gateway", "source", "metric", "table"];
@@ -211,6 +214,16 @@ impl Parser {
         if let Some(v) = field(map, "vlan") {
             config.vlan = self.vlan(v, &child(path, "vlan"));
         }
+        if let Some(v) = field(map, "macvlan") {
+            config.macvlan = self
+                .child_mode(v, &child(path, "macvlan"))
+                .map(|mode| MacvlanConfig { mode });
+        }
+        if let Some(v) = field(map, "ipvlan") {
+            config.ipvlan = self
+                .child_mode(v, &child(path, "ipvlan"))
+                .map(|mode| IpvlanConfig { mode });
+        }
         if let Some(v) = field(map, "sysctls") {
             config.sysctls = self.sysctls(v, &child(path, "sysctls"));
         }
@@ -310,6 +323,16 @@ impl Parser {
             route.table = self.u32(v, &child(path, "table"), 1, u32::MAX);
         }
         Some(route)
+    }
+
+    /// `{mode: STRING}` of a macvlan or ipvlan child; `Some(None)` when the mode is left to
+    /// the default.
+    fn child_mode(&mut self, value: &Value, path: &str) -> Option<Option<String>> {
+        let map = self.object(value, path, CHILD_FIELDS)?;
+        Some(match field(map, "mode") {
+            Some(v) => Some(self.string(v, &child(path, "mode"))?),
+            None => None,
+        })
     }
 
     fn vlan(&mut self, value: &Value, path: &str) -> Option<VlanConfig> {

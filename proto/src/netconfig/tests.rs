@@ -463,6 +463,7 @@ fn full_config_validates_and_round_trips() {
             ("ipv6.accept_ra".to_owned(), "0".to_owned()),
         ]),
         vf: None,
+        child: None,
         device_mode: DeviceMode::Netdev,
     };
     assert_eq!(valid, expected);

@@ -352,6 +352,10 @@ impl Validator {
             }
         }
 
+        let (child, errors) = super::child::check(config);
+        out.child = child;
+        self.errors.extend(errors);
+
         if let Some(sysctls) = &config.sysctls {
             out.sysctls = self.sysctls(sysctls, &out.addresses);
         }
