@@ -559,6 +559,28 @@ fn random_node<'a>(rng: &mut Rng, value: &'a mut Value) -> &'a mut Value {
     }
 }
 
+/// The most nodes one array blow-up may add: big enough to find quadratic code, small enough
+/// that stacked edits stay far below the machine's memory.
+const MAX_BLOWUP_NODES: usize = 100_000;
+
+/// The number of JSON nodes in `value`, stopping early once past [`MAX_BLOWUP_NODES`].
+fn nodes(value: &Value) -> usize {
+    fn count(value: &Value, total: &mut usize) {
+        *total += 1;
+        if *total > MAX_BLOWUP_NODES {
+            return;
+        }
+        match value {
+            Value::Array(items) => items.iter().for_each(|v| count(v, total)),
+            Value::Object(map) => map.values().for_each(|v| count(v, total)),
+            _ => {}
+        }
+    }
+    let mut total = 0;
+    count(value, &mut total);
+    total
+}
+
 /// One random edit of a JSON document, structure-aware: a node replaced by an odd scalar or by
 /// a subtree of another corpus document, keys deleted or added (known `keys` and garbage),
 /// arrays emptied or blown up, nodes wrapped in containers (deep nesting), strings edited as
@@ -614,7 +636,11 @@ pub fn mutate_json(
                     } else {
                         let copy = rng.pick(items).clone();
                         let times = *rng.pick(&[2usize, 17, 100, 1000]);
-                        items.extend(std::iter::repeat_n(copy, times));
+                        // Bounded: stacked blow-ups of arrays of arrays once grew a document
+                        // past 24 GiB and the OOM killer ended the whole fuzz run.
+                        if nodes(&copy).saturating_mul(times) <= MAX_BLOWUP_NODES {
+                            items.extend(std::iter::repeat_n(copy, times));
+                        }
                     }
                 }
             }
