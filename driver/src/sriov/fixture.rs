@@ -261,6 +261,17 @@ impl FixtureKernel {
         if sysfs.exists(&device.join("driver")) {
             return Ok(());
         }
+        // `pci_device_can_probe`: a VF whose PF has `sriov_drivers_autoprobe` 0 is probed only
+        // with a `driver_override`.
+        let overridden = sysfs
+            .read(&device.join("driver_override"))
+            .is_some_and(|o| o != "(null)");
+        let autoprobe_off = sysfs.link_target(&device.join("physfn")).is_some_and(|pf| {
+            sysfs.read(&pf.join("sriov_drivers_autoprobe")).as_deref() == Some("0")
+        });
+        if autoprobe_off && !overridden {
+            return Ok(());
+        }
         match self.wanted(sysfs, &device) {
             Some(driver) => self.attach(sysfs, &device, &driver),
             None => Ok(()),
