@@ -30,6 +30,18 @@ pub fn binary() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Materialises the sysfs fixture `name` of `driver/tests/fixtures/sysfs/` below `root`, for a
+/// driver started with `KNIC_SYSFS_ROOT=root`.
+pub fn fixture_tree(name: &str, root: &Path) -> anyhow::Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../driver/tests/fixtures/sysfs")
+        .join(name);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    knic_driver::inventory::fixture::materialise(&text, root)?;
+    Ok(())
+}
+
 /// VFs in the default synthetic tree.
 pub const VFS: usize = 32;
 

@@ -3,13 +3,12 @@
 //! apiserver accepts; against an apiserver with `DRAPartitionableDevices` off (the fake's gate
 //! switch) it ends with plain devices and no counter slice, and stops writing.
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 
 const PF: &str = "pci-0000-a2-00-0";
@@ -33,9 +32,7 @@ impl ScenarioEnv for Env {
         };
         cluster.ensure_node().await?;
         let root = cluster.tmp.path().join("sysfs-root");
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../driver/tests/fixtures/sysfs/intel-e810-pf-with-vfs.derived.txt");
-        knic_driver::inventory::fixture::materialise(&std::fs::read_to_string(fixture)?, &root)?;
+        fixture_tree("intel-e810-pf-with-vfs.derived.txt", &root)?;
         let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig)
             .with_env("KNIC_SYSFS_ROOT", root.to_string_lossy())
             .with_env("KNIC_RESCAN_SECONDS", "1");

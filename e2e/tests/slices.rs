@@ -3,26 +3,19 @@
 //! it published across kubelet wipes and restarts with the fewest writes, and keeps a prepared
 //! device published while it is gone from the host.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 
 const PF: &str = "pci-0000-a2-00-0";
 const VF0: &str = "pci-0000-a2-01-0";
 const VF1: &str = "pci-0000-a2-01-1";
-
-fn fixture(name: &str) -> anyhow::Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../driver/tests/fixtures/sysfs")
-        .join(name);
-    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
-}
 
 struct Env {
     cluster: Cluster,
@@ -53,10 +46,7 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
     };
     let node_uid = cluster.ensure_node().await?;
     let root = cluster.tmp.path().join("sysfs-root");
-    knic_driver::inventory::fixture::materialise(
-        &fixture("intel-e810-pf-with-vfs.derived.txt")?,
-        &root,
-    )?;
+    fixture_tree("intel-e810-pf-with-vfs.derived.txt", &root)?;
     let config = DriverConfig::under(cluster.tmp.path(), &cluster.node, &cluster.kubeconfig)
         .with_env("KNIC_SYSFS_ROOT", root.to_string_lossy())
         .with_env("KNIC_RESCAN_SECONDS", "1");

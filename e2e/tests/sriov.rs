@@ -3,14 +3,14 @@
 //! ([`FixtureKernel::serve`]) answers like a live one, then publishes the VFs; it never takes
 //! VFs from a prepared claim, and a bad policy stops it at start with the rule.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use knic_driver::sriov::fixture::{FixtureKernel, Serving};
 use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::driver::{DriverConfig, DriverProcess};
+use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 
@@ -38,11 +38,7 @@ impl ScenarioEnv for Env {
         };
         cluster.ensure_node().await?;
         let root = cluster.tmp.path().join("sysfs-root");
-        let text = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../driver/tests/fixtures/sysfs/intel-e810-pf-with-vfs.derived.txt"),
-        )?;
-        knic_driver::inventory::fixture::materialise(&text, &root)?;
+        fixture_tree("intel-e810-pf-with-vfs.derived.txt", &root)?;
         std::fs::create_dir_all(root.join("sys/bus/pci/drivers/vfio-pci"))?;
         let kernel = Arc::new(FixtureKernel::new(&root, "iavf")?).serve()?;
         let policy = cluster.tmp.path().join("sriov-policy.yaml");

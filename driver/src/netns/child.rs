@@ -1,5 +1,5 @@
-//! The RTM_NEWLINK that creates a macvlan or ipvlan child of a host device directly in a pod's
-//! namespace, as a pure function so every attribute is checked at the message level: a move
+//! The RTM_NEWLINK that creates a VLAN, macvlan or ipvlan child of a host device directly in a
+//! pod's namespace, as a pure function so every attribute is checked at the message level: a move
 //! between namespaces waits in the kernel's `rcu_barrier()` under RTNL (~16 ms here), a
 //! creation in place takes ~0.3 ms.
 
@@ -7,9 +7,9 @@ use std::os::fd::RawFd;
 
 use knic_proto::netconfig::ChildKind;
 use netlink_packet_route::link::{IpVlanMode, LinkMessage, MacVlanMode};
-use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkMessageBuilder};
+use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkMessageBuilder, LinkVlan};
 
-use super::LinkChange;
+use super::{LinkChange, NewChild};
 use crate::error::{Error, Result};
 
 /// The message creating `child` of the link `parent_index` (an index in the sending socket's
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 pub fn new_link_message(
     name: &str,
     parent_index: u32,
-    child: &ChildKind,
+    child: NewChild<'_>,
     netns_fd: RawFd,
     change: &LinkChange,
 ) -> Result<LinkMessage> {
@@ -39,7 +39,8 @@ pub fn new_link_message(
         )
     };
     Ok(match child {
-        ChildKind::Macvlan(mode) => {
+        NewChild::Vlan(id) => finish(LinkVlan::new(name, parent_index, id), netns_fd, change),
+        NewChild::Of(ChildKind::Macvlan(mode)) => {
             let mode = match mode.as_str() {
                 "bridge" => MacVlanMode::Bridge,
                 "private" => MacVlanMode::Private,
@@ -49,7 +50,7 @@ pub fn new_link_message(
             };
             finish(LinkMacVlan::new(name, parent_index, mode), netns_fd, change)
         }
-        ChildKind::Ipvlan(mode) => {
+        NewChild::Of(ChildKind::Ipvlan(mode)) => {
             let mode = match mode.as_str() {
                 "l2" => IpVlanMode::L2,
                 "l3" => IpVlanMode::L3,
@@ -66,7 +67,7 @@ mod tests {
     use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
     use netlink_packet_route::RouteNetlinkMessage;
     use netlink_packet_route::link::{
-        InfoData, InfoIpVlan, InfoKind, InfoMacVlan, LinkAttribute, LinkInfo,
+        InfoData, InfoIpVlan, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkInfo,
     };
 
     use super::*;
@@ -103,8 +104,14 @@ mod tests {
             mac: Some([2, 0, 0, 0, 0, 0x10]),
             up: None,
         };
-        let message = new_link_message("net1", 7, &ChildKind::Macvlan("vepa".into()), 42, &change)
-            .expect("message");
+        let message = new_link_message(
+            "net1",
+            7,
+            NewChild::Of(&ChildKind::Macvlan("vepa".into())),
+            42,
+            &change,
+        )
+        .expect("message");
         let m = wire(message);
         let attrs = &m.attributes;
         assert!(attrs.contains(&LinkAttribute::IfName("net1".into())));
@@ -122,6 +129,23 @@ mod tests {
     }
 
     #[test]
+    fn a_vlan_is_created_in_the_pod_with_its_id() {
+        let change = LinkChange {
+            name: Some("net1".into()),
+            mtu: Some(1400),
+            ..LinkChange::default()
+        };
+        let m =
+            wire(new_link_message("net1", 5, NewChild::Vlan(100), 8, &change).expect("message"));
+        assert!(m.attributes.contains(&LinkAttribute::Link(5)));
+        assert!(m.attributes.contains(&LinkAttribute::NetNsFd(8)));
+        assert!(m.attributes.contains(&LinkAttribute::Mtu(1400)));
+        let info = info(&m);
+        assert!(info.contains(&LinkInfo::Kind(InfoKind::Vlan)));
+        assert!(info.contains(&LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(100)]))));
+    }
+
+    #[test]
     fn an_ipvlan_keeps_the_parents_mac_and_carries_its_mode() {
         for (mode, want) in [
             ("l2", IpVlanMode::L2),
@@ -133,8 +157,14 @@ mod tests {
                 ..LinkChange::default()
             };
             let m = wire(
-                new_link_message("net1", 3, &ChildKind::Ipvlan(mode.into()), 9, &change)
-                    .expect("message"),
+                new_link_message(
+                    "net1",
+                    3,
+                    NewChild::Of(&ChildKind::Ipvlan(mode.into())),
+                    9,
+                    &change,
+                )
+                .expect("message"),
             );
             assert!(
                 !m.attributes
@@ -155,7 +185,7 @@ mod tests {
         let err = new_link_message(
             "net1",
             3,
-            &ChildKind::Ipvlan("l4".into()),
+            NewChild::Of(&ChildKind::Ipvlan("l4".into())),
             9,
             &LinkChange::default(),
         )

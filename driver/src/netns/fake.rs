@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use knic_proto::netconfig::{ChildKind, Cidr, Route};
 
 use super::vf::{VfState, describe as describe_vf};
-use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Session};
+use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, NewChild, Ns, Session};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -422,71 +422,23 @@ impl Session for FakeSession {
         Ok(())
     }
 
-    async fn add_vlan(
-        &mut self,
-        parent: &str,
-        id: u16,
-        to: &Ns,
-        change: &LinkChange,
-    ) -> Result<()> {
-        let ns = self.ns.clone();
-        let mut s = self.record(format!(
-            "link add link {parent} type vlan id {id} netns {to} {}",
-            describe(change)
-        ))?;
-        let Some(p) = find(&mut s, &ns, parent).cloned() else {
-            drop(s);
-            return Err(self.missing(parent));
-        };
-        let Some(target) = s.links.get(to) else {
-            return Err(Error::kernel(
-                to,
-                "entering the network namespace",
-                "it does not exist",
-            ));
-        };
-        let name = change
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{parent}.{id}"));
-        if target.iter().any(|l| l.name == name) {
-            return Err(Error::io(
-                format!("creating VLAN {id} on {parent}"),
-                std::io::Error::other("File exists"),
-            ));
-        }
-        s.next_index += 1;
-        let index = s.next_index;
-        let mut link = LinkState {
-            index,
-            name,
-            mtu: p.mtu,
-            mac: p.mac,
-            up: false,
-            addresses: vec![],
-            kind: Some("vlan".into()),
-            permanent_mac: None,
-            pci_address: None,
-        };
-        apply(&mut link, change);
-        s.links.entry(to.clone()).or_default().push(link);
-        Ok(())
-    }
-
     async fn add_child(
         &mut self,
         parent: &str,
-        child: &ChildKind,
+        child: NewChild<'_>,
         to: &Ns,
         change: &LinkChange,
     ) -> Result<()> {
         let ns = self.ns.clone();
-        let (kind, mode) = match child {
-            ChildKind::Macvlan(m) => ("macvlan", m),
-            ChildKind::Ipvlan(m) => ("ipvlan", m),
+        let kind = child.kind();
+        let spec = match child {
+            NewChild::Vlan(id) => format!("type vlan id {id}"),
+            NewChild::Of(ChildKind::Macvlan(mode) | ChildKind::Ipvlan(mode)) => {
+                format!("type {kind} mode {mode}")
+            }
         };
         let mut s = self.record(format!(
-            "link add link {parent} type {kind} mode {mode} netns {to} {}",
+            "link add link {parent} {spec} netns {to} {}",
             describe(change)
         ))?;
         let Some(p) = find(&mut s, &ns, parent).cloned() else {
@@ -513,10 +465,10 @@ impl Session for FakeSession {
             index,
             name,
             mtu: p.mtu,
-            // A macvlan gets a MAC of its own, an ipvlan shares its parent's.
+            // A macvlan gets a MAC of its own; VLAN and ipvlan children share their parent's.
             mac: match child {
-                ChildKind::Macvlan(_) => Some([0x02, 0, 0, 0, 0xee, index as u8]),
-                ChildKind::Ipvlan(_) => p.mac,
+                NewChild::Of(ChildKind::Macvlan(_)) => Some([0x02, 0, 0, 0, 0xee, index as u8]),
+                _ => p.mac,
             },
             up: false,
             addresses: vec![],

@@ -186,23 +186,14 @@ pub trait Session: Send {
         name: &str,
         sysctls: &BTreeMap<String, String>,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Creates an 802.1Q child of `parent` (a link of this session's namespace) directly in
-    /// `to`, named, sized and addressed per `change`, in one RTM_NEWLINK: no temporary name on
-    /// the host and no move (a move between namespaces waits in `rcu_barrier()` under RTNL,
+    /// Creates a child of `parent` (a link of this session's namespace) directly in `to`,
+    /// named, sized and addressed per `change`, in one RTM_NEWLINK: no temporary name on the
+    /// host and no move (a move between namespaces waits in `rcu_barrier()` under RTNL,
     /// ~16 ms here; a creation in place takes ~0.3 ms).
-    fn add_vlan(
-        &mut self,
-        parent: &str,
-        id: u16,
-        to: &Ns,
-        change: &LinkChange,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// Creates a macvlan or ipvlan child of `parent` directly in `to`, like
-    /// [`Session::add_vlan`]: one RTM_NEWLINK, no move.
     fn add_child(
         &mut self,
         parent: &str,
-        child: &ChildKind,
+        child: NewChild<'_>,
         to: &Ns,
         change: &LinkChange,
     ) -> impl Future<Output = Result<()>> + Send;
@@ -251,19 +242,39 @@ pub enum AttachMode {
     },
 }
 
+/// A child link knic creates on a host device, directly in a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewChild<'a> {
+    /// An 802.1Q VLAN with this id.
+    Vlan(u16),
+    /// A macvlan or ipvlan in its mode.
+    Of(&'a ChildKind),
+}
+
+impl NewChild<'_> {
+    /// Its `IFLA_INFO_KIND`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            NewChild::Vlan(_) => "vlan",
+            NewChild::Of(ChildKind::Macvlan(_)) => "macvlan",
+            NewChild::Of(ChildKind::Ipvlan(_)) => "ipvlan",
+        }
+    }
+}
+
 impl AttachMode {
-    /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
-    pub fn child_kind(&self) -> Option<&'static str> {
+    /// The child the pod gets, when it gets one rather than the device itself.
+    pub fn new_child(&self) -> Option<NewChild<'_>> {
         match self {
             AttachMode::Move => None,
-            AttachMode::Vlan { .. } => Some("vlan"),
-            AttachMode::Child {
-                child: ChildKind::Macvlan(_),
-            } => Some("macvlan"),
-            AttachMode::Child {
-                child: ChildKind::Ipvlan(_),
-            } => Some("ipvlan"),
+            AttachMode::Vlan { id } => Some(NewChild::Vlan(*id)),
+            AttachMode::Child { child } => Some(NewChild::Of(child)),
         }
+    }
+
+    /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
+    pub fn child_kind(&self) -> Option<&'static str> {
+        self.new_child().map(NewChild::kind)
     }
 }
 
@@ -496,20 +507,15 @@ async fn attach_steps<K: Kernel>(
             host.set_vf(&vf.pf, vf.index, &wanted).await?;
             crate::failpoint::hit("attach:after-set-vf");
         }
-        match plan.mode {
-            AttachMode::Move => {
+        match plan.mode.new_child() {
+            None => {
                 // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
                 host.move_link(&plan.host_ifname, netns, &into_pod).await?;
                 done.push(Done::Moved);
                 crate::failpoint::hit("attach:after-move");
             }
-            AttachMode::Vlan { id } => {
+            Some(child) => {
                 // Created in the pod, its parent named from the host, in one request.
-                host.add_vlan(&plan.host_ifname, id, netns, &into_pod)
-                    .await?;
-                done.push(Done::CreatedChild);
-            }
-            AttachMode::Child { ref child } => {
                 host.add_child(&plan.host_ifname, child, netns, &into_pod)
                     .await?;
                 done.push(Done::CreatedChild);

@@ -10,17 +10,17 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use futures::{StreamExt, TryStreamExt};
-use knic_proto::netconfig::{ChildKind, Cidr, Route};
+use knic_proto::netconfig::{Cidr, Route};
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::RouteScope;
 use nix::sched::{CloneFlags, setns};
-use rtnetlink::{Handle, LinkUnspec, LinkVlan, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 use super::vf::{self, VfState};
-use super::{Kernel, LinkChange, LinkState, Ns, Session};
+use super::{Kernel, LinkChange, LinkState, NewChild, Ns, Session};
 use crate::error::{Error, Result};
 
 /// The real kernel. `host` is the node's namespace: `None` for the process's own (production:
@@ -471,59 +471,10 @@ impl Session for RtnlSession {
         )))
     }
 
-    async fn add_vlan(
-        &mut self,
-        parent: &str,
-        id: u16,
-        to: &Ns,
-        change: &LinkChange,
-    ) -> Result<()> {
-        let parent_index = self.index(parent).await?;
-        let target = match to {
-            Ns::Host => self.host_path.clone(),
-            Ns::Pod(p) => p.clone(),
-        };
-        let fd =
-            File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
-        let name = change
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{parent}.{id}"));
-        // IFLA_LINK is the parent's index in this socket's namespace; IFLA_NET_NS_FD puts the
-        // new link in the pod, where name, MTU and MAC apply.
-        let mut msg = LinkVlan::new(&name, parent_index, id).setns_by_fd(fd.as_raw_fd());
-        if let Some(mtu) = change.mtu {
-            msg = msg.mtu(mtu);
-        }
-        if let Some(mac) = change.mac {
-            msg = msg.address(mac.to_vec());
-        }
-        self.handle
-            .link()
-            .add(msg.build())
-            .execute()
-            .await
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("Operation not supported") || text.contains("-95") {
-                    Error::kernel(
-                        self.describe(),
-                        format!("creating VLAN {id} on {parent}"),
-                        "the kernel has no 8021q (VLAN) support",
-                    )
-                } else {
-                    Error::io(
-                        format!("creating VLAN {id} on {parent} in namespace {to}"),
-                        std::io::Error::other(text),
-                    )
-                }
-            })
-    }
-
     async fn add_child(
         &mut self,
         parent: &str,
-        child: &ChildKind,
+        child: NewChild<'_>,
         to: &Ns,
         change: &LinkChange,
     ) -> Result<()> {
@@ -535,23 +486,28 @@ impl Session for RtnlSession {
         let fd =
             File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
         let name = change.name.clone().unwrap_or_else(|| parent.to_owned());
+        // IFLA_LINK is the parent's index in this socket's namespace; IFLA_NET_NS_FD puts the
+        // new link in the pod, where name, MTU and MAC apply.
         let msg =
             super::child::new_link_message(&name, parent_index, child, fd.as_raw_fd(), change)?;
-        let kind = match child {
-            ChildKind::Macvlan(_) => "macvlan",
-            ChildKind::Ipvlan(_) => "ipvlan",
+        let (what, module) = match child {
+            NewChild::Vlan(id) => (format!("creating VLAN {id} on {parent}"), "8021q (VLAN)"),
+            other => (
+                format!("creating a {} child of {parent}", other.kind()),
+                other.kind(),
+            ),
         };
         self.handle.link().add(msg).execute().await.map_err(|e| {
             let text = e.to_string();
             if text.contains("Operation not supported") || text.contains("-95") {
                 Error::kernel(
                     self.describe(),
-                    format!("creating a {kind} child of {parent}"),
-                    format!("the kernel has no {kind} support"),
+                    what,
+                    format!("the kernel has no {module} support"),
                 )
             } else {
                 Error::io(
-                    format!("creating a {kind} child of {parent} in namespace {to}"),
+                    format!("{what} in namespace {to}"),
                     std::io::Error::other(text),
                 )
             }

@@ -5,6 +5,7 @@
 //! namespace) but is still allocated: it stays published from the copy the checkpoint took at
 //! prepare time until it comes back or the claim is unprepared.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,8 +64,11 @@ impl Discovery {
         let root = self.root.clone();
         let deadline = provisioner.deadline();
         let run = tokio::task::spawn_blocking(move || {
-            let routes = netlink::default_route_interfaces(&root);
-            let routes = crate::sriov::route_bound(&root, &routes);
+            let routes = if provisioner.wants_count_change(&held) {
+                crate::sriov::route_bound(&root, &netlink::default_route_interfaces(&root))
+            } else {
+                BTreeMap::new()
+            };
             provisioner.reconcile(&held, &routes)
         });
         let outcome = tokio::time::timeout(deadline, run).await;

@@ -220,6 +220,17 @@ impl Provisioner {
         self.wait * 4 + Duration::from_secs(30)
     }
 
+    /// Whether some PF's VF count differs from the policy's, the only case where the default
+    /// routes matter ([`route_bound`] runs a whole discovery, which a rescan that changes
+    /// nothing should not pay for).
+    pub fn wants_count_change(&self, held: &Held) -> bool {
+        let pfs = pf::read(&Sysfs::new(&self.root));
+        provision::decide(&self.policy, &pfs, &held.by_pf, &BTreeMap::new())
+            .plans
+            .iter()
+            .any(|p| p.num_vfs.is_some())
+    }
+
     fn reconcile_now(&self, held: &Held, routes: &BTreeMap<String, String>) -> Report {
         let sysfs = Sysfs::new(&self.root);
         let pfs = pf::read(&sysfs);

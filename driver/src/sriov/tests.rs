@@ -622,3 +622,15 @@ async fn sriov_provisioning_holds_the_checkpoint_from_snapshot_to_the_last_write
     let report = task.await.unwrap().expect("a report");
     assert_eq!(report.failed.len(), 1, "{report:?}");
 }
+
+#[test]
+fn sriov_only_a_count_change_needs_the_default_routes() {
+    let dir = tree(E810);
+    let p = |policy: &str| provisioner(dir.path(), policy, kernel(dir.path()));
+    assert!(
+        !p("pools: [{pfNames: [enp162s0f0np0], numVfs: 2}]").wants_count_change(&Held::default())
+    );
+    assert!(
+        p("pools: [{pfNames: [enp162s0f0np0], numVfs: 4}]").wants_count_change(&Held::default())
+    );
+}
