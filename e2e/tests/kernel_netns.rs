@@ -397,7 +397,13 @@ async fn child_into_pod(k: &Rtnl, child: ChildKind) -> anyhow::Result<()> {
     let _links = Links(vec![parent]);
     ip(&["link", "add", parent, "type", "veth", "peer", "name", peer])?;
     ip(&["link", "set", parent, "up"])?;
-    let mut p = plan(parent, AttachMode::Child { child });
+    let mut p = plan(
+        parent,
+        AttachMode::Child {
+            child,
+            uplink: None,
+        },
+    );
     if kind == "ipvlan" {
         p.mac = None; // ipvlan children share the parent's MAC
     }

@@ -63,6 +63,16 @@ pub fn status_patch(
             if let Some(data) = &d.data {
                 entry["data"] = data.clone();
             }
+            // A share of a device is its own list entry (shareID is a list-map key) and must
+            // name the allocation it belongs to.
+            if let Some(share) = claim
+                .devices
+                .iter()
+                .find(|x| x.pool == d.pool && x.device == d.device)
+                .and_then(|x| x.share_id.as_ref())
+            {
+                entry["shareID"] = share.clone().into();
+            }
             entry
         })
         .collect();
@@ -146,6 +156,33 @@ mod tests {
             })
         );
         assert_eq!(now_rfc3339().len(), 20);
+    }
+
+    #[test]
+    fn a_share_of_a_device_names_its_share_id() {
+        let claim: PreparedClaim = serde_json::from_value(serde_json::json!({
+            "namespace": "ns", "name": "c", "uid": "u", "podUid": "p", "podName": "pod",
+            "devices": [{"request": "net", "pool": "node-a", "device": "ens1f0",
+                         "shareId": "8e2f1b7a-0c43-4c1e-9a55-2f1d1c0b7e11"}],
+            "configs": [], "preparedAt": 0,
+        }))
+        .expect("claim");
+        let entry = DeviceStatus {
+            pool: "node-a".into(),
+            device: "ens1f0".into(),
+            ready: true,
+            reason: "InterfaceConfigured".into(),
+            message: "net1 configured".into(),
+            interface_name: Some("net1".into()),
+            ips: vec![],
+            hardware_address: None,
+            data: None,
+        };
+        let patch = status_patch(&claim, &[entry], "2026-11-22T00:00:00Z");
+        assert_eq!(
+            patch["status"]["devices"][0]["shareID"],
+            "8e2f1b7a-0c43-4c1e-9a55-2f1d1c0b7e11"
+        );
     }
 
     #[test]

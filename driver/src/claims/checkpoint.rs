@@ -61,6 +61,13 @@ pub struct Checkpoint {
     pub claims: BTreeMap<String, PreparedClaim>,
 }
 
+/// Whether two holders of one device conflict: only shares with distinct shareIDs (consumable
+/// capacity) may hold a device together. Prepare's busy check and the load-time consistency
+/// rule both ask this.
+pub fn shares_clash(a: Option<&str>, b: Option<&str>) -> bool {
+    a.is_none() || b.is_none() || a == b
+}
+
 /// One prepared claim: enough to answer a repeated prepare and to undo it without the API.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -387,9 +394,7 @@ fn check_consistency(checkpoint: &Checkpoint) -> std::result::Result<(), Corrupt
                 .entry((device.pool.as_str(), device.device.as_str()))
                 .or_default();
             let share = device.share_id.as_deref();
-            let clash = entry
-                .iter()
-                .find(|(_, other)| share.is_none() || other.is_none() || *other == share);
+            let clash = entry.iter().find(|(_, other)| shares_clash(share, *other));
             if let Some((other_uid, _)) = clash {
                 let whom = if *other_uid == key.as_str() {
                     format!("twice in claim {}", q(key))

@@ -31,7 +31,9 @@ pub use store::{ClaimStore, Locked};
 
 use crate::BoxFuture;
 use crate::cdi::CdiSpecs;
-use crate::claims::checkpoint::{Attachment, OpaqueConfig, PreparedClaim, PreparedDevice};
+use crate::claims::checkpoint::{
+    Attachment, Checkpoint, OpaqueConfig, PreparedClaim, PreparedDevice, shares_clash,
+};
 use crate::claims::ipam::{AddressBook, Allocation, Requester};
 use crate::claims::plan::{DeviceConfigs, IpamAddresses};
 use crate::error::{Error, Result};
@@ -259,8 +261,13 @@ fn check_results(
 /// so it must not call the store at all, not even to read: tokio's mutex is not re-entrant and
 /// the call would hang unprepare and every NRI hook.
 pub trait Release: Send + Sync + 'static {
-    /// Puts back every device of `claim` that may still be away from the host.
-    fn release<'a>(&'a self, claim: &'a PreparedClaim) -> BoxFuture<'a, Result<()>>;
+    /// Puts back every device of `claim` that may still be away from the host; `checkpoint`
+    /// is the store's current content (the claim still in it), for what other claims hold.
+    fn release<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        checkpoint: &'a Checkpoint,
+    ) -> BoxFuture<'a, Result<()>>;
 }
 
 /// Decides prepare and unprepare, serialised per claim, and records them in the store.
@@ -599,17 +606,29 @@ impl Preparer {
             return Ok((answer, done.allocations.clone()));
         }
         for device in &prepared.devices {
-            let holder = checkpoint.claims.values().find(|other| {
-                // By device alone: the pool string is the claim's to get wrong.
+            // By device alone: the pool string is the claim's to get wrong. The same rule the
+            // checkpoint enforces when it loads: shares of one device with distinct shareIDs
+            // coexist, anything else is a second owner.
+            let holder = checkpoint.claims.values().find_map(|other| {
                 other
                     .devices
                     .iter()
-                    .any(|d| d.device == device.device && d.share_id.is_none())
+                    .find(|d| {
+                        d.device == device.device
+                            && shares_clash(d.share_id.as_deref(), device.share_id.as_deref())
+                    })
+                    .map(|d| (other, d))
             });
-            if let Some(other) = holder {
+            if let Some((other, theirs)) = holder {
+                let what = match (&device.share_id, &theirs.share_id) {
+                    (Some(mine), Some(_)) => format!(" with the same shareID {mine}"),
+                    (None, Some(_)) => " as a share (this allocation is not)".to_owned(),
+                    (Some(_), None) => " whole (this allocation is a share)".to_owned(),
+                    (None, None) => String::new(),
+                };
                 return Err(claim_error(format!(
-                    "device {}/{} is still prepared for claim {}/{} (uid {}); it is released when \
-                     that claim is unprepared",
+                    "device {}/{} is still prepared{what} for claim {}/{} (uid {}); it is \
+                     released when that claim is unprepared",
                     device.pool, device.device, other.namespace, other.name, other.uid
                 )));
             }
@@ -706,7 +725,7 @@ impl Preparer {
             {
                 // The sandbox stop should have detached already; if it did not run (or failed),
                 // the node is put back here, before the claim's memory is dropped.
-                releaser.release(claim).await?;
+                releaser.release(claim, checkpoint).await?;
             }
             (claim.allocations.clone(), claim.functions.clone())
         };

@@ -8,8 +8,9 @@ use knic_proto::netconfig::{self, ConfigErrors, FieldError, NetworkConfig};
 
 use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
 use crate::claims::ipam::Addressing;
-use crate::netns::{AttachMode, AttachPlan, DeviceIdentity};
+use crate::netns::{AttachPlan, DeviceIdentity};
 
+pub mod shared;
 mod vf;
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
@@ -64,6 +65,14 @@ pub fn plans(
                 continue;
             }
         };
+        let is_shared = shared::is_shared(device);
+        if is_shared {
+            let refused = shared::refusals(device, &valid);
+            if !refused.is_empty() {
+                errors.extend(refused);
+                continue;
+            }
+        }
         // A vfio-pci function has no netdev to attach: prepare binds it (claims::functions).
         if valid.device_mode == netconfig::DeviceMode::VfioPci {
             continue;
@@ -112,9 +121,10 @@ pub fn plans(
             });
             continue;
         }
-        wanted.push((device, valid, host_ifname, vf));
+        wanted.push((device, valid, host_ifname, vf, is_shared));
     }
-    for (device, valid, host_ifname, vf) in wanted {
+    for (device, valid, host_ifname, vf, is_shared) in wanted {
+        let mode = shared::mode(&valid, is_shared, &host_ifname);
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
             None => {
@@ -131,13 +141,7 @@ pub fn plans(
             device: device.device.clone(),
             request: device.request.clone(),
             host_ifname,
-            mode: match (valid.vlan, &valid.child) {
-                (Some(id), _) => AttachMode::Vlan { id },
-                (None, Some(child)) => AttachMode::Child {
-                    child: child.clone(),
-                },
-                (None, None) => AttachMode::Move,
-            },
+            mode,
             pod_ifname,
             mtu: valid.mtu,
             // A MAC set through the PF is also the netdev's: the VF's driver may only adopt it
@@ -317,6 +321,7 @@ mod tests {
 
     use super::*;
     use crate::claims::checkpoint::{OpaqueConfig, PreparedDevice};
+    use crate::netns::AttachMode;
 
     pub(super) fn device(request: &str, name: &str, ifname: Option<&str>) -> PreparedDevice {
         let published = ifname.map(|i| {
@@ -464,13 +469,15 @@ mod tests {
         assert_eq!(
             p[0].mode,
             AttachMode::Child {
-                child: knic_proto::netconfig::ChildKind::Macvlan("private".into())
+                child: knic_proto::netconfig::ChildKind::Macvlan("private".into()),
+                uplink: None,
             }
         );
         assert_eq!(
             p[1].mode,
             AttachMode::Child {
-                child: knic_proto::netconfig::ChildKind::Ipvlan("l2".into())
+                child: knic_proto::netconfig::ChildKind::Ipvlan("l2".into()),
+                uplink: None,
             }
         );
         // The parent is the device's host interface; the child gets the pod's name.

@@ -13,7 +13,8 @@ use super::{LinkChange, NewChild};
 use crate::error::{Error, Result};
 
 /// The message creating `child` of the link `parent_index` (an index in the sending socket's
-/// namespace) in the namespace open at `netns_fd`, named `name`, with `change`'s MTU and MAC.
+/// namespace) in the namespace open at `netns_fd`, named `name`, with `change`'s MTU and MAC,
+/// and up when `change` says so (a shared host VLAN; a pod's child comes up after its addresses).
 pub fn new_link_message(
     name: &str,
     parent_index: u32,
@@ -28,6 +29,9 @@ pub fn new_link_message(
         }
         if let Some(mac) = change.mac {
             b = b.address(mac.to_vec());
+        }
+        if change.up == Some(true) {
+            b = b.up();
         }
         b.build()
     }
@@ -67,7 +71,7 @@ mod tests {
     use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
     use netlink_packet_route::RouteNetlinkMessage;
     use netlink_packet_route::link::{
-        InfoData, InfoIpVlan, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkInfo,
+        InfoData, InfoIpVlan, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo,
     };
 
     use super::*;
@@ -143,6 +147,30 @@ mod tests {
         let info = info(&m);
         assert!(info.contains(&LinkInfo::Kind(InfoKind::Vlan)));
         assert!(info.contains(&LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(100)]))));
+        assert!(
+            !m.header.flags.contains(LinkFlags::Up),
+            "a pod's child comes up after its addresses"
+        );
+    }
+
+    #[test]
+    fn a_shared_host_vlan_is_created_up_in_one_message() {
+        let change = LinkChange {
+            name: Some("knv0a0b0c.42".into()),
+            up: Some(true),
+            ..LinkChange::default()
+        };
+        let m = wire(
+            new_link_message("knv0a0b0c.42", 5, NewChild::Vlan(42), 3, &change).expect("message"),
+        );
+        assert!(m.header.flags.contains(LinkFlags::Up));
+        assert!(m.header.change_mask.contains(LinkFlags::Up));
+        assert!(
+            m.attributes
+                .contains(&LinkAttribute::IfName("knv0a0b0c.42".into()))
+        );
+        let info = info(&m);
+        assert!(info.contains(&LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(42)]))));
     }
 
     #[test]

@@ -27,6 +27,9 @@ struct State {
     log: Vec<String>,
     fail: Vec<(String, String)>,
     next_index: u32,
+    /// Child link → the link it sits on: deleting a link deletes its children, as the kernel
+    /// does (a macvlan dies with its VLAN).
+    lower: Vec<((Ns, String), (Ns, String))>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
@@ -477,6 +480,8 @@ impl Session for FakeSession {
             pci_address: None,
         };
         apply(&mut link, change);
+        s.lower
+            .push(((to.clone(), link.name.clone()), (ns, parent.to_owned())));
         s.links.entry(to.clone()).or_default().push(link);
         Ok(())
     }
@@ -530,13 +535,24 @@ impl Session for FakeSession {
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {
-        let ns = self.ns.clone();
         let mut s = self.record(format!("link del {name}"))?;
-        if let Some(links) = s.links.get_mut(&ns) {
-            links.retain(|l| l.name != name);
-        }
-        if let Some(routes) = s.routes.get_mut(&ns) {
-            routes.retain(|(ifname, _)| ifname != name);
+        let mut doomed = vec![(self.ns.clone(), name.to_owned())];
+        while let Some((ns, name)) = doomed.pop() {
+            if let Some(links) = s.links.get_mut(&ns) {
+                links.retain(|l| l.name != name);
+            }
+            if let Some(routes) = s.routes.get_mut(&ns) {
+                routes.retain(|(ifname, _)| *ifname != name);
+            }
+            let key = (ns, name);
+            doomed.extend(
+                s.lower
+                    .iter()
+                    .filter(|(_, lower)| *lower == key)
+                    .map(|(child, _)| child.clone()),
+            );
+            s.lower
+                .retain(|(child, lower)| *child != key && *lower != key);
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ pub mod child;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
+pub mod uplink;
 pub mod vf;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use knic_proto::netconfig::{ChildKind, Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use uplink::Uplink;
 pub use vf::{VfPlan, VfState};
 
 /// A network namespace an operation runs in.
@@ -239,6 +241,10 @@ pub enum AttachMode {
     Child {
         /// Kind and mode.
         child: ChildKind,
+        /// The host-side VLAN of the device the child sits on, shared with every other pod
+        /// on that VLAN of that port; `None`: the child sits on the device itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uplink: Option<Uplink>,
     },
 }
 
@@ -268,13 +274,21 @@ impl AttachMode {
         match self {
             AttachMode::Move => None,
             AttachMode::Vlan { id } => Some(NewChild::Vlan(*id)),
-            AttachMode::Child { child } => Some(NewChild::Of(child)),
+            AttachMode::Child { child, .. } => Some(NewChild::Of(child)),
         }
     }
 
     /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
     pub fn child_kind(&self) -> Option<&'static str> {
         self.new_child().map(NewChild::kind)
+    }
+
+    /// The shared host VLAN the pod's child sits on, if any.
+    pub fn uplink(&self) -> Option<&Uplink> {
+        match self {
+            AttachMode::Child { uplink, .. } => uplink.as_ref(),
+            AttachMode::Move | AttachMode::Vlan { .. } => None,
+        }
     }
 }
 
@@ -515,9 +529,18 @@ async fn attach_steps<K: Kernel>(
                 crate::failpoint::hit("attach:after-move");
             }
             Some(child) => {
+                // On a shared host VLAN, made first if this is its first pod (the caller has
+                // recorded the attachment, so a crash from here on cannot leak it).
+                let parent = match plan.mode.uplink() {
+                    Some(up) => {
+                        uplink::ensure(&mut host, &plan.host_ifname, up).await?;
+                        crate::failpoint::hit("attach:after-uplink");
+                        up.name.as_str()
+                    }
+                    None => plan.host_ifname.as_str(),
+                };
                 // Created in the pod, its parent named from the host, in one request.
-                host.add_child(&plan.host_ifname, child, netns, &into_pod)
-                    .await?;
+                host.add_child(parent, child, netns, &into_pod).await?;
                 done.push(Done::CreatedChild);
             }
         }

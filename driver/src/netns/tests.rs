@@ -459,6 +459,7 @@ async fn macvlan_and_ipvlan_children_are_created_in_the_pod_and_deleted() {
         let (k, _) = kernel();
         let mut p = plan(AttachMode::Child {
             child: child.clone(),
+            uplink: None,
         });
         if kind == "ipvlan" {
             p.mac = None;

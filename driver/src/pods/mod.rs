@@ -15,12 +15,14 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use crate::BoxFuture;
-use crate::claims::checkpoint::PreparedClaim;
+use crate::claims::checkpoint::{Checkpoint, PreparedClaim};
 use crate::claims::{ClaimStore, Release};
 use crate::error::{Error, Result};
 use crate::netns::{self, Kernel, LinkState, Ns};
 use crate::nri::{NriHandler, PodSandbox};
 use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
+
+mod uplinks;
 
 /// One device's line in a claim's `status.devices`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +87,10 @@ pub struct PodNetworks<K> {
     /// Where RDMA devices change namespace in exclusive mode, and the host's namespace to
     /// bring them back to.
     rdma: std::sync::Mutex<(Arc<dyn RdmaNamespaces>, PathBuf)>,
+    /// Serialises "record an attachment, then ensure its shared host VLAN" against "see that
+    /// nothing records a host VLAN, then delete it", so a pod's child never loses its uplink
+    /// to another pod's detach. Taken only for plans with an uplink.
+    uplinks: Mutex<()>,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -100,6 +106,7 @@ impl<K: Kernel> PodNetworks<K> {
             status,
             netns: Mutex::default(),
             rdma: std::sync::Mutex::new((Arc::new(KernelRdma), PathBuf::from(HOST_NETNS))),
+            uplinks: Mutex::default(),
         })
     }
 
@@ -256,6 +263,10 @@ impl<K: Kernel> PodNetworks<K> {
         path: &PathBuf,
     ) -> Result<LinkState> {
         let a = &claim.attachments[i];
+        let _uplinks = match a.plan.mode.uplink() {
+            Some(_) => Some(self.uplinks.lock().await),
+            None => None,
+        };
         let target = &Ns::Pod(path.clone());
         // A sandbox recreated with a new namespace: first bring the device back from the old.
         if let (Some(restore), Some(old)) = (&a.restore, &a.netns)
@@ -319,6 +330,11 @@ impl<K: Kernel> PodNetworks<K> {
                         }
                     })
                     .await?;
+                // A host VLAN this attach made for itself goes too.
+                if let Some(up) = a.plan.mode.uplink() {
+                    let now = self.claims.snapshot().await?;
+                    uplinks::release_if_unused(&self.kernel, &now, None, &up.name).await?;
+                }
                 Err(e)
             }
         }
@@ -334,6 +350,10 @@ impl<K: Kernel> PodNetworks<K> {
         };
         let Some(restore) = &a.restore else {
             return Ok(());
+        };
+        let _uplinks = match a.plan.mode.uplink() {
+            Some(_) => Some(self.uplinks.lock().await),
+            None => None,
         };
         let recorded = a.netns.clone().map(Ns::Pod);
         let pod = a.netns.clone();
@@ -353,7 +373,13 @@ impl<K: Kernel> PodNetworks<K> {
                     a.attached = false;
                 }
             })
-            .await
+            .await?;
+        // The last pod out deletes the shared host VLAN.
+        if let Some(up) = a.plan.mode.uplink() {
+            let now = self.claims.snapshot().await?;
+            uplinks::release_if_unused(&self.kernel, &now, None, &up.name).await?;
+        }
+        Ok(())
     }
 
     async fn detach_claims(&self, claims: Vec<PreparedClaim>, netns: Option<&Ns>) -> Result<()> {
@@ -422,7 +448,11 @@ pub fn vfio_statuses(claim: &PreparedClaim, pod_name: &str) -> Vec<DeviceStatus>
 }
 
 impl<K: Kernel> Release for PodNetworks<K> {
-    fn release<'a>(&'a self, claim: &'a PreparedClaim) -> BoxFuture<'a, Result<()>> {
+    fn release<'a>(
+        &'a self,
+        claim: &'a PreparedClaim,
+        checkpoint: &'a Checkpoint,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             for (i, a) in claim.attachments.iter().enumerate() {
                 if let Some(restore) = &a.restore {
@@ -434,6 +464,18 @@ impl<K: Kernel> Release for PodNetworks<K> {
                     }
                     let ns = a.netns.clone().map(Ns::Pod);
                     netns::detach(&self.kernel, &a.plan, ns.as_ref(), restore).await?;
+                    // The store is locked by the caller, so no attach can record a user of
+                    // the uplink between this check and the delete; the claim is being
+                    // forgotten, so its own records do not count.
+                    if let Some(up) = a.plan.mode.uplink() {
+                        uplinks::release_if_unused(
+                            &self.kernel,
+                            checkpoint,
+                            Some(&claim.uid),
+                            &up.name,
+                        )
+                        .await?;
+                    }
                     tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");
                 }
             }
@@ -543,8 +585,29 @@ impl<K: Kernel> PodNetworks<K> {
                 None => {}
             }
         }
+        self.sweep_uplinks().await;
+    }
+
+    /// Deletes shared host VLANs that no recorded attachment uses (a crash between a pod's
+    /// detach and the release of its uplink leaves one).
+    pub async fn sweep_uplinks(&self) {
+        let _serialised = self.uplinks.lock().await;
+        let swept = match self.claims.snapshot().await {
+            Ok(now) => uplinks::sweep(&self.kernel, &now).await,
+            Err(e) => Err(e),
+        };
+        match swept {
+            Ok(deleted) if !deleted.is_empty() => {
+                tracing::info!(?deleted, "deleted host VLANs no pod uses any more");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not sweep unused host VLANs"),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod uplink_tests;

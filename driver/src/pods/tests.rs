@@ -325,7 +325,8 @@ mod hooks {
             .await
             .expect("store")
             .expect("claim");
-        s.pods.release(&claim).await.expect("release");
+        let now = s.claims.snapshot().await.expect("snapshot");
+        s.pods.release(&claim, &now).await.expect("release");
         assert_eq!(names(&s.kernel, &Ns::Host), ["ens1f0v0", "ens1f0v1"]);
         // The preparer forgets the claim next; the store is its to change, under its lock.
         assert!(

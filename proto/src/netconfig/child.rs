@@ -1,7 +1,9 @@
 //! Child interfaces on top of the allocated device: a macvlan or ipvlan created directly in the
-//! pod's namespace, so many pods can share one port (an 802.1Q child is `vlan`). The mode
-//! strings stay strings in [`NetworkConfig`] so a wrong value is reported with the accepted
-//! ones; [`check`] turns them into a [`ChildKind`].
+//! pod's namespace, so many pods can share one port (an 802.1Q child is `vlan`; with `vlan` and
+//! a macvlan or ipvlan together the pod's child sits on a host-side VLAN of the device, which
+//! is how several pods share one VLAN of one port). The mode strings stay strings in
+//! [`NetworkConfig`] so a wrong value is reported with the accepted ones; [`check`] turns them
+//! into a [`ChildKind`].
 
 use serde::{Deserialize, Serialize};
 
@@ -44,26 +46,15 @@ pub enum ChildKind {
 }
 
 /// The child kind a merged config asks for, and one error per rule broken: a mode outside the
-/// kind's list, or more than one of `vlan`, `macvlan`, `ipvlan` (the pod's interface is one
-/// child of the device).
+/// kind's list, or both `macvlan` and `ipvlan` (the pod's interface is one child). `vlan` may
+/// come with either: the child then sits on the device's VLAN.
 pub fn check(config: &NetworkConfig) -> (Option<ChildKind>, Vec<FieldError>) {
     let mut errors = Vec::new();
-    let asked: Vec<&str> = [
-        (config.vlan.is_some(), "vlan"),
-        (config.macvlan.is_some(), "macvlan"),
-        (config.ipvlan.is_some(), "ipvlan"),
-    ]
-    .into_iter()
-    .filter_map(|(set, name)| set.then_some(name))
-    .collect();
-    if asked.len() > 1 {
+    if config.macvlan.is_some() && config.ipvlan.is_some() {
         errors.push(FieldError::new(
-            asked[1],
-            format!(
-                "cannot be set together with {}: the pod's interface is one child of the \
-                 device (vlan, macvlan or ipvlan)",
-                asked[0]
-            ),
+            "ipvlan",
+            "cannot be set together with macvlan: the pod's interface is one child of the \
+             device (macvlan or ipvlan, optionally on a vlan)",
         ));
     }
     let mode = |field: &str, given: Option<&String>, allowed: &[&str], errors: &mut Vec<_>| {
@@ -155,17 +146,16 @@ mod tests {
     }
 
     #[test]
-    fn one_child_kind_at_most() {
-        assert_eq!(
-            refused(json!({"vlan": {"id": 10}, "macvlan": {}})),
-            "macvlan: cannot be set together with vlan: the pod's interface is one child of \
-             the device (vlan, macvlan or ipvlan)"
-        );
+    fn one_child_kind_at_most_and_a_vlan_under_it() {
         assert_eq!(
             refused(json!({"macvlan": {}, "ipvlan": {"mode": "l3"}})),
             "ipvlan: cannot be set together with macvlan: the pod's interface is one child of \
-             the device (vlan, macvlan or ipvlan)"
+             the device (macvlan or ipvlan, optionally on a vlan)"
         );
+        let on_vlan = validate(&config(json!({"vlan": {"id": 10}, "macvlan": {}})))
+            .expect("a macvlan on a VLAN is valid");
+        assert_eq!(on_vlan.vlan, Some(10));
+        assert_eq!(on_vlan.child, Some(ChildKind::Macvlan("bridge".into())));
     }
 
     #[test]
