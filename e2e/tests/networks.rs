@@ -449,6 +449,7 @@ async fn overlap_is_invalid_until_fixed(env: &mut Env) -> anyhow::Result<()> {
         .await?;
     let expected = format!(
         "spec.vlan: VLAN 102 is already used by network {first:?} on overlapping devices; \
+         to share it on purpose, both Networks must set the same spec.vlanShareGroup; \
          spec.ipam.subnets[0].cidr: 10.102.0.128/25 overlaps 10.102.0.0/24 of network {first:?} \
          on overlapping devices and the same VLAN (VLAN 102)"
     );

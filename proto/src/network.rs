@@ -29,6 +29,7 @@ use crate::netconfig::RouteConfig;
 
 mod compile;
 mod devices;
+mod share;
 mod validate;
 
 pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_config};
@@ -174,7 +175,8 @@ pub const NETWORK_LABEL: &str = "knic.dev/network";
            it uses and asked for by name from the namespaces it selects. Cluster-scoped: a \
            Network describes shared infrastructure (NICs, VLANs, subnets) that belongs to the \
            platform, not to a tenant, and the rules that keep networks apart (no two networks on \
-           the same devices with the same VLAN, no overlapping subnets on one segment) are \
+           the same devices with the same VLAN unless both name one vlanShareGroup, no address \
+           handed out twice on one segment) are \
            cluster-wide facts. A namespaced Network would let anyone with create rights in a \
            namespace claim a VLAN or a subnet and would scatter the objects that must be checked \
            against each other; cluster scope keeps creation an admin privilege while \
@@ -218,6 +220,12 @@ pub struct NetworkSpec {
     /// 802.1Q VLAN id (1–4094) the driver puts on top of each device; unset is untagged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<u16>,
+    /// Lets other Networks use the same `vlan` on devices this one may use too: every Network
+    /// on the VLAN must name the same group (a DNS label), so sharing a layer-2 segment is a
+    /// decision both sides wrote down, never an accident of two admins picking one id. Networks
+    /// of a group must agree on the MTU and keep their addresses apart (see the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan_share_group: Option<String>,
     /// Link MTU inside the pod; unset keeps the device's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
@@ -746,6 +754,8 @@ pub struct ClaimRef {
     pub uid: String,
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -12,7 +12,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use knic_proto::network::{
-    AddressCount, ClaimRef, Network, NetworkAddress, NetworkAddressSpec, NetworkStatus, TemplateRef,
+    AddressCount, ClaimRef, Network, NetworkAddress, NetworkAddressSpec, NetworkStatus,
+    TemplateRef, validate_against, validate_network,
 };
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
@@ -462,5 +463,45 @@ fn network_address_round_trips_and_fits_the_crd() {
     assert_eq!(
         serde_json::from_value::<NetworkAddress>(value).expect("parses"),
         address
+    );
+}
+
+/// The documented example of two Networks sharing a VLAN: each fits the CRD and validates, the
+/// pair passes the cross-network check in both orders, and it is the group that makes it pass.
+#[test]
+fn shared_vlan_example_validates() {
+    let text = std::fs::read_to_string(chart_path("examples/networks-shared-vlan.yaml"))
+        .expect("shared VLAN example");
+    let values: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("a YAML document"))
+        .collect();
+    let networks: Vec<(String, knic_proto::network::NetworkSpec)> = values
+        .iter()
+        .map(|value| {
+            assert_all_declared(&Network::crd(), value);
+            let network: Network = serde_json::from_value(value.clone()).expect("a Network");
+            let name = network.metadata.name.clone().expect("a name");
+            assert_eq!(validate_network(&name, &network.spec), Ok(()), "{name}");
+            (name, network.spec)
+        })
+        .collect();
+    let [(a, a_spec), (b, b_spec)] = networks.as_slice() else {
+        panic!("two Networks expected, got {}", networks.len());
+    };
+    assert_eq!(b_spec.vlan_share_group.as_deref(), Some("storage"));
+    assert_eq!(validate_against(b, b_spec, &networks), vec![]);
+    assert_eq!(validate_against(a, a_spec, &networks), vec![]);
+    // Without the group on the newer one, the same pair is a conflict.
+    let mut alone = b_spec.clone();
+    alone.vlan_share_group = None;
+    assert_eq!(
+        validate_against(b, &alone, std::slice::from_ref(&networks[0]))
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec![
+            "spec.vlan: VLAN 200 is already used by network \"storage-a\" on overlapping devices, shared with group \"storage\"; set spec.vlanShareGroup to \"storage\" to join it",
+            "spec.ipam.subnets[0].cidr: 10.20.0.0/24 overlaps 10.20.0.0/24 of network \"storage-a\" on overlapping devices and the same VLAN (VLAN 200)",
+        ]
     );
 }

@@ -158,6 +158,7 @@ fn older_network_wins_a_conflict() {
         plan(&b, &all),
         Plan::Invalid(
             "spec.vlan: VLAN 100 is already used by network \"net-a\" on overlapping devices; \
+             to share it on purpose, both Networks must set the same spec.vlanShareGroup; \
              spec.ipam.subnets[0].cidr: 192.0.2.128/25 overlaps 192.0.2.0/24 of network \"net-a\" \
              on overlapping devices and the same VLAN (VLAN 100)"
                 .into()
@@ -176,6 +177,41 @@ fn older_network_wins_a_conflict() {
         plan(&b, &[deleting, b.clone()]),
         Plan::Generate(_)
     ));
+}
+
+#[test]
+fn networks_sharing_a_vlan_on_purpose_are_both_generated() {
+    let shared = |name: &str, created: i64, cidr: &str, group: &str| {
+        let mut n = network(name, created, 100, cidr);
+        n.spec.vlan_share_group = Some(group.into());
+        n
+    };
+    let a = shared("net-a", 0, "192.0.2.0/25", "storage");
+    let b = shared("net-b", 5, "192.0.2.128/25", "storage");
+    let all = [a.clone(), b.clone()];
+    assert!(matches!(plan(&a, &all), Plan::Generate(_)));
+    assert!(matches!(plan(&b, &all), Plan::Generate(_)));
+    // The group does not reach the template: the driver keys a shared VLAN by (parent, id).
+    let (Plan::Generate(with_group), Plan::Generate(without)) = (
+        plan(&b, &all),
+        plan(&network("net-b", 5, 100, "192.0.2.128/25"), &[]),
+    ) else {
+        panic!("both valid");
+    };
+    assert_eq!(with_group, without);
+    // Another group on the newer one: only it is refused, with the reason in its message.
+    let c = shared("net-c", 9, "198.51.100.0/24", "backup");
+    assert_eq!(
+        plan(&c, &[a, b, c.clone()]),
+        Plan::Invalid(
+            "spec.vlanShareGroup: \"backup\" differs from group \"storage\" of network \"net-a\", \
+             which uses VLAN 100 on overlapping devices; Networks share a VLAN only with the same \
+             group; spec.vlanShareGroup: \"backup\" differs from group \"storage\" of network \
+             \"net-b\", which uses VLAN 100 on overlapping devices; Networks share a VLAN only with \
+             the same group"
+                .into()
+        )
+    );
 }
 
 #[test]

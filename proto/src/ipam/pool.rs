@@ -277,6 +277,52 @@ impl Pool {
         self.index_of(ip).is_some()
     }
 
+    /// The addresses both pools may hand out: the first of them and how many there are, or
+    /// `None` when no address is usable in both. Two Networks that split one subnet of a shared
+    /// segment record their allocations under names of their own (`allocation_name` includes
+    /// the network), so only disjoint pools keep them from giving one address to two pods.
+    /// Interval arithmetic over the holes, so a /64 costs what a /30 does.
+    pub fn common(&self, other: &Pool) -> Option<(IpAddr, u128)> {
+        if self.subnet.is_ipv4() != other.subnet.is_ipv4() {
+            return None;
+        }
+        let (mine, theirs) = (self.ranges(), other.ranges());
+        let (mut i, mut j) = (0, 0);
+        let mut first = None;
+        let mut count = 0u128;
+        while let (Some(&(a_lo, a_hi)), Some(&(b_lo, b_hi))) = (mine.get(i), theirs.get(j)) {
+            let (lo, hi) = (a_lo.max(b_lo), a_hi.min(b_hi));
+            if lo <= hi {
+                first.get_or_insert(lo);
+                count += hi - lo + 1;
+            }
+            if a_hi < b_hi {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        first.map(|lo| (to_ip(self.subnet.addr, lo), count))
+    }
+
+    /// The usable addresses as disjoint inclusive ranges of integers, in address order.
+    fn ranges(&self) -> Vec<(u128, u128)> {
+        let mut ranges = Vec::with_capacity(self.holes.len() + 1);
+        let mut next = self.first;
+        for hole in &self.holes {
+            if hole.lo > next {
+                ranges.push((self.base + next, self.base + hole.lo - 1));
+            }
+            // Holes end at or before `last`, an offset inside a subnet that is never `/0`, so
+            // this cannot overflow.
+            next = hole.hi + 1;
+        }
+        if next <= self.last {
+            ranges.push((self.base + next, self.base + self.last));
+        }
+        ranges
+    }
+
     /// The exhaustion error for this pool, so every caller reports it with the same numbers
     /// and wording.
     pub fn exhausted(&self, network: &str, in_use: u128) -> Error {

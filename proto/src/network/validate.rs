@@ -9,6 +9,7 @@ use crate::netconfig::{
 };
 
 use super::devices::{self, DeviceSet};
+use super::share;
 use super::{MAX_INTERFACES_PER_POD, NetworkSpec, StableBy, Subnet, template_config};
 use crate::ipam::{Exclusion, Pool, check_exclusion, check_gateway, check_subnet, family};
 
@@ -33,6 +34,7 @@ pub(super) fn exhaustion_selectors(spec: &NetworkSpec) -> usize {
 ///   [`devices::lint_cel`] (full CEL compilation happens in the apiserver when the template is
 ///   applied); friendly fields well-formed (`vendor` an id or a name of at most 64 bytes,
 ///   `pfName` an interface name and only without `kind: nic`, `minSpeed` at least 1);
+/// * `spec.vlanShareGroup` a DNS label, and only with `spec.vlan`;
 /// * `spec.interfacesPerPod` in 1..=32, and no fixed `interfaceName` with more than one;
 /// * `spec.mtu` at least 1280 when a subnet is IPv6;
 /// * `spec.ipam`: `subnets` or `static`; each subnet a network-form CIDR that
@@ -50,6 +52,7 @@ pub(super) fn exhaustion_selectors(spec: &NetworkSpec) -> usize {
 pub fn validate_network(name: &str, spec: &NetworkSpec) -> Result<(), ConfigErrors> {
     let mut v = Validator::default();
     v.name_and_template(name, spec);
+    share::check_field(spec, &mut v.errors);
     devices::check(&spec.devices, exhaustion_selectors(spec), &mut v.errors);
     v.interfaces(spec);
     let subnets = v.ipam(spec);
@@ -85,11 +88,15 @@ fn section(path: &str) -> usize {
 
 /// Checks a Network against every other Network and returns the conflicts, with paths into
 /// this Network's spec:
-/// * the same VLAN id on devices both may use (`spec.vlan`): two Networks would claim one
-///   layer-2 segment with two address plans;
+/// * the same VLAN id on devices both may use (`spec.vlan`, `spec.vlanShareGroup`), unless both
+///   name the same `vlanShareGroup`: an id picked twice by accident would join two networks'
+///   broadcast domains;
 /// * overlapping subnets on devices both may use with the same VLAN, or both untagged
 ///   (`spec.ipam.subnets[i].cidr`): two allocators would hand out the same addresses on one
-///   segment.
+///   segment;
+/// * for Networks sharing a VLAN on purpose, what one segment needs (see `share`): one MTU,
+///   subnets disjoint or identical, and an identical subnet split so that no address is
+///   allocatable by both and neither's gateway by the other.
 ///
 /// "Devices both may use" is decided conservatively, in the sense that a rejection is always
 /// backed by a reason that can be shown: two friendly forms (or a built-in knic DeviceClass
@@ -126,13 +133,17 @@ pub fn validate_against(
         if !mine.may_share(&theirs) || spec.vlan != other.vlan {
             continue;
         }
-        if let Some(vlan) = spec.vlan {
-            errors.push(FieldError::new(
-                "spec.vlan",
-                format!(
-                    "VLAN {vlan} is already used by network {other_name:?} on overlapping devices"
-                ),
-            ));
+        if let Some(vlan) = spec.vlan
+            && let Some(group) = share::group(vlan, spec, other_name, other, &mut errors)
+        {
+            share::check_shared(
+                vlan,
+                group,
+                (spec, &my_subnets),
+                (other_name, other, &parsed_subnets(other)),
+                &mut errors,
+            );
+            continue;
         }
         let segment = match spec.vlan {
             Some(vlan) => format!("VLAN {vlan}"),
@@ -169,7 +180,7 @@ fn parsed_subnets(spec: &NetworkSpec) -> Vec<(usize, Cidr)> {
 }
 
 /// Two CIDRs overlap exactly when one contains the other's network address.
-fn overlaps(a: Cidr, b: Cidr) -> bool {
+pub(super) fn overlaps(a: Cidr, b: Cidr) -> bool {
     a.contains(b.network().addr) || b.contains(a.network().addr)
 }
 

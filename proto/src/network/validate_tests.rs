@@ -643,7 +643,9 @@ fn network_against_duplicate_vlan() {
     let red = net(json!({ "kind": "vf" }), Some(100), "198.51.100.0/24");
     assert_eq!(
         against(&mine, &[("red", red)]),
-        vec!["spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices"]
+        vec![
+            "spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup"
+        ]
     );
 }
 
@@ -666,7 +668,7 @@ fn network_against_same_vlan_and_overlapping_subnets() {
     assert_eq!(
         against(&mine, &[("red", red)]),
         vec![
-            "spec.vlan: VLAN 7 is already used by network \"red\" on overlapping devices",
+            "spec.vlan: VLAN 7 is already used by network \"red\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup",
             "spec.ipam.subnets[0].cidr: 2001:db8::/64 overlaps 2001:db8::/48 of network \"red\" on overlapping devices and the same VLAN (VLAN 7)",
         ]
     );
@@ -807,7 +809,9 @@ fn network_against_devices_that_may_share() {
     for (what, other) in conflicting {
         assert_eq!(
             against(&mine, &[("red", other)]),
-            vec!["spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices"],
+            vec![
+                "spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup"
+            ],
             "{what}"
         );
     }
@@ -828,7 +832,7 @@ fn network_against_raw_selectors() {
         "192.0.2.0/24",
     );
     let conflict = vec![
-        "spec.vlan: VLAN 5 is already used by network \"red\" on overlapping devices".to_owned(),
+        "spec.vlan: VLAN 5 is already used by network \"red\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup".to_owned(),
     ];
     assert_eq!(
         against(&mine, &[("red", class(json!(["b == 2", "a == 1"])))]),
@@ -887,9 +891,9 @@ fn network_against_is_sorted_and_skips_invalid_others() {
             ]
         ),
         vec![
-            "spec.vlan: VLAN 9 is already used by network \"alpha\" on overlapping devices",
-            "spec.vlan: VLAN 9 is already used by network \"bad-subnet\" on overlapping devices",
-            "spec.vlan: VLAN 9 is already used by network \"zeta\" on overlapping devices",
+            "spec.vlan: VLAN 9 is already used by network \"alpha\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup",
+            "spec.vlan: VLAN 9 is already used by network \"bad-subnet\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup",
+            "spec.vlan: VLAN 9 is already used by network \"zeta\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup",
         ]
     );
     // An invalid Network itself yields no cross-network findings (its own validation speaks).
