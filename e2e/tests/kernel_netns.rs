@@ -442,6 +442,115 @@ async fn child_into_pod(k: &Rtnl, child: ChildKind) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Two pods on VLAN 300 of one shared port, through the pod layer the NRI hooks run: one host
+/// VLAN (`knv….300`) made by the first attach, each pod's macvlan on top of it, traffic from one
+/// pod to the other over it, the VLAN kept while the second pod still uses it and deleted by
+/// the last pod out; the port itself never leaves the host.
+async fn two_pods_share_a_host_vlan(_k: &Rtnl) -> anyhow::Result<()> {
+    use std::sync::Arc;
+
+    use knic_driver::claims::ClaimStore;
+    use knic_driver::claims::checkpoint::{Attachment, CheckpointStore, PreparedClaim};
+    use knic_driver::netns::Uplink;
+    use knic_driver::nri::{NriHandler, PodSandbox};
+    use knic_driver::pods::{LogStatus, PodNetworks};
+
+    let parent = "knt-sv0";
+    let _links = Links(vec![parent]);
+    ip(&[
+        "link", "add", parent, "type", "veth", "peer", "name", "knt-sv1",
+    ])?;
+    // Both ends up: the port has carrier, as a cabled NIC does, so its VLAN and the pods'
+    // macvlans on it do too.
+    ip(&["link", "set", "knt-sv1", "up"])?;
+    ip(&["link", "set", parent, "up"])?;
+    let pods = [Netns::new("knt-pod-sva")?, Netns::new("knt-pod-svb")?];
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(ClaimStore::open(CheckpointStore::new(dir.path())));
+    let uplink = Uplink::new(parent, 300);
+    {
+        let mut locked = store.lock().await;
+        let mut next = locked.checkpoint()?.clone();
+        for (i, pod) in pods.iter().enumerate() {
+            let mut p = plan(
+                parent,
+                AttachMode::Child {
+                    child: ChildKind::Macvlan("bridge".into()),
+                    uplink: Some(uplink.clone()),
+                },
+            );
+            p.device = format!("{parent}-s{i}");
+            p.mac = Some([0x02, 0, 0, 0, 0x4c, i as u8]);
+            p.addresses = vec![cidr(&format!("192.0.2.{}/24", 10 + i))];
+            p.routes.clear();
+            let claim = PreparedClaim {
+                namespace: "ns".into(),
+                name: format!("c{i}"),
+                uid: format!("claim-{i}"),
+                pod_uid: format!("pod-{i}"),
+                pod_name: pod.0.clone(),
+                devices: vec![],
+                configs: vec![],
+                prepared_at: 0,
+                attachments: vec![Attachment::planned(p)],
+                allocations: vec![],
+                functions: vec![],
+            };
+            next.claims.insert(claim.uid.clone(), claim);
+        }
+        locked.save(next, true).await?;
+    }
+    let hooks = PodNetworks::new(Rtnl::new(None), store, Arc::new(LogStatus));
+    let sandbox = |i: usize| PodSandbox {
+        id: format!("sandbox-{i}"),
+        name: pods[i].0.clone(),
+        uid: format!("pod-{i}"),
+        namespace: "ns".into(),
+        netns: Some(pods[i].path()),
+        ips: vec![],
+    };
+    let k = Rtnl::new(None);
+    let vlan_on_host = || async {
+        anyhow::Ok(
+            host_link(&k, &uplink.name)
+                .await?
+                .is_some_and(|l| l.kind.as_deref() == Some("vlan") && l.up),
+        )
+    };
+    hooks.run_pod_sandbox(sandbox(0)).await?;
+    ensure!(vlan_on_host().await?, "the first pod makes the host VLAN");
+    hooks.run_pod_sandbox(sandbox(1)).await?;
+    for pod in &pods {
+        let child = k
+            .open(&Ns::Pod(pod.path()))
+            .await?
+            .context("pod")?
+            .link("net1")
+            .await?
+            .context("no child in the pod")?;
+        ensure!(
+            child.kind.as_deref() == Some("macvlan") && child.up,
+            "{child:?}"
+        );
+    }
+    udp_echo(&pods[0].path(), &pods[1].path(), "192.0.2.11")?;
+    hooks.stop_pod_sandbox(sandbox(0)).await?;
+    ensure!(vlan_on_host().await?, "the second pod still uses it");
+    ensure!(
+        k.open(&Ns::Pod(pods[1].path()))
+            .await?
+            .context("pod")?
+            .link("net1")
+            .await?
+            .is_some(),
+        "the second pod's child survived the first pod's detach"
+    );
+    hooks.stop_pod_sandbox(sandbox(1)).await?;
+    ensure!(!vlan_on_host().await?, "the last pod out deletes it");
+    ensure!(host_link(&k, parent).await?.is_some(), "the port stays");
+    Ok(())
+}
+
 /// The real kernel takes the VF-table query (`RTEXT_FILTER_VF`) for any link and answers
 /// without a table when there are no VFs, and refuses a VF change on a device without SR-IOV
 /// with EOPNOTSUPP, which must reach the operator with what was being set.
@@ -525,6 +634,7 @@ fn main() {
     let no_vlan = (!kernel_has_8021q()).then(|| "kernel has no 8021q".to_string());
     if let (Some(reason), false) = (&no_vlan, in_vm) {
         eprintln!("skipped: kernel/vlan_child_into_pod: {reason}");
+        eprintln!("skipped: kernel/two_pods_share_a_host_vlan: {reason}");
     }
     let no_ipvlan = (!std::path::Path::new("/sys/module/ipvlan").exists())
         .then(|| "kernel has no ipvlan".to_string());
@@ -586,7 +696,13 @@ fn main() {
         (
             "kernel/vlan_child_into_pod",
             |k| Box::pin(vlan_child(k)),
-            unisolated.clone().or(no_vlan),
+            unisolated.clone().or(no_vlan.clone()),
+            false,
+        ),
+        (
+            "kernel/two_pods_share_a_host_vlan",
+            |k| Box::pin(two_pods_share_a_host_vlan(k)),
+            unisolated.clone().or(no_vlan.clone()),
             false,
         ),
         (
