@@ -54,6 +54,65 @@ pub fn refusal(resource: &str, obj: &Value) -> Option<String> {
     ))
 }
 
+/// The refusal of a claim status write whose `status.devices` name a device that is not
+/// allocated to the claim, or one device twice, as `validateDeviceStatus` words it. A share of
+/// a device (consumable capacity) is its own allocated device: `(driver, pool, device,
+/// shareID)`, printed `driver/pool/device/shareID` (`structured.SharedDeviceID`), so an entry
+/// without the allocation's shareID is refused; that is what lets shared devices be reported at
+/// all.
+pub fn claim_status_refusal(obj: &Value) -> Option<String> {
+    let id = |v: &Value| {
+        let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default();
+        let mut id = format!("{}/{}/{}", text("driver"), text("pool"), text("device"));
+        if let Some(share) = v.get("shareID").and_then(Value::as_str) {
+            id = format!("{id}/{share}");
+        }
+        id
+    };
+    let allocated: std::collections::BTreeSet<String> = obj
+        .pointer("/status/allocation/devices/results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(id)
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut problems = Vec::new();
+    for (i, entry) in obj
+        .pointer("/status/devices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let device = id(entry);
+        if !allocated.contains(&device) {
+            problems.push(format!(
+                "status.devices[{i}]: Invalid value: {device}: must be an allocated device in \
+                 the claim"
+            ));
+        }
+        if !seen.insert(device.clone()) {
+            problems.push(format!("status.devices[{i}]: Duplicate value: {device}"));
+        }
+    }
+    if problems.is_empty() {
+        return None;
+    }
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let detail = if problems.len() == 1 {
+        problems[0].clone()
+    } else {
+        format!("[{}]", problems.join(", "))
+    };
+    Some(format!(
+        "ResourceClaim.resource.k8s.io \"{name}\" is invalid: {detail}"
+    ))
+}
+
 /// Every selector list of a claim spec at `prefix`: each request's `exactly.selectors` and
 /// each `firstAvailable[k].selectors`.
 fn request_selectors<'a>(obj: &'a Value, prefix: &str) -> Vec<(String, Option<&'a Value>)> {
@@ -90,7 +149,42 @@ fn request_selectors<'a>(obj: &'a Value, prefix: &str) -> Vec<(String, Option<&'
 mod tests {
     use serde_json::json;
 
-    use super::refusal;
+    use super::{claim_status_refusal, refusal};
+
+    #[test]
+    fn a_status_entry_must_name_an_allocated_device_and_its_share() {
+        let claim = |entries: serde_json::Value| {
+            json!({"metadata": {"name": "c"}, "status": {
+                "allocation": {"devices": {"results": [
+                    {"request": "a", "driver": "knic.dev", "pool": "n", "device": "eth1"},
+                    {"request": "b", "driver": "knic.dev", "pool": "n", "device": "ens1f0",
+                     "shareID": "7c0e3f0a-1b2c-4d5e-8f90-a1b2c3d4e5f6"}]}},
+                "devices": entries}})
+        };
+        let ok = claim(json!([
+            {"driver": "knic.dev", "pool": "n", "device": "eth1"},
+            {"driver": "knic.dev", "pool": "n", "device": "ens1f0",
+             "shareID": "7c0e3f0a-1b2c-4d5e-8f90-a1b2c3d4e5f6"}]));
+        assert_eq!(claim_status_refusal(&ok), None);
+        let unshared = claim(json!([{"driver": "knic.dev", "pool": "n", "device": "ens1f0"}]));
+        assert_eq!(
+            claim_status_refusal(&unshared).as_deref(),
+            Some(
+                "ResourceClaim.resource.k8s.io \"c\" is invalid: status.devices[0]: Invalid \
+                 value: knic.dev/n/ens1f0: must be an allocated device in the claim"
+            )
+        );
+        let twice = claim(json!([
+            {"driver": "knic.dev", "pool": "n", "device": "eth1"},
+            {"driver": "knic.dev", "pool": "n", "device": "eth1"}]));
+        assert_eq!(
+            claim_status_refusal(&twice).as_deref(),
+            Some(
+                "ResourceClaim.resource.k8s.io \"c\" is invalid: status.devices[1]: Duplicate \
+                 value: knic.dev/n/eth1"
+            )
+        );
+    }
 
     const REFUSED: &str =
         r#"!device.attributes["knic.dev"].?exhaustedNetworks.orValue("").contains(",ab12cd34,")"#;

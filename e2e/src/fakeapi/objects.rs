@@ -89,6 +89,13 @@ pub(super) fn commit(
         *obj = before.clone();
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
     }
+    if target.resource == "resourceclaims"
+        && target.subresource.as_deref() == Some("status")
+        && let Some(message) = crate::admission::claim_status_refusal(obj)
+    {
+        *obj = before.clone();
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+    }
     let body = |v: &Value| {
         let mut v = v.clone();
         if let Some(m) = v.as_object_mut() {
