@@ -10,7 +10,10 @@ use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
 use crate::claims::ipam::Addressing;
 use crate::netns::{AttachMode, AttachPlan, DeviceIdentity};
 
+mod bandwidth;
 mod vf;
+
+pub use bandwidth::resolve_bandwidth;
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
 /// family would silently never work.
@@ -103,6 +106,15 @@ pub fn plans(
             },
             None => None,
         };
+        // The allocation's consumed capacity is not passed yet (None): shared parents with
+        // consumable `bandwidth` capacity pass `consumedCapacity.bandwidth` here.
+        let bandwidth = match resolve_bandwidth(&device.request, valid.bandwidth.as_ref(), None) {
+            Ok(b) => b,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
         if let Some(name) = &valid.interface_name
             && !used.insert(name.clone())
         {
@@ -112,9 +124,9 @@ pub fn plans(
             });
             continue;
         }
-        wanted.push((device, valid, host_ifname, vf));
+        wanted.push((device, valid, host_ifname, vf, bandwidth));
     }
-    for (device, valid, host_ifname, vf) in wanted {
+    for (device, valid, host_ifname, vf, bandwidth) in wanted {
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
             None => {
@@ -150,6 +162,7 @@ pub fn plans(
             sysctls: valid.sysctls,
             identity: identity(device),
             vf,
+            bandwidth,
         });
     }
     if errors.is_empty() {
