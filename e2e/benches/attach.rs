@@ -152,6 +152,7 @@ fn knic_plan() -> AttachPlan {
         sysctls: BTreeMap::new(),
         identity: None,
         vf: None,
+        bandwidth: None,
     }
 }
 

@@ -104,6 +104,8 @@ fn netconfig_corpus() -> Vec<Value> {
         json!({ "apiVersion": API_VERSION, "kind": KIND, "deviceMode": "vfio-pci" }),
         json!({ "apiVersion": API_VERSION, "kind": KIND, "macvlan": { "mode": "bridge" } }),
         json!({ "apiVersion": API_VERSION, "kind": KIND, "ipvlan": { "mode": "l3s" } }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "macvlan": {},
+                "bandwidth": { "egress": "1.5G", "burst": "256Ki" } }),
     ]
 }
 
@@ -130,6 +132,9 @@ const NETCONFIG_KEYS: &[&str] = &[
     "macvlan",
     "ipvlan",
     "mode",
+    "bandwidth",
+    "egress",
+    "burst",
 ];
 
 /// Layers as a claim carries them: class entries then claim entries, each parsed with its own
@@ -768,6 +773,11 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         sysctls: BTreeMap::from([("ipv4.rp_filter".to_owned(), "0".to_owned())]),
         identity: None,
         vf: None,
+        // Shared devices carry an egress limit (their consumed bandwidth capacity).
+        bandwidth: (device == "shared").then_some(netconfig::Bandwidth {
+            egress: 2_000_000_000,
+            burst: Some(262_144),
+        }),
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
         namespace: "default".into(),

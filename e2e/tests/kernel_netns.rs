@@ -22,6 +22,11 @@ use knic_e2e::harness::{Netns, in_netns, ip, isolate, kernel_trial, udp_echo};
 use knic_proto::netconfig::{ChildKind, Cidr, Route};
 use libtest_mimic::Failed;
 
+// Egress limits (issue 13), in a file of their own.
+#[path = "kernel_netns/bandwidth.rs"]
+mod bandwidth;
+use bandwidth::{egress_limit_on_a_macvlan_child, egress_limit_on_a_moved_veth, has_tc};
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -59,6 +64,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         sysctls,
         identity: None,
         vf: None,
+        bandwidth: None,
     }
 }
 
@@ -641,6 +647,10 @@ fn main() {
     if let (Some(reason), false) = (&no_ipvlan, in_vm) {
         eprintln!("skipped: kernel/ipvlan_child_into_pod: {reason}");
     }
+    let no_tbf = (!has_tc()).then(|| "no tc (iproute2) to read qdiscs back".to_string());
+    if let (Some(reason), false) = (&no_tbf, in_vm) {
+        eprintln!("skipped: kernel/egress_limit_*: {reason}");
+    }
     let sriov = sriov_pf().is_some();
     if !sriov {
         eprintln!(
@@ -715,6 +725,18 @@ fn main() {
             "kernel/ipvlan_child_into_pod",
             |k| Box::pin(child_into_pod(k, ChildKind::Ipvlan("l2".into()))),
             unisolated.clone().or(no_ipvlan),
+            false,
+        ),
+        (
+            "kernel/egress_limit_on_a_macvlan_child",
+            |k| Box::pin(egress_limit_on_a_macvlan_child(k)),
+            unisolated.clone().or(no_tbf.clone()),
+            false,
+        ),
+        (
+            "kernel/egress_limit_on_a_moved_veth",
+            |k| Box::pin(egress_limit_on_a_moved_veth(k)),
+            unisolated.clone().or(no_tbf),
             false,
         ),
         (

@@ -69,5 +69,6 @@ pub mod ipam;
 pub mod names;
 pub mod netconfig;
 pub mod network;
+pub mod quantity;
 
 pub use error::{Error, Result};

@@ -10,8 +10,11 @@ use crate::claims::checkpoint::{PreparedClaim, PreparedDevice};
 use crate::claims::ipam::Addressing;
 use crate::netns::{AttachPlan, DeviceIdentity};
 
+mod bandwidth;
 pub mod shared;
 mod vf;
+
+pub use bandwidth::resolve_bandwidth;
 
 /// RFC 8200: the kernel disables IPv6 on a link below this MTU, so an IPAM address of that
 /// family would silently never work.
@@ -112,6 +115,15 @@ pub fn plans(
             },
             None => None,
         };
+        // The allocation's consumed capacity is not passed yet (None): shared parents with
+        // consumable `bandwidth` capacity pass `consumedCapacity.bandwidth` here.
+        let bandwidth = match resolve_bandwidth(&device.request, valid.bandwidth.as_ref(), None) {
+            Ok(b) => b,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
         if let Some(name) = &valid.interface_name
             && !used.insert(name.clone())
         {
@@ -121,9 +133,9 @@ pub fn plans(
             });
             continue;
         }
-        wanted.push((device, valid, host_ifname, vf, is_shared));
+        wanted.push((device, valid, host_ifname, vf, bandwidth, is_shared));
     }
-    for (device, valid, host_ifname, vf, is_shared) in wanted {
+    for (device, valid, host_ifname, vf, bandwidth, is_shared) in wanted {
         let mode = shared::mode(&valid, is_shared, &host_ifname);
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
@@ -154,6 +166,7 @@ pub fn plans(
             sysctls: valid.sysctls,
             identity: identity(device),
             vf,
+            bandwidth,
         });
     }
     if errors.is_empty() {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use knic_proto::netconfig::{ChildKind, Cidr, Route};
 
 use super::vf::{VfState, describe as describe_vf};
-use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, NewChild, Ns, Session};
+use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, NewChild, Ns, Session, Tbf};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -24,6 +24,9 @@ struct State {
     vfs: BTreeMap<(String, u32), VfState>,
     /// PFs whose driver cannot set trust (no `ndo_set_vf_trust`).
     no_trust: Vec<String>,
+    /// Root TBFs by (namespace, link name); the kernel drops them when a link changes
+    /// namespace or dies.
+    qdiscs: BTreeMap<(Ns, String), Tbf>,
     log: Vec<String>,
     fail: Vec<(String, String)>,
     next_index: u32,
@@ -55,6 +58,7 @@ pub(crate) fn plan(
         sysctls: BTreeMap::new(),
         identity: None,
         vf: None,
+        bandwidth: None,
     }
 }
 
@@ -151,6 +155,7 @@ impl FakeKernel {
         let mut s = self.lock();
         let links = s.links.remove(ns).unwrap_or_default();
         s.routes.remove(ns);
+        s.qdiscs.retain(|(n, _), _| n != ns);
         for mut link in links.into_iter().filter(|l| l.kind.is_none()) {
             let host = s.links.entry(Ns::Host).or_default();
             if host.iter().any(|h| h.name == link.name) {
@@ -196,6 +201,14 @@ impl FakeKernel {
     /// VF `index` of `pf` as the PF holds it now.
     pub fn vf(&self, pf: &str, index: u32) -> Option<VfState> {
         self.lock().vfs.get(&(pf.to_owned(), index)).cloned()
+    }
+
+    /// The root TBF of `ifname` in `ns`, if it has one.
+    pub fn egress_limit(&self, ns: &Ns, ifname: &str) -> Option<Tbf> {
+        self.lock()
+            .qdiscs
+            .get(&(ns.clone(), ifname.to_owned()))
+            .copied()
     }
 
     /// A sysctl value set through the fake.
@@ -340,6 +353,8 @@ impl Session for FakeSession {
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
         }
+        // The kernel shuts a device's qdiscs down when it changes namespace.
+        s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
         Ok(())
     }
@@ -360,6 +375,12 @@ impl Session for FakeSession {
         match find(&mut s, &ns, name) {
             Some(link) => {
                 apply(link, change);
+                // A qdisc belongs to the device, whatever it is called.
+                if let Some(new) = &change.name
+                    && let Some(tbf) = s.qdiscs.remove(&(ns.clone(), name.to_owned()))
+                {
+                    s.qdiscs.insert((ns, new.clone()), tbf);
+                }
                 Ok(())
             }
             None => {
@@ -534,10 +555,38 @@ impl Session for FakeSession {
         Ok(())
     }
 
+    async fn set_egress_limit(&mut self, name: &str, tbf: &Tbf) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!(
+            "qdisc replace dev {name} root tbf rate {}bit burst {}b limit {}b",
+            tbf.rate.saturating_mul(8),
+            tbf.burst,
+            tbf.limit
+        ))?;
+        if find(&mut s, &ns, name).is_none() {
+            drop(s);
+            return Err(self.missing(name));
+        }
+        s.qdiscs.insert((ns, name.to_owned()), *tbf);
+        Ok(())
+    }
+
+    async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("qdisc del dev {name} root tbf"))?;
+        if find(&mut s, &ns, name).is_none() {
+            drop(s);
+            return Err(self.missing(name));
+        }
+        s.qdiscs.remove(&(ns, name.to_owned()));
+        Ok(())
+    }
+
     async fn del_link(&mut self, name: &str) -> Result<()> {
         let mut s = self.record(format!("link del {name}"))?;
         let mut doomed = vec![(self.ns.clone(), name.to_owned())];
         while let Some((ns, name)) = doomed.pop() {
+            s.qdiscs.remove(&(ns.clone(), name.clone()));
             if let Some(links) = s.links.get_mut(&ns) {
                 links.retain(|l| l.name != name);
             }

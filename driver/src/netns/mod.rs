@@ -13,6 +13,7 @@ pub mod child;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
+pub mod tbf;
 pub mod uplink;
 pub mod vf;
 
@@ -20,10 +21,11 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use knic_proto::netconfig::{ChildKind, Cidr, Route};
+use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use tbf::Tbf;
 pub use uplink::Uplink;
 pub use vf::{VfPlan, VfState};
 
@@ -201,6 +203,15 @@ pub trait Session: Send {
     ) -> impl Future<Output = Result<()>> + Send;
     /// Deletes a link.
     fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Makes `tbf` the root qdisc of `name`, creating it or changing knic's own in place (a
+    /// repeated call is a no-op).
+    fn set_egress_limit(
+        &mut self,
+        name: &str,
+        tbf: &Tbf,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Removes a TBF root qdisc from `name`; nothing to remove is success.
+    fn clear_egress_limit(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
     /// VF `index` of the PF `pf` as the PF reports it (its `IFLA_VFINFO_LIST` entry); `None`
     /// when the PF has no such VF.
     fn vf_state(
@@ -327,6 +338,11 @@ pub struct AttachPlan {
     /// without any (and in checkpoints written before knic had them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<VfPlan>,
+    /// Egress limit of the pod's interface, from the config's `bandwidth` or the allocation's
+    /// consumed `bandwidth` capacity; `None` for no limit (and in checkpoints written before
+    /// knic had limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<Bandwidth>,
 }
 
 impl AttachPlan {
@@ -447,7 +463,7 @@ pub async fn attach<K: Kernel>(
             }
         };
         if ours && resume {
-            configure_in_pod(plan, &mut pod).await?;
+            configure_in_pod(plan, netns, &mut pod).await?;
             return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
                 Error::kernel(
                     netns,
@@ -545,18 +561,38 @@ async fn attach_steps<K: Kernel>(
             }
         }
     }
-    configure_in_pod(plan, pod).await
+    configure_in_pod(plan, netns, pod).await
 }
 
 /// Inside the pod: sysctls first (arp/ra settings must hold before the link is up), then
-/// addresses, then up, then routes (a route needs its link up). Each step accepts what is
-/// already in place, so it can be repeated after a crash.
-async fn configure_in_pod<S: Session>(plan: &AttachPlan, pod: &mut S) -> Result<()> {
+/// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
+/// route needs its link up). Each step accepts what is already in place, so it can be
+/// repeated after a crash.
+async fn configure_in_pod<S: Session>(plan: &AttachPlan, netns: &Ns, pod: &mut S) -> Result<()> {
     if !plan.sysctls.is_empty() {
         pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
     }
     for address in &plan.addresses {
         pod.add_address(&plan.pod_ifname, *address).await?;
+    }
+    if let Some(bandwidth) = &plan.bandwidth {
+        let mtu = match plan.mtu {
+            Some(mtu) => mtu,
+            None => {
+                pod.link(&plan.pod_ifname)
+                    .await?
+                    .ok_or_else(|| {
+                        Error::kernel(
+                            netns,
+                            format!("limiting the egress of {}", plan.pod_ifname),
+                            "the interface vanished from the pod",
+                        )
+                    })?
+                    .mtu
+            }
+        };
+        let tbf = Tbf::for_link(bandwidth, mtu, netns, &plan.pod_ifname)?;
+        pod.set_egress_limit(&plan.pod_ifname, &tbf).await?;
     }
     pod.set_link(
         &plan.pod_ifname,
@@ -679,6 +715,13 @@ async fn detach_device<K: Kernel>(
         && let Some(link) = pod.link(&plan.pod_ifname).await?
         && is_same_device(&link, plan, restore)
     {
+        // The host gets its device without knic's limit. Not fatal: the kernel drops a
+        // device's qdiscs when it changes namespace anyway.
+        if plan.bandwidth.is_some()
+            && let Err(e) = pod.clear_egress_limit(&plan.pod_ifname).await
+        {
+            tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
+        }
         pod.set_link(
             &plan.pod_ifname,
             &LinkChange {

@@ -19,6 +19,7 @@ use netlink_packet_route::route::RouteScope;
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
+use super::tbf::{self, Tbf};
 use super::vf::{self, VfState};
 use super::{Kernel, LinkChange, LinkState, NewChild, Ns, Session};
 use crate::error::{Error, Result};
@@ -187,6 +188,9 @@ fn is_exists(e: &rtnetlink::Error) -> bool {
 const fn libc_eexist() -> i32 {
     17
 }
+
+/// `ENOENT`: the kernel's answer to an unknown qdisc kind, and to deleting a default qdisc.
+const ENOENT: i32 = 2;
 
 impl RtnlSession {
     async fn find(&self, name: &str) -> Result<Option<LinkMessage>> {
@@ -532,6 +536,41 @@ impl Session for RtnlSession {
         self.exchange(vf::set_message(pf_index, index, state), &context)
             .await
             .map(drop)
+    }
+
+    async fn set_egress_limit(&mut self, name: &str, limit: &Tbf) -> Result<()> {
+        let index = self.index(name).await?;
+        let context = format!(
+            "limiting the egress of {name} to {} bit/s (tbf burst {} bytes, limit {} bytes)",
+            limit.rate.saturating_mul(8),
+            limit.burst,
+            limit.limit
+        );
+        match self
+            .exchange(tbf::replace_message(index, limit), &context)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOENT) => {
+                Err(Error::kernel(
+                    self.describe(),
+                    context,
+                    "the kernel has no tbf qdisc (sch_tbf)",
+                ))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
+        let index = self.index(name).await?;
+        let context = format!("removing the egress limit (tbf) of {name}");
+        match self.exchange(tbf::delete_message(index), &context).await {
+            Ok(_) => Ok(()),
+            // Only the default qdisc is there: nothing of knic's to remove.
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {

@@ -450,6 +450,9 @@ async fn a_device_recorded_before_identities_still_comes_home() {
 // SR-IOV VF settings made through the PF (issue 12), in a file of its own.
 mod vf;
 
+// Egress limits on the pod's interface (issue 13), in a file of its own.
+mod bandwidth;
+
 #[tokio::test]
 async fn macvlan_and_ipvlan_children_are_created_in_the_pod_and_deleted() {
     for (child, kind) in [

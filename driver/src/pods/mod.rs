@@ -48,6 +48,24 @@ pub struct DeviceStatus {
     pub data: Option<serde_json::Value>,
 }
 
+/// The status `data` of an attached device: its PCI function's (address, mode, RDMA devices)
+/// and the egress limit the kernel enforces, `bandwidth: {egress: "<bit/s>"}` (whole bytes
+/// per second, so a rate that is not a multiple of 8 shows rounded down), so a pod's owner
+/// can see the limit that was really set, whether it came from the config or the allocation.
+pub fn attached_data(claim: &PreparedClaim, plan: &netns::AttachPlan) -> Option<serde_json::Value> {
+    let mut data = claim
+        .functions
+        .iter()
+        .find(|f| f.device == plan.device)
+        .map(crate::claims::functions::PciFunction::status_data);
+    if let Some(bandwidth) = &plan.bandwidth {
+        let egress = netns::tbf::enforced_egress(bandwidth).to_string();
+        data.get_or_insert_with(|| serde_json::json!({}))["bandwidth"] =
+            serde_json::json!({ "egress": egress });
+    }
+    data
+}
+
 /// Where claim status goes: the API in production, a recorder in tests.
 pub trait StatusSink: Send + Sync + 'static {
     /// Writes the whole set of this driver's entries for the claim (server-side apply removes
@@ -206,11 +224,7 @@ impl<K: Kernel> PodNetworks<K> {
                             interface_name: Some(a.plan.pod_ifname.clone()),
                             ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
                             hardware_address: link.mac.as_ref().map(netns::mac_text),
-                            data: claim
-                                .functions
-                                .iter()
-                                .find(|f| f.device == a.plan.device)
-                                .map(crate::claims::functions::PciFunction::status_data),
+                            data: attached_data(&claim, &a.plan),
                         });
                     }
                     Err(e) => {

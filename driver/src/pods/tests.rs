@@ -67,6 +67,11 @@ mod hooks {
 
     /// Two host devices prepared for one pod in one claim.
     async fn setup() -> Setup {
+        setup_with(|_| ()).await
+    }
+
+    /// [`setup`], with the two plans changed by `adjust` first.
+    async fn setup_with(adjust: impl FnOnce(&mut [netns::AttachPlan])) -> Setup {
         let kernel = FakeKernel::new();
         for (name, mac) in [("ens1f0v0", 1), ("ens1f0v1", 2)] {
             kernel.add_link(
@@ -90,13 +95,14 @@ mod hooks {
             devices: vec![],
             configs: vec![],
             prepared_at: 0,
-            attachments: [
-                plan("dev-0", "ens1f0v0", "net1", &["192.0.2.10/24"]),
-                plan("dev-1", "ens1f0v1", "net2", &["192.0.2.11/24"]),
-            ]
-            .into_iter()
-            .map(Attachment::planned)
-            .collect(),
+            attachments: {
+                let mut plans = [
+                    plan("dev-0", "ens1f0v0", "net1", &["192.0.2.10/24"]),
+                    plan("dev-1", "ens1f0v1", "net2", &["192.0.2.11/24"]),
+                ];
+                adjust(&mut plans);
+                plans.into_iter().map(Attachment::planned).collect()
+            },
             allocations: vec![],
             functions: vec![],
         };
@@ -185,6 +191,76 @@ mod hooks {
                 .await
                 .iter()
                 .all(|a| a.restore.is_none() && !a.attached)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_claim_status_reports_the_enforced_egress_limit() {
+        let s = setup_with(|plans| {
+            // Not a multiple of 8: the kernel enforces whole bytes, and the status says so.
+            plans[0].bandwidth = Some(knic_proto::netconfig::Bandwidth {
+                egress: 1_000_000_007,
+                burst: None,
+            });
+        })
+        .await;
+        s.pods
+            .run_pod_sandbox(sandbox(Some(netns_path())))
+            .await
+            .expect("attach");
+        assert_eq!(
+            s.kernel.egress_limit(&pod_ns(), "net1").map(|t| t.rate),
+            Some(125_000_000)
+        );
+        assert_eq!(s.kernel.egress_limit(&pod_ns(), "net2"), None);
+        let seen = s.status.wait_for(1).await;
+        let data: Vec<Option<serde_json::Value>> =
+            seen[0].1.iter().map(|d| d.data.clone()).collect();
+        assert_eq!(
+            data,
+            [
+                Some(serde_json::json!({"bandwidth": {"egress": "1000000000"}})),
+                None
+            ]
+        );
+        // As written to the API.
+        let claim = s
+            .claims
+            .claim("claim-uid")
+            .await
+            .expect("store")
+            .expect("claim");
+        let patch = crate::api::status::status_patch(&claim, &seen[0].1, "now");
+        assert_eq!(
+            patch["status"]["devices"][0]["data"],
+            serde_json::json!({"bandwidth": {"egress": "1000000000"}})
+        );
+        assert!(patch["status"]["devices"][1].get("data").is_none());
+    }
+
+    #[test]
+    fn a_pci_functions_data_is_kept_next_to_the_limit() {
+        let claim: PreparedClaim = serde_json::from_value(serde_json::json!({
+            "namespace": "ns", "name": "c", "uid": "u", "podUid": "p", "podName": "pod",
+            "devices": [], "configs": [], "preparedAt": 0,
+            "functions": [{"device": "dev-0", "request": "nic", "pciAddress": "0000:3b:00.2"}],
+        }))
+        .expect("claim");
+        let mut p = plan("dev-0", "ens1f0v0", "net1", &[]);
+        assert_eq!(
+            attached_data(&claim, &p),
+            Some(serde_json::json!({"pciAddress": "0000:3b:00.2", "deviceMode": "netdev"}))
+        );
+        p.bandwidth = Some(knic_proto::netconfig::Bandwidth {
+            egress: 2_000_000_000,
+            burst: Some(65_536),
+        });
+        assert_eq!(
+            attached_data(&claim, &p),
+            Some(
+                serde_json::json!({"pciAddress": "0000:3b:00.2", "deviceMode": "netdev",
+                                    "bandwidth": {"egress": "2000000000"}})
+            )
         );
     }
 

@@ -19,6 +19,7 @@
 //! one contract without pulling `k8s-openapi` into every consumer.
 
 mod addr;
+mod bandwidth;
 mod child;
 mod cidr;
 mod mode;
@@ -38,6 +39,9 @@ use serde::{Deserialize, Serialize};
 pub use addr::{
     SpecialClass, check_address_range, check_interface_address, check_next_hop, check_not_reserved,
     check_route_destination, reserved_ends, reserved_role, special_class,
+};
+pub use bandwidth::{
+    Bandwidth, BandwidthConfig, BandwidthSettings, MAX_BURST, MIN_EGRESS, parse_egress,
 };
 pub use child::{ChildKind, IPVLAN_MODES, IpvlanConfig, MACVLAN_MODES, MacvlanConfig};
 pub(crate) use cidr::parse_ip_expecting;
@@ -164,6 +168,10 @@ pub struct NetworkConfig {
     /// reports a wrong value with the accepted ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_mode: Option<String>,
+    /// Egress rate cap of the pod's interface (`{egress: "2G", burst: "256Ki"}`): rates in
+    /// bit/s, the burst in bytes, as Kubernetes quantities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<BandwidthConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -267,6 +275,10 @@ pub struct ValidConfig {
     /// How the device reaches the pod; omitted when `netdev`, so older checkpoints still load.
     #[serde(default, skip_serializing_if = "DeviceMode::is_netdev")]
     pub device_mode: DeviceMode,
+    /// Egress limit; `None` when the config asks for none (the allocation's consumed
+    /// `bandwidth` capacity may still set one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<BandwidthSettings>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -303,7 +315,7 @@ pub struct Route {
 /// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
-/// * `vf` merges field by field, like `interface`.
+/// * `vf` and `bandwidth` merge field by field, like `interface`.
 ///
 /// The result is not validated; run [`validate`] on it.
 pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
@@ -352,6 +364,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 .vf
                 .get_or_insert_with(VfConfig::default)
                 .merge_from(vf);
+        }
+        if let Some(bandwidth) = &layer.bandwidth {
+            merged
+                .bandwidth
+                .get_or_insert_with(BandwidthConfig::default)
+                .merge_from(bandwidth);
         }
         if layer.device_mode.is_some() {
             merged.device_mode.clone_from(&layer.device_mode);

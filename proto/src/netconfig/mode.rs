@@ -72,8 +72,8 @@ impl fmt::Display for DeviceMode {
 /// The mode a (merged) config asks for, plus one error per setting the mode cannot honour.
 ///
 /// With `vfio-pci` there is no netdev in the pod (nor on the host once bound), so
-/// `interface` (name, MTU, MAC), `addresses`, `ipam`, `routes`, `sysctls` and `vlan` are
-/// refused rather than ignored. An unknown mode is reported and treated as `netdev` so the
+/// `interface` (name, MTU, MAC), `addresses`, `ipam`, `routes`, `sysctls`, `vlan`, the child
+/// kinds and `bandwidth` are refused rather than ignored. An unknown mode is reported and treated as `netdev` so the
 /// other rules still run.
 pub fn check(config: &NetworkConfig) -> (DeviceMode, Vec<FieldError>) {
     let mut errors = Vec::new();
@@ -121,6 +121,7 @@ pub fn check(config: &NetworkConfig) -> (DeviceMode, Vec<FieldError>) {
             (config.vlan.is_some(), "vlan"),
             (config.macvlan.is_some(), "macvlan"),
             (config.ipvlan.is_some(), "ipvlan"),
+            (config.bandwidth.is_some(), "bandwidth"),
         ] {
             if set {
                 errors.push(rule(field));

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::vf::VF_VLAN_RULE;
 use super::{
-    API_VERSION, ConfigErrors, FieldError, InterfaceConfig, IpamConfig, IpvlanConfig, KIND,
-    MacvlanConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
+    API_VERSION, BandwidthConfig, ConfigErrors, FieldError, InterfaceConfig, IpamConfig,
+    IpvlanConfig, KIND, MacvlanConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[
@@ -29,7 +29,9 @@ const CONFIG_FIELDS: &[&str] = &[
     "sysctls",
     "vf",
     "deviceMode",
+    "bandwidth",
 ];
+const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
 const IPAM_FIELDS: &[&str] = &["network"];
@@ -233,6 +235,9 @@ impl Parser {
         if let Some(v) = field(map, "deviceMode") {
             config.device_mode = self.string(v, &child(path, "deviceMode"));
         }
+        if let Some(v) = field(map, "bandwidth") {
+            config.bandwidth = self.bandwidth(v, &child(path, "bandwidth"));
+        }
         config
     }
 
@@ -382,6 +387,37 @@ impl Parser {
             vf.link_state = self.string(v, &child(path, "linkState"));
         }
         Some(vf)
+    }
+
+    /// `{egress, burst}`: quantity strings. A bare number is refused with a hint, because
+    /// YAML turns `egress: 1000000` into one and a quantity is text.
+    fn bandwidth(&mut self, value: &Value, path: &str) -> Option<BandwidthConfig> {
+        let map = self.object(value, path, BANDWIDTH_FIELDS)?;
+        let mut bandwidth = BandwidthConfig::default();
+        let quantity = |parser: &mut Self, name: &str| {
+            let v = field(map, name)?;
+            let path = child(path, name);
+            match v {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(_) => {
+                    parser.error(
+                        path,
+                        format!(
+                            "expected a quantity string like \"2G\", got {} (quote it)",
+                            describe(v)
+                        ),
+                    );
+                    None
+                }
+                other => {
+                    parser.type_error(&path, "a quantity string like \"2G\"", other);
+                    None
+                }
+            }
+        };
+        bandwidth.egress = quantity(self, "egress");
+        bandwidth.burst = quantity(self, "burst");
+        Some(bandwidth)
     }
 
     fn sysctls(&mut self, value: &Value, path: &str) -> Option<BTreeMap<String, String>> {

@@ -390,7 +390,8 @@ fn full_config() -> Value {
             { "destination": "203.0.113.0/24" }
         ],
         "vlan": { "id": 100 },
-        "sysctls": { "ipv4.rp_filter": "2", "ipv4.arp_ignore": "01", "ipv6.accept_ra": "0" }
+        "sysctls": { "ipv4.rp_filter": "2", "ipv4.arp_ignore": "01", "ipv6.accept_ra": "0" },
+        "bandwidth": { "egress": "2G", "burst": "256Ki" }
     })
 }
 
@@ -465,6 +466,10 @@ fn full_config_validates_and_round_trips() {
         vf: None,
         child: None,
         device_mode: DeviceMode::Netdev,
+        bandwidth: Some(BandwidthSettings {
+            egress: Some(2_000_000_000),
+            burst: Some(262_144),
+        }),
     };
     assert_eq!(valid, expected);
 
@@ -1084,3 +1089,6 @@ fn a_flood_of_problems_is_shown_bounded() {
 
 // The SR-IOV `vf` block (issue 12), in a file of its own: this one is long enough.
 mod vf;
+
+// The `bandwidth` block (issue 13).
+mod bandwidth;

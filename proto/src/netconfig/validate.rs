@@ -167,7 +167,10 @@ pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
 ///   off); `vf.qos` in 0..=7 and, when not 0, only with a VLAN; `vf.vlanProtocol` is `802.1Q`
 ///   or `802.1ad`, the latter only with a VLAN; `vf.minTxRate` ≤ `vf.maxTxRate` unless the cap
 ///   is 0 (none); `vf.linkState` is `auto`, `enable` or `disable`. Whether the device is a VF
-///   and the rates fit its link are checked by the driver at prepare.
+///   and the rates fit its link are checked by the driver at prepare;
+/// * `bandwidth.egress` is a whole quantity of bit/s, at least 8 (the kernel counts whole bytes
+///   per second); `bandwidth.burst` a whole quantity of bytes in 1..=4294967295; neither
+///   negative, fractional beyond the unit, or longer than 64 characters.
 pub fn validate(config: &NetworkConfig) -> Result<ValidConfig, ConfigErrors> {
     let mut v = Validator::default();
     let valid = v.config(config);
@@ -361,6 +364,9 @@ impl Validator {
         }
         if let Some(vf) = &config.vf {
             out.vf = super::vf::validate_vf(vf, out.hardware_address, &mut self.errors);
+        }
+        if let Some(bandwidth) = &config.bandwidth {
+            out.bandwidth = super::bandwidth::validate_bandwidth(bandwidth, &mut self.errors);
         }
         let (mode, errors) = super::mode::check(config);
         out.device_mode = mode;
