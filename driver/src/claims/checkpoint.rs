@@ -146,6 +146,10 @@ pub struct PreparedDevice {
     /// Consumable-capacity share, when the device is shared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// What the allocation consumed of the device's capacities (`consumedCapacity`, as
+    /// quantities), e.g. `bandwidth`: the share's egress limit.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed: BTreeMap<String, String>,
     /// The device as it was published when the claim was prepared. A device given to a pod
     /// vanishes from the host's view, but it is still allocated: it stays published from this
     /// copy until it comes back.
@@ -460,6 +464,7 @@ mod tests {
                     pool: "node-a".into(),
                     device: "pci-0000-03-00-0".into(),
                     share_id: None,
+                    consumed: Default::default(),
                     published: None,
                 }],
                 configs: vec![OpaqueConfig {

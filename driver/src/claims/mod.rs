@@ -114,6 +114,12 @@ pub fn resolve(
             pool: r.pool.clone(),
             device: r.device.clone(),
             share_id: r.share_id.clone(),
+            consumed: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect(),
             published: None,
         })
         .collect();

@@ -117,7 +117,11 @@ pub fn plans(
         };
         // The allocation's consumed capacity is not passed yet (None): shared parents with
         // consumable `bandwidth` capacity pass `consumedCapacity.bandwidth` here.
-        let bandwidth = match resolve_bandwidth(&device.request, valid.bandwidth.as_ref(), None) {
+        let bandwidth = match resolve_bandwidth(
+            &device.request,
+            valid.bandwidth.as_ref(),
+            device.consumed.get("bandwidth").map(String::as_str),
+        ) {
             Ok(b) => b,
             Err(e) => {
                 errors.push(e);
@@ -346,6 +350,7 @@ mod tests {
             pool: "node-a".into(),
             device: name.into(),
             share_id: None,
+            consumed: Default::default(),
             published,
         }
     }

@@ -336,6 +336,7 @@ fn sriov_held_vfs_are_read_from_the_checkpoint() {
         pool: "node".into(),
         device: address.replace([':', '.'], "-"),
         share_id: None,
+        consumed: Default::default(),
         published: Some(Device {
             name: "d".into(),
             attributes: Some(

@@ -6,22 +6,28 @@ use knic_proto::netconfig::{self, Bandwidth, BandwidthSettings, FieldError};
 /// The egress limit of the device serving `request`: the config's `bandwidth.egress`, else
 /// `consumed`, the rate the allocation took of the device's `bandwidth` capacity
 /// (`consumedCapacity.bandwidth`, a quantity in bit/s), with the config's burst either way.
-/// A config rate wins over the consumed one, as the config is the more specific statement;
-/// a burst with neither rate is refused rather than ignored.
+/// With both, the lower wins: a config may ask for less than the allocation set aside, never
+/// for more (the scheduler counted only the consumed rate against the port, so more would take
+/// another pod's share). A burst with neither rate is refused rather than ignored.
 pub fn resolve_bandwidth(
     request: &str,
     config: Option<&BandwidthSettings>,
     consumed: Option<&str>,
 ) -> Result<Option<Bandwidth>, FieldError> {
     let burst = config.and_then(|c| c.burst);
+    let consumed = consumed
+        .map(|text| {
+            netconfig::parse_egress(text).map_err(|e| {
+                FieldError::new(
+                    format!("request {request}: consumedCapacity.bandwidth"),
+                    e.to_string(),
+                )
+            })
+        })
+        .transpose()?;
     let egress = match (config.and_then(|c| c.egress), consumed) {
-        (Some(rate), _) => rate,
-        (None, Some(text)) => netconfig::parse_egress(text).map_err(|e| {
-            FieldError::new(
-                format!("request {request}: consumedCapacity.bandwidth"),
-                e.to_string(),
-            )
-        })?,
+        (Some(rate), Some(share)) => rate.min(share),
+        (Some(rate), None) | (None, Some(rate)) => rate,
         (None, None) if burst.is_some() => {
             return Err(FieldError::new(
                 format!("request {request}: bandwidth.burst"),
@@ -143,7 +149,7 @@ mod tests {
                 burst: None
             }))
         );
-        // The config's rate is the more specific statement.
+        // A config may ask for less than the share, never more.
         let rate = BandwidthSettings {
             egress: Some(500_000_000),
             burst: None,
@@ -154,6 +160,18 @@ mod tests {
                 egress: 500_000_000,
                 burst: None
             }))
+        );
+        let more = BandwidthSettings {
+            egress: Some(10_000_000_000),
+            burst: None,
+        };
+        assert_eq!(
+            resolve_bandwidth("nic", Some(&more), Some("2G")),
+            Ok(Some(Bandwidth {
+                egress: 2_000_000_000,
+                burst: None
+            })),
+            "capped at what the scheduler set aside"
         );
         assert_eq!(resolve_bandwidth("nic", None, None), Ok(None));
         let err = resolve_bandwidth("nic", None, Some("2.5"))

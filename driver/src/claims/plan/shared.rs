@@ -100,6 +100,7 @@ mod tests {
             pool: "node-a".into(),
             device: "ens1f0".into(),
             share_id: Some("8e2f1b7a-0c43-4c1e-9a55-2f1d1c0b7e11".into()),
+            consumed: Default::default(),
             published: Some(
                 serde_json::from_value(json!({"name": "ens1f0", "attributes": attributes}))
                     .expect("device"),
