@@ -165,9 +165,10 @@ impl Publisher {
             self.mode = Mode::Plain;
             switched = true;
         }
+        let (sent_multiple, sent_policies) = consumable_fields(sent);
+        let (stored_multiple, stored_policies) = consumable_fields(&stored.spec);
         if self.share_mode() == ShareMode::Capacity
-            && has_consumable(sent)
-            && !has_consumable(&stored.spec)
+            && ((sent_multiple && !stored_multiple) || (sent_policies && !stored_policies))
         {
             tracing::warn!(slice = ?stored.metadata.name,
                 "DRAConsumableCapacity is off: publishing shared parents as child-slot devices");
@@ -339,16 +340,20 @@ fn has_counters(spec: &ResourceSliceSpec) -> bool {
             .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
 }
 
-/// Whether a spec carries consumable capacity: a device allocatable many times, or a capacity
-/// with a request policy.
-fn has_consumable(spec: &ResourceSliceSpec) -> bool {
-    spec.devices.iter().flatten().any(|d| {
-        d.allow_multiple_allocations == Some(true)
-            || d.capacity
+/// Whether a spec carries the fields of consumable capacity: `(a device allocatable many
+/// times, a capacity with a request policy)`. Losing either means the gate is off: a shared
+/// device without its request policies would let one claim take the whole link.
+fn consumable_fields(spec: &ResourceSliceSpec) -> (bool, bool) {
+    let devices = || spec.devices.iter().flatten();
+    (
+        devices().any(|d| d.allow_multiple_allocations == Some(true)),
+        devices().any(|d| {
+            d.capacity
                 .iter()
                 .flatten()
                 .any(|(_, c)| c.request_policy.is_some())
-    })
+        }),
+    )
 }
 
 /// Watches this node's slices and forwards each event's resourceVersion ("" for a deletion, so

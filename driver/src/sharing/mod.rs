@@ -281,7 +281,11 @@ pub fn slot_name(parent: &str, slot: u32) -> String {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     let suffix = format!("-{:010x}-s{slot}", hash & 0xff_ffff_ffff);
-    let mut cut = parent[..(63 - suffix.len()).min(parent.len())].to_owned();
+    let mut end = (63 - suffix.len()).min(parent.len());
+    while !parent.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = parent[..end].to_owned();
     while cut.ends_with('-') {
         cut.pop();
     }

@@ -531,6 +531,32 @@ mod tests {
         assert!(got.len() < 400, "{} bytes", got.len());
     }
 
+    /// Every prefix of a full document, and every one-byte change of it to a character the
+    /// grammar cares about, parses or fails with the setting's error: never a panic.
+    #[test]
+    fn share_policy_never_panics_on_cut_or_changed_input() {
+        let full = "parents:\n- names: [\"ens1f*\"]\n  pciAddresses: [\"0000:3b:00.0\"]\n  children: 32\n  bandwidth: 25G\n  defaultBandwidth: 100M\n  minBandwidth: 10M\n  bandwidthStep: 10M\n";
+        assert_eq!(SharePolicy::parse(full).unwrap().parents.len(), 1);
+        let mut refused = 0;
+        let mut check = |text: &str| {
+            if let Err(e) = SharePolicy::parse(text) {
+                refused += 1;
+                assert!(e.to_string().starts_with(PREFIX), "{text:?}: {e}");
+            }
+        };
+        for end in 0..=full.len() {
+            check(&full[..end]);
+        }
+        for at in 0..full.len() {
+            for c in ['0', '-', ':', '[', '{', '"', ' ', '\n', 'G', 'x'] {
+                let mut text = full.to_owned();
+                text.replace_range(at..at + 1, &c.to_string());
+                check(&text);
+            }
+        }
+        assert!(refused > 100, "{refused}");
+    }
+
     #[test]
     fn share_policy_file_must_be_a_regular_file() {
         let dir = tempfile::tempdir().unwrap();

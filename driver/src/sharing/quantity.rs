@@ -140,6 +140,42 @@ mod tests {
         assert_eq!(err(&"9".repeat(60)), "more than 9223372036854775807 bit/s");
     }
 
+    /// Every string of up to four characters over the grammar's alphabet: no panic, and
+    /// whatever parses survives its canonical spelling unchanged.
+    #[test]
+    fn sharing_quantity_never_panics_and_round_trips() {
+        let alphabet: Vec<char> = "09.5kMGEi-e".chars().collect();
+        let mut parsed = 0;
+        let mut text = String::new();
+        let mut stack = vec![0usize; 0];
+        loop {
+            text.clear();
+            text.extend(stack.iter().map(|&i| alphabet[i]));
+            if let Ok(value) = parse_bits(&text) {
+                parsed += 1;
+                assert_eq!(parse_bits(&canonical(value)).unwrap(), value, "{text}");
+            }
+            // The next string in length-then-lexicographic order.
+            let mut i = stack.len();
+            loop {
+                if i == 0 {
+                    if stack.len() == 4 {
+                        assert!(parsed > 100, "{parsed}");
+                        return;
+                    }
+                    stack = vec![0; stack.len() + 1];
+                    break;
+                }
+                i -= 1;
+                stack[i] += 1;
+                if stack[i] < alphabet.len() {
+                    break;
+                }
+                stack[i] = 0;
+            }
+        }
+    }
+
     #[test]
     fn sharing_quantity_canonical_matches_the_apiservers_decimal_form() {
         let cases = [
