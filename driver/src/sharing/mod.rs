@@ -158,6 +158,28 @@ impl Sharing {
     }
 }
 
+impl Sharing {
+    /// The bandwidth policy of the shared parent that `device` (as published: the parent in
+    /// capacity form, or one of its child slots) stands for, from the attributes it carries.
+    /// In slot mode the apiserver accounts nothing, so prepare enforces this instead: the
+    /// default for a claim that asks for no bandwidth, and the total across the parent's
+    /// children. `None` when the device is not shared or its bandwidth is unknown (published
+    /// with child slots only).
+    pub fn bandwidth_of(&self, device: &Device) -> Option<BandwidthPolicy> {
+        if attribute(device, ATTR_SHAREABLE).and_then(|a| a.bool) != Some(true) {
+            return None;
+        }
+        let if_name = attribute(device, "ifName")?.string.as_deref()?;
+        let pci = attribute(device, "pciAddress").and_then(|a| a.string.as_deref());
+        let entry = self.policy.entry_for(if_name, pci)?;
+        let speed = attribute(device, "speed")
+            .and_then(|a| a.int)
+            .filter(|mbits| *mbits > 0)
+            .and_then(|mbits| (mbits as u64).checked_mul(1_000_000));
+        entry.bandwidth_policy(entry.bandwidth.or(speed)?).ok()
+    }
+}
+
 /// The link speed in bit/s (`speed` is in Mbit/s, as sysfs reports it).
 fn link_bits(dev: &NetDevice) -> Option<u64> {
     match dev.attr("speed") {

@@ -208,6 +208,28 @@ fn sharing_pf_parent_consumes_no_budget_and_keeps_its_vfs() {
 }
 
 #[test]
+fn sharing_bandwidth_of_a_parent_or_slot_is_its_parents_policy() {
+    let s = sharing(POLICY);
+    let devices = published(&s, &inventory(Some(25_000)), &[]);
+    let want = Some(BandwidthPolicy {
+        total: 25_000_000_000,
+        default: 100_000_000,
+        min: 10_000_000,
+        step: Some(10_000_000),
+    });
+    assert_eq!(s.bandwidth_of(by_name(&devices, PARENT)), want);
+    for slot in expand(&devices, ShareMode::Slots)
+        .iter()
+        .filter(|d| d.name != OTHER)
+    {
+        assert_eq!(s.bandwidth_of(slot), want, "{}", slot.name);
+    }
+    assert_eq!(s.bandwidth_of(by_name(&devices, OTHER)), None);
+    let no_speed = published(&s, &inventory(None), &[]);
+    assert_eq!(s.bandwidth_of(by_name(&no_speed, PARENT)), None);
+}
+
+#[test]
 fn sharing_without_a_fitting_bandwidth_publishes_child_slots_only() {
     let children_only = |devices: &[Device]| {
         let parent = by_name(devices, PARENT);
