@@ -260,6 +260,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         filter: Filter::parse_lists(&format!("name={}", scratch.host_if), "")?,
         netlink: true,
         provisioner: None,
+        sharing: Default::default(),
     };
     let inventory = discovery.scan().await;
     let devices = slices::devices(&inventory, &[]);

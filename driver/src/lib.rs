@@ -19,6 +19,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nri;
 pub mod pods;
+pub mod sharing;
 pub mod slices;
 pub mod sriov;
 pub mod wiring;

@@ -17,6 +17,7 @@ use knic_driver::kubelet::health::HealthService;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::nri::{self, NriSettings};
+use knic_driver::sharing::{self, ShareMode, SharePolicy, Sharing};
 use knic_driver::slices::exhaustion;
 use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
 use knic_driver::slices::{self, PoolOwner};
@@ -101,6 +102,12 @@ struct DiscoveryArgs {
     /// Add netlink facts (link kinds, masters, ethtool features, e-switch mode).
     #[arg(long, env = "KNIC_NETLINK", default_value_t = true, action = clap::ArgAction::Set)]
     netlink: bool,
+    /// The node's share policy, YAML or JSON (`parents:` entries selecting ports by `names` or
+    /// `pciAddresses`, each with `children` and optionally `bandwidth`, `defaultBandwidth`,
+    /// `minBandwidth`, `bandwidthStep`): those ports are published as shareable only. Unset:
+    /// nothing is shared.
+    #[arg(long, env = "KNIC_SHARE_POLICY")]
+    share_policy: Option<PathBuf>,
 }
 
 impl DiscoveryArgs {
@@ -110,11 +117,21 @@ impl DiscoveryArgs {
             None => Filter::default(),
         };
         filter.extend(Filter::parse_lists(&self.include, &self.exclude)?);
+        let policy = match &self.share_policy {
+            Some(path) => {
+                let policy = SharePolicy::from_file(path)?;
+                tracing::info!(policy = %path.display(), parents = policy.parents.len(),
+                    "share policy loaded");
+                policy
+            }
+            None => SharePolicy::default(),
+        };
         Ok(Discovery {
             root: self.sysfs_root.clone(),
             filter,
             netlink: self.netlink,
             provisioner: None,
+            sharing: Arc::new(Sharing::new(policy)),
         })
     }
 }
@@ -327,7 +344,10 @@ async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
         knic_proto::DRIVER_NAME,
         &owner,
         &[],
-        &slices::desired(&inventory),
+        &slices::layout(
+            &discovery.devices(&inventory, &[]),
+            slices::Mode::Partitionable,
+        ),
         &[],
     );
     let items: Vec<serde_json::Value> = plan
@@ -407,6 +427,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
+    // The preparer and health see the devices as published: shared parents as child slots
+    // once the publisher has found the apiserver without consumable capacity.
+    let (share_mode_tx, share_mode_rx) = tokio::sync::watch::channel(ShareMode::Capacity);
+    let (view_tx, view_rx) = tokio::sync::watch::channel(Vec::new());
+    tokio::spawn(sharing::follow(devices_rx.clone(), share_mode_rx, view_tx));
     // The CDI hook runs the driver's own binary from the host's mount namespace.
     let hook = paths.plugin_dir.join("bin").join("knic-driver");
     knic_driver::cdi::install_hook(&hook)?;
@@ -415,7 +440,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let wired = wiring::node(Parts {
         source: Arc::new(KubeClaims::new(client.clone())),
         checkpoint: CheckpointStore::new(&paths.plugin_dir),
-        devices: devices_rx.clone(),
+        devices: view_rx.clone(),
         kernel: Rtnl::new(None).with_sysctl_root(&args.sysctl_dir),
         status: Arc::new(KubeStatus::new(client.clone())),
         address_book: Some((
@@ -448,7 +473,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let first = discovery.scan().await;
     let retained = rescan::retained(&wired.claims, &args.node_name).await;
-    devices_tx.send_replace(slices::devices(&first, &retained));
+    devices_tx.send_replace(discovery.devices(&first, &retained));
     tracing::info!(
         offered = first.devices.len(),
         not_offered = first.excluded.len(),
@@ -473,7 +498,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         exhausted_rx,
         published_tx,
     ));
-    let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name);
+    let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
+        .with_share_mode(share_mode_tx);
     let publishing = tokio::spawn(async move {
         // First publish once the full networks are known (a restart must not briefly offer
         // them), bounded for a cluster without the Network CRD; registration and prepare do
@@ -506,7 +532,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
     let service = DraService::new(wired.preparer);
-    let health = HealthService::new(args.node_name.clone(), devices_rx.clone());
+    let health = HealthService::new(args.node_name.clone(), view_rx.clone());
     let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = rescans.await;

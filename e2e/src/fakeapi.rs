@@ -75,6 +75,9 @@ struct Store {
     request_faults: Mutex<Vec<faults::Armed>>,
     /// Whether `DRAPartitionableDevices` is on (off: counter fields are dropped on write).
     partitionable: AtomicBool,
+    /// Whether `DRAConsumableCapacity` is on (off: `allowMultipleAllocations` and capacity
+    /// request policies are dropped on write).
+    consumable: AtomicBool,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -204,6 +207,13 @@ impl FakeApi {
     /// ResourceSlice written, as an older or reconfigured apiserver does.
     pub fn set_partitionable_devices(&self, enabled: bool) {
         self.store.partitionable.store(enabled, Ordering::SeqCst);
+    }
+
+    /// Turns the `DRAConsumableCapacity` gate on (the default, as in 1.36) or off: off, the
+    /// fake drops `allowMultipleAllocations` and every capacity's `requestPolicy` from every
+    /// ResourceSlice written, as a 1.34/1.35 apiserver does by default.
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        self.store.consumable.store(enabled, Ordering::SeqCst);
     }
 
     /// Disarms every request fault not yet served.
@@ -421,6 +431,7 @@ impl Store {
             watch_faults: Mutex::default(),
             request_faults: Mutex::default(),
             partitionable: AtomicBool::new(true),
+            consumable: AtomicBool::new(true),
         }
     }
 
@@ -430,10 +441,18 @@ impl Store {
         if resource != "resourceslices" {
             return crate::admission::refusal(resource, obj);
         }
+        self.drop_disabled_fields(obj);
+        slices::refusal(name, obj)
+    }
+
+    /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does.
+    fn drop_disabled_fields(&self, obj: &mut Value) {
         if !self.partitionable.load(Ordering::SeqCst) {
             slices::drop_partitionable_fields(obj);
         }
-        slices::refusal(name, obj)
+        if !self.consumable.load(Ordering::SeqCst) {
+            capacity::drop_consumable_fields(obj);
+        }
     }
 
     /// Records a change for watchers; `obj` already carries its new resourceVersion.
@@ -775,6 +794,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+mod capacity;
 mod faults;
 mod objects;
 mod slices;

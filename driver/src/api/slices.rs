@@ -13,6 +13,13 @@
 //! switches to [`Mode::Plain`] for the rest of its life and republishes at once. Accepting the
 //! stored form there would leave a pool of counter-less devices beside counter slices emptied by
 //! the apiserver, and a pool whose devices name counter sets nobody publishes is refused whole.
+//!
+//! Shared parents likewise: the publisher starts in [`ShareMode::Capacity`] and, when the
+//! apiserver drops `allowMultipleAllocations` or a capacity's `requestPolicy`
+//! (`DRAConsumableCapacity` is off), switches to [`ShareMode::Slots`] for good, says so to
+//! whoever follows the mode (the preparer's view of the devices, see [`crate::sharing::follow`])
+//! and republishes at once. Accepting the stored form there would publish every shared parent as
+//! one plain device that the scheduler gives out whole, once.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -25,6 +32,7 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent,
 use tokio::sync::{mpsc, watch};
 
 use crate::error::Result;
+use crate::sharing::{self, ShareMode};
 use crate::slices::{Mode, PoolOwner, layout, plan};
 
 /// Timing knobs; tests shorten them.
@@ -68,6 +76,9 @@ pub struct SyncReport {
     pub generation: i64,
     /// Whether the pool carries PF budgets (false once the apiserver dropped them).
     pub counters: bool,
+    /// Whether shared parents carry consumable capacity (false once the apiserver dropped it:
+    /// they are published as child slots).
+    pub capacity: bool,
 }
 
 /// Publishes one node's pool.
@@ -81,6 +92,7 @@ pub struct Publisher {
     own_writes: VecDeque<String>,
     owner: Option<PoolOwner>,
     mode: Mode,
+    share_mode: watch::Sender<ShareMode>,
 }
 
 fn selector(driver: &str, node: &str) -> String {
@@ -99,7 +111,20 @@ impl Publisher {
             own_writes: VecDeque::new(),
             owner: None,
             mode: Mode::Partitionable,
+            share_mode: watch::Sender::new(ShareMode::Capacity),
         }
+    }
+
+    /// Reports the share mode (and every switch of it) to `mode`'s receivers.
+    pub fn with_share_mode(mut self, mode: watch::Sender<ShareMode>) -> Self {
+        mode.send_replace(*self.share_mode.borrow());
+        self.share_mode = mode;
+        self
+    }
+
+    /// How shared parents are published (see [`ShareMode`]).
+    pub fn share_mode(&self) -> ShareMode {
+        *self.share_mode.borrow()
     }
 
     /// Whether PF budgets are still published (see [`Mode`]).
@@ -130,12 +155,27 @@ impl Publisher {
     }
 
     /// Compares what was written with what was stored. Returns true when the apiserver dropped
-    /// the counters: the publisher is then in plain mode and the current plan is void.
+    /// the counters or the consumable capacity: the publisher is then in plain (or slot) mode
+    /// and the current plan is void.
     fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) -> bool {
+        let mut switched = false;
         if self.mode == Mode::Partitionable && has_counters(sent) && !has_counters(&stored.spec) {
             tracing::warn!(slice = ?stored.metadata.name,
                 "DRAPartitionableDevices is off: publishing plain devices without PF budgets");
             self.mode = Mode::Plain;
+            switched = true;
+        }
+        let (sent_multiple, sent_policies) = consumable_fields(sent);
+        let (stored_multiple, stored_policies) = consumable_fields(&stored.spec);
+        if self.share_mode() == ShareMode::Capacity
+            && ((sent_multiple && !stored_multiple) || (sent_policies && !stored_policies))
+        {
+            tracing::warn!(slice = ?stored.metadata.name,
+                "DRAConsumableCapacity is off: publishing shared parents as child-slot devices");
+            self.share_mode.send_replace(ShareMode::Slots);
+            switched = true;
+        }
+        if switched {
             return true;
         }
         if !crate::slices::same(sent, &stored.spec) {
@@ -163,6 +203,7 @@ impl Publisher {
                 created: total.created + report.created,
                 generation: report.generation,
                 counters: self.mode == Mode::Partitionable,
+                capacity: self.share_mode() == ShareMode::Capacity,
             };
             if !switched {
                 return Ok(total);
@@ -180,7 +221,7 @@ impl Publisher {
             &self.driver,
             &owner,
             &existing.items,
-            &layout(devices, self.mode),
+            &layout(&sharing::expand(devices, self.share_mode()), self.mode),
             &self.accepted,
         );
         let mut report = SyncReport {
@@ -297,6 +338,22 @@ fn has_counters(spec: &ResourceSliceSpec) -> bool {
             .iter()
             .flatten()
             .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+}
+
+/// Whether a spec carries the fields of consumable capacity: `(a device allocatable many
+/// times, a capacity with a request policy)`. Losing either means the gate is off: a shared
+/// device without its request policies would let one claim take the whole link.
+fn consumable_fields(spec: &ResourceSliceSpec) -> (bool, bool) {
+    let devices = || spec.devices.iter().flatten();
+    (
+        devices().any(|d| d.allow_multiple_allocations == Some(true)),
+        devices().any(|d| {
+            d.capacity
+                .iter()
+                .flatten()
+                .any(|(_, c)| c.request_policy.is_some())
+        }),
+    )
 }
 
 /// Watches this node's slices and forwards each event's resourceVersion ("" for a deletion, so

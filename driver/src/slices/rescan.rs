@@ -19,6 +19,7 @@ use crate::inventory::filter::Filter;
 use crate::inventory::netlink;
 use crate::inventory::sources::Sources;
 use crate::inventory::{self, Inventory};
+use crate::sharing::Sharing;
 use crate::slices;
 use crate::sriov::{Held, Provisioner, Report};
 
@@ -33,6 +34,8 @@ pub struct Discovery {
     pub netlink: bool,
     /// The node's SR-IOV policy, applied before each scan ([`Discovery::provision`]).
     pub provisioner: Option<Arc<Provisioner>>,
+    /// The node's share policy: which parents are published as shareable.
+    pub sharing: Arc<Sharing>,
 }
 
 impl Discovery {
@@ -88,6 +91,14 @@ impl Discovery {
                 None
             }
         }
+    }
+
+    /// The devices to publish for `inventory` (see [`slices::devices`]), shared parents in
+    /// their capacity form (see [`Sharing::mark`]).
+    pub fn devices(&self, inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
+        let mut devices = slices::devices(inventory, retained);
+        self.sharing.mark(&mut devices, inventory);
+        devices
     }
 
     /// One full discovery. Never fails: unreadable facts are left out.
@@ -171,7 +182,7 @@ pub async fn keep_current(
     loop {
         discovery.provision(&claims).await;
         let inventory = discovery.scan().await;
-        let devices = slices::devices(&inventory, &retained(&claims, &node).await);
+        let devices = discovery.devices(&inventory, &retained(&claims, &node).await);
         scans += 1;
         let changed = out.send_if_modified(|current| {
             if *current == devices {

@@ -602,6 +602,7 @@ async fn sriov_provisioning_holds_the_checkpoint_from_snapshot_to_the_last_write
             "pools: [{pfNames: [enp162s0f0np0], numVfs: 3}]",
             stalling,
         ))),
+        sharing: Default::default(),
     };
     let task = {
         let store = store.clone();

@@ -43,13 +43,8 @@ pub(super) fn commit(
     };
     // Fields of disabled gates are dropped before anything is compared, as the apiserver's
     // strategy does, so a write of only such fields stays a no-op.
-    if target.resource == "resourceslices"
-        && target.subresource.is_none()
-        && !store
-            .partitionable
-            .load(std::sync::atomic::Ordering::SeqCst)
-    {
-        super::slices::drop_partitionable_fields(obj);
+    if target.resource == "resourceslices" && target.subresource.is_none() {
+        store.drop_disabled_fields(obj);
     }
     if obj == before {
         return respond(StatusCode::OK, obj);

@@ -127,6 +127,7 @@ fn errors(spec: &Value) -> Vec<String> {
             out.push(too_many("spec.devices", devices.len(), max));
         } else {
             for (i, device) in devices.iter().enumerate() {
+                super::capacity::device_errors(i, device, &mut out);
                 device_errors(i, device, &mut out);
             }
         }
