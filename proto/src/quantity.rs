@@ -110,6 +110,27 @@ pub fn parse_quantity(text: &str) -> Result<u64> {
     u64::try_from(value).map_err(|_| too_large())
 }
 
+/// The apiserver's canonical spelling of a whole number in decimal SI form: the largest
+/// suffix that keeps the mantissa whole (`25000000000` → `25G`, `1500000` → `1500k`). What knic
+/// publishes must be spelled so: a slice whose stored form differs from the sent one would
+/// look changed to the publisher on every sync.
+pub fn canonical(value: u64) -> String {
+    const SUFFIXES: [&str; 6] = ["k", "M", "G", "T", "P", "E"];
+    if value == 0 {
+        return "0".to_owned();
+    }
+    let mut mantissa = value;
+    let mut exponent = 0;
+    while exponent < SUFFIXES.len() && mantissa.is_multiple_of(1000) {
+        mantissa /= 1000;
+        exponent += 1;
+    }
+    match exponent {
+        0 => mantissa.to_string(),
+        e => format!("{mantissa}{}", SUFFIXES[e - 1]),
+    }
+}
+
 /// What a suffix multiplies by: `10^decimal · 2^binary`.
 struct Scale {
     decimal: i64,
@@ -166,6 +187,24 @@ mod tests {
         parse_quantity(text)
             .expect_err("must be refused")
             .to_string()
+    }
+
+    #[test]
+    fn canonical_matches_the_apiservers_decimal_form_and_round_trips() {
+        let cases = [
+            (0, "0"),
+            (1, "1"),
+            (999, "999"),
+            (1000, "1k"),
+            (1_500_000, "1500k"),
+            (25_000_000_000, "25G"),
+            (1_073_741_824, "1073741824"),
+            (8_000_000_000_000_000_000, "8E"),
+        ];
+        for (value, want) in cases {
+            assert_eq!(canonical(value), want, "{value}");
+            assert_eq!(ok(want), value, "{want}");
+        }
     }
 
     #[test]

@@ -460,7 +460,7 @@ mod tests {
             ),
             (
                 "parents: [{names: [a], children: 1, bandwidth: 25Gb}]",
-                "parents[0].bandwidth \"25Gb\": not a quantity in bit/s (digits with an optional suffix k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi or Ei, e.g. 25G)",
+                "parents[0].bandwidth \"25Gb\": \"25Gb\" is not a quantity; expected digits with an optional suffix (k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei), e.g. \"2G\" or \"500Mi\"",
             ),
             (
                 "parents: [{names: [a], children: 1, bandwidth: 0}]",
@@ -468,11 +468,11 @@ mod tests {
             ),
             (
                 "parents: [{names: [a], children: 1, minBandwidth: \"0.5\"}]",
-                "parents[0].minBandwidth \"0.5\": not a whole number of bit/s",
+                "parents[0].minBandwidth \"0.5\": \"0.5\" is not a whole number; give a value without a fraction of the unit (e.g. \"1500k\" rather than \"1.5000001M\")",
             ),
             (
                 "parents: [{names: [a], children: 1, bandwidthStep: -10}]",
-                "parents[0].bandwidthStep \"-10\": not a quantity in bit/s",
+                "parents[0].bandwidthStep \"-10\": \"-10\" is negative; it must be positive",
             ),
             (
                 "parents: [{names: [a], children: 1, defaultBandwidth: 10E}]",
