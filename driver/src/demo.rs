@@ -310,6 +310,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         pool: NODE.into(),
         sysfs_root: sysfs_root.to_path_buf(),
         fail_closed: None,
+        sharing: None,
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = DraService::new(wired.preparer.clone());

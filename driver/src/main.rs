@@ -458,6 +458,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             nri_connected,
             nri_socket: args.nri_socket.display().to_string(),
         }),
+        sharing: Some(discovery.sharing.clone()),
     });
 
     // Provision and discover before anything is published or served, so the first slice is

@@ -47,6 +47,8 @@ pub struct Parts<K> {
     /// The fail-closed guards (see [`crate::cdi`]); `None` where no runtime runs containers
     /// (the demo's test runtime).
     pub fail_closed: Option<FailClosed>,
+    /// The shared ports' policy: prepare keeps their bandwidth (see `claims::budget`).
+    pub sharing: Option<Arc<crate::sharing::Sharing>>,
 }
 
 /// What keeps a pod's containers from starting without its interfaces.
@@ -78,6 +80,9 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
     }
     if let Some((book, node)) = parts.address_book {
         preparer = preparer.with_address_book(book, node);
+    }
+    if let Some(sharing) = parts.sharing {
+        preparer = preparer.with_sharing(sharing);
     }
     Node {
         claims,
@@ -153,6 +158,7 @@ mod tests {
             pool: "node-a".into(),
             sysfs_root: dir.path().into(),
             fail_closed: None,
+            sharing: None,
         });
         let wanted = ClaimRef {
             namespace: "ns".into(),

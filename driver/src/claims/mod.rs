@@ -21,6 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
 
+pub mod budget;
 pub mod checkpoint;
 pub mod functions;
 pub mod ipam;
@@ -297,6 +298,8 @@ pub struct Preparer {
     /// Where vfio-pci functions are bound and RDMA devices found (the host's `/sys` unless
     /// [`Preparer::with_pci`] says otherwise).
     pci: Vfio,
+    /// The shared ports' policy, whose bandwidth prepare keeps (`None`: nothing is shared).
+    sharing: Option<Arc<crate::sharing::Sharing>>,
     /// One lock per claim UID with a prepare or unprepare in flight.
     inflight: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
@@ -319,6 +322,7 @@ impl Preparer {
             release: None,
             ipam: None,
             pci: Vfio::new("/", Arc::new(LiveWrites)),
+            sharing: None,
             inflight: std::sync::Mutex::default(),
         }
     }
@@ -379,6 +383,12 @@ impl Preparer {
         node: impl Into<String>,
     ) -> Self {
         self.ipam = Some((book, node.into()));
+        self
+    }
+
+    /// Keeps the bandwidth of shared ports at prepare (see [`budget`]).
+    pub fn with_sharing(mut self, sharing: Arc<crate::sharing::Sharing>) -> Self {
+        self.sharing = Some(sharing);
         self
     }
 
@@ -650,6 +660,12 @@ impl Preparer {
         prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
         prepared.functions = functions::functions(&prepared, configs, &self.pci)
             .map_err(|e| claim_error(e.to_string()))?;
+        if let Some(sharing) = &self.sharing {
+            budget::keep(&mut prepared, checkpoint, |d| {
+                d.published.as_ref().and_then(|p| sharing.bandwidth_of(p))
+            })
+            .map_err(claim_error)?;
+        }
         let mut next = checkpoint.clone();
         next.claims.insert(wanted.uid.clone(), prepared.clone());
         // The spec goes first: a spec without its claim only holds back containers of a pod

@@ -1,8 +1,8 @@
 //! Rates in the share policy: Kubernetes quantities in bit/s, parsed by the one exact parser
 //! both binaries use ([`knic_proto::quantity`]), within what a capacity can hold.
 
-use knic_proto::quantity::parse_quantity;
 pub use knic_proto::quantity::canonical;
+use knic_proto::quantity::parse_quantity;
 
 use crate::inventory::filter::Invalid;
 
