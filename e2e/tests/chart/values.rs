@@ -237,14 +237,15 @@ fn schema_refuses_bad_values() -> anyhow::Result<()> {
 }
 
 fn kube_version_gate() -> anyhow::Result<()> {
-    match helm::template(&json!({}), Some("1.33.0"))? {
-        Err(refusal) => ensure!(
-            refusal
-                == "chart requires kubeVersion: >=1.34.0-0 which is incompatible with \
-                    Kubernetes v1.33.0",
-            "{refusal:?}"
-        ),
-        Ok(_) => bail!("Kubernetes 1.33 was accepted"),
+    // `helm install --kube-version 1.33` (and a full version): refused, naming both versions.
+    for (version, shown) in [("1.33", "v1.33"), ("1.33.7", "v1.33.7")] {
+        let want = format!(
+            "chart requires kubeVersion: >=1.34.0-0 which is incompatible with Kubernetes {shown}"
+        );
+        match helm::template(&json!({}), Some(version))? {
+            Err(refusal) => ensure!(refusal == want, "{version}: {refusal:?}, want {want:?}"),
+            Ok(_) => bail!("Kubernetes {version} was accepted"),
+        }
     }
     // Pre-release builds of 1.34 (the `-0` in the constraint) and 1.34 itself are accepted.
     for version in ["1.34.0-rc.1", "1.34.0"] {
