@@ -10,4 +10,5 @@ pub mod fakeapi;
 pub mod fuzz;
 pub mod grpcwire;
 pub mod harness;
+pub mod helm;
 pub mod kubelet;
