@@ -15,7 +15,8 @@
 //!
 //! On top of them, [`reconcile`] does the I/O: the kube-runtime reconciler that turns Networks
 //! into ResourceClaimTemplates and status, and the collector of allocations whose claim is
-//! gone; [`leader`] keeps two replicas from reconciling at once.
+//! gone; [`leader`] keeps two replicas from reconciling at once; [`webhook`] checks configs and
+//! Networks when they are written, with the same rules and words.
 
 pub mod availability;
 pub mod cel;
@@ -26,6 +27,7 @@ pub use knic_proto::network;
 pub mod plan;
 pub mod reconcile;
 pub mod status;
+pub mod webhook;
 
 /// Everything that can go wrong in the controller.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,18 @@ pub enum Error {
     /// unset rather than guess one.
     #[error("{0}")]
     Uncountable(String),
+    /// The webhook's certificate or key cannot be served (unreadable, not PEM, not a pair):
+    /// fatal at start, and at a reload the previous pair stays served.
+    #[error("webhook certificate {path}: {reason}")]
+    Certificate {
+        /// The file at fault.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The webhook's socket failed (the address in use, or not bindable).
+    #[error("webhook: {0}")]
+    Webhook(#[source] std::io::Error),
 }
 
 /// Result alias so every fallible function names the crate's one error type.

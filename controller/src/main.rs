@@ -4,7 +4,9 @@
 //! running reconciles finish while the lease is still renewed, then the lease is released so the
 //! other replica takes over at once.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -63,6 +65,38 @@ struct Args {
     /// suffix, unique per process].
     #[arg(long, env = "POD_NAME", value_parser = replica_identity)]
     identity: Option<String>,
+    /// Address of the validating admission webhook (HTTPS, path /validate), served by every
+    /// replica; empty disables it, and so does leaving --webhook-cert and --webhook-key unset.
+    #[arg(long, env = "KNIC_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443",
+        value_parser = webhook_address)]
+    webhook_address: OptionalAddress,
+    /// The webhook's PEM certificate chain (mounted from a Secret; reloaded when it changes).
+    #[arg(long, env = "KNIC_WEBHOOK_CERT", requires = "webhook_key")]
+    webhook_cert: Option<PathBuf>,
+    /// The webhook's PEM private key (mounted from a Secret; reloaded when it changes).
+    #[arg(long, env = "KNIC_WEBHOOK_KEY", requires = "webhook_cert")]
+    webhook_key: Option<PathBuf>,
+    /// Seconds between reads of the certificate files for a renewed certificate.
+    #[arg(long, env = "KNIC_WEBHOOK_RELOAD_SECONDS", default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    webhook_reload_seconds: u64,
+}
+
+/// An address, or none (a newtype: clap reads a bare `Option` as "flag may be absent").
+#[derive(Debug, Clone, Copy)]
+struct OptionalAddress(Option<SocketAddr>);
+
+/// An address, or empty for "no webhook".
+fn webhook_address(value: &str) -> Result<OptionalAddress, String> {
+    if value.is_empty() {
+        return Ok(OptionalAddress(None));
+    }
+    value
+        .parse()
+        .map(|a| OptionalAddress(Some(a)))
+        .map_err(|e| {
+            format!("{value:?} is not an address:port like 0.0.0.0:9443 (or empty to disable): {e}")
+        })
 }
 
 /// The lease treats an empty holder as "nobody": two replicas both named "" would each take
@@ -160,6 +194,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ..Config::default()
     };
     let stopping = stop_signal()?;
+    let _webhook = start_webhook(&args, &client).await?;
     let shutdown = {
         let stopping = stopping.clone();
         async move { stopped(stopping).await }
@@ -212,6 +247,39 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     release(&elector).await;
     Ok(())
+}
+
+/// Starts the admission webhook (with its own caches) when it has an address and a
+/// certificate. It serves on every replica, leader or not, until the process exits: not just
+/// until the stop signal, because the apiserver keeps calling a stopping pod until its
+/// endpoint is removed, and the lease release that follows the signal gives it that time.
+async fn start_webhook(
+    args: &Args,
+    client: &kube::Client,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    use knic_controller::webhook;
+    let (Some(address), Some(cert), Some(key)) = (
+        args.webhook_address.0,
+        &args.webhook_cert,
+        &args.webhook_key,
+    ) else {
+        tracing::info!(
+            "admission webhook disabled (no address, or no --webhook-cert/--webhook-key)"
+        );
+        return Ok(None);
+    };
+    let (caches, fill) = webhook::Caches::start(client.clone());
+    tokio::spawn(fill);
+    let settings = webhook::Settings {
+        address,
+        cert: cert.clone(),
+        key: key.clone(),
+        reload_interval: Duration::from_secs(args.webhook_reload_seconds),
+    };
+    let served = webhook::start(settings, Arc::new(caches), std::future::pending())
+        .await
+        .context("starting the admission webhook")?;
+    Ok(Some(served))
 }
 
 /// Gives the lease up on a clean stop so the other replica takes over at its next attempt

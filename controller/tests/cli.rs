@@ -168,3 +168,53 @@ fn error_texts_name_their_cause_once() {
     let err = stderr(&out);
     once(&err, "invalid filter directive");
 }
+
+#[test]
+fn webhook_settings_are_checked_at_start() {
+    fails_with(
+        &["--webhook-address", "nope"],
+        &[],
+        "invalid value 'nope' for '--webhook-address <WEBHOOK_ADDRESS>': \"nope\" is not an \
+         address:port like 0.0.0.0:9443 (or empty to disable): invalid socket address syntax",
+    );
+    fails_with(
+        &[],
+        &[("KNIC_WEBHOOK_CERT", "/nonexistent/knt-tls.crt")],
+        "the following required arguments were not provided:\n  --webhook-key <WEBHOOK_KEY>",
+    );
+    fails_with(
+        &["--webhook-reload-seconds", "0"],
+        &[],
+        "invalid value '0' for '--webhook-reload-seconds <WEBHOOK_RELOAD_SECONDS>': 0 is not in \
+         1..=3600",
+    );
+    // A certificate that cannot be read stops the controller before it serves anything (the
+    // kubeconfig names a server that is never contacted before this point).
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: t\nclusters: [{name: t, cluster: \
+         {server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: t, context: {cluster: t, user: \
+         t}}]\nusers: [{name: t, user: {token: x}}]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("KNIC_WEBHOOK_ADDRESS", "127.0.0.1:0")
+        .env("KNIC_WEBHOOK_CERT", "/nonexistent/knt-tls.crt")
+        .env("KNIC_WEBHOOK_KEY", "/nonexistent/knt-tls.key")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        stderr(&out).lines().last(),
+        Some(
+            "knic-controller: starting the admission webhook: webhook certificate \
+             /nonexistent/knt-tls.crt: No such file or directory (os error 2)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
