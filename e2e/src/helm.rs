@@ -10,15 +10,17 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 use k8s_openapi::Resource;
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+pub mod certmanager;
 
 /// The release the tests render: the name and namespace README's install command uses.
 pub const RELEASE_NAME: &str = "knic";
@@ -107,6 +109,11 @@ kinds! {
     ValidatingAdmissionPolicy(ValidatingAdmissionPolicy),
     ValidatingAdmissionPolicyBinding(ValidatingAdmissionPolicyBinding),
     CustomResourceDefinition(CustomResourceDefinition),
+    Secret(Secret),
+    Service(Service),
+    ValidatingWebhookConfiguration(ValidatingWebhookConfiguration),
+    Issuer(certmanager::Issuer),
+    Certificate(certmanager::Certificate),
 }
 
 fn name(value: &Value) -> String {

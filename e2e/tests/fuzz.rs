@@ -790,6 +790,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
             pool: "node-a".into(),
             device: device.into(),
             share_id: share.map(str::to_owned),
+            consumed: Default::default(),
             published: None,
         }],
         configs: vec![OpaqueConfig {

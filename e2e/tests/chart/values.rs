@@ -39,9 +39,13 @@ fn typed_defaults() -> anyhow::Result<()> {
         ("DeviceClass", 4),
         ("Role", 1),
         ("RoleBinding", 1),
+        // The webhook's self-signed certificate and its Service.
+        ("Secret", 1),
+        ("Service", 1),
         ("ServiceAccount", 2),
         ("ValidatingAdmissionPolicy", 3),
         ("ValidatingAdmissionPolicyBinding", 3),
+        ("ValidatingWebhookConfiguration", 1),
     ]
     .iter()
     .map(|(k, n)| (k.to_string(), *n))
@@ -64,11 +68,12 @@ fn typed_defaults() -> anyhow::Result<()> {
 
 /// Typing refuses what the apiserver would refuse or silently drop.
 fn typing_refuses_unknowns() -> anyhow::Result<()> {
-    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}});
-    let e = Object::parse(&service).expect_err("a Service is not a chart kind");
+    let budget = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "x"}});
+    let e = Object::parse(&budget).expect_err("a PodDisruptionBudget is not a chart kind");
     ensure!(
         format!("{e:#}")
-            == "Service (v1) x is not a kind the chart tests know (add it to e2e/src/helm.rs)",
+            == "PodDisruptionBudget (policy/v1) x is not a kind the chart tests know (add it \
+                to e2e/src/helm.rs)",
         "{e:#}"
     );
     let mut deployment = defaults()?
