@@ -41,6 +41,10 @@ fn render(values: Value) -> anyhow::Result<BTreeMap<String, Vec<Value>>> {
     let mut objects = BTreeMap::new();
     for (path, text) in files {
         let name = path.rsplit('/').next().unwrap_or(&path).to_owned();
+        // The install notes are text for the user, not objects.
+        if name == "NOTES.txt" {
+            continue;
+        }
         let mut list = Vec::new();
         for document in serde_yaml_ng::Deserializer::from_str(&text) {
             let value = Value::deserialize(document)
