@@ -218,6 +218,7 @@ fn shipped_device_classes_carry_only_accepted_forms() {
         "deviceclasses/knic.yaml",
         "charts/knic/files/deviceclasses.yaml",
         "deviceclasses/sriov.yaml",
+        "deviceclasses/shared.yaml",
     ] {
         assert_all_accepted(&v, file, &shipped_class_expressions(&root.join(file)));
     }
