@@ -213,6 +213,25 @@ impl Cluster {
         results: Option<&[(&str, &str)]>,
         parameters: Option<serde_json::Value>,
     ) -> anyhow::Result<TestClaim> {
+        let results = results.map(|results| {
+            results
+                .iter()
+                .map(|(driver, device)| {
+                    json!({"request": "nic", "driver": driver, "pool": pool, "device": device})
+                })
+                .collect()
+        });
+        self.create_claim_allocated(name, results, parameters).await
+    }
+
+    /// Like [`Cluster::create_claim_with_config`], with the allocation results written out
+    /// whole (e.g. a share of a device: `shareID`, `consumedCapacity`), all for request `nic`.
+    pub async fn create_claim_allocated(
+        &self,
+        name: &str,
+        results: Option<Vec<serde_json::Value>>,
+        parameters: Option<serde_json::Value>,
+    ) -> anyhow::Result<TestClaim> {
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut spec = json!({"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}});
         if let Some(p) = &parameters {
@@ -246,12 +265,6 @@ impl Cluster {
         let pod_uid = pod.metadata.uid.clone().context("created pod has no uid")?;
 
         if let Some(results) = results {
-            let results: Vec<_> = results
-                .iter()
-                .map(|(driver, device)| {
-                    json!({"request": "nic", "driver": driver, "pool": pool, "device": device})
-                })
-                .collect();
             let config = match &parameters {
                 Some(p) => json!([{"source": "FromClaim", "requests": ["nic"],
                                    "opaque": {"driver": "knic.dev", "parameters": p}}]),

@@ -41,6 +41,8 @@ pub struct Device {
     pub request_names: Vec<String>,
     /// CDI devices the runtime must inject into every container using the claim.
     pub cdi_device_ids: Vec<String>,
+    /// The consumable-capacity share the device serves (DRA v1 only; v1beta1 has none).
+    pub share_id: Option<String>,
 }
 
 /// A per-claim prepare outcome.
@@ -220,6 +222,15 @@ impl Plugin {
         version: DraVersion,
         claims: &[ClaimId],
     ) -> anyhow::Result<HashMap<String, Prepared>> {
+        /// `share_id` exists in v1 only (kubelet 1.35+).
+        macro_rules! share_id {
+            (v1, $d:expr) => {
+                $d.share_id.clone()
+            };
+            (v1beta1, $d:expr) => {
+                None
+            };
+        }
         /// The versions' messages are alike but distinct generated types: one body for both.
         macro_rules! prepare {
             ($api:ident, $client:expr) => {{
@@ -244,6 +255,7 @@ impl Plugin {
                             .devices
                             .into_iter()
                             .map(|d| Device {
+                                share_id: share_id!($api, d),
                                 pool: d.pool_name,
                                 device: d.device_name,
                                 request_names: d.request_names,

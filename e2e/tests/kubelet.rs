@@ -47,6 +47,7 @@ impl Env {
             device: dev.into(),
             request_names: vec!["nic".into()],
             cdi_device_ids: vec![format!("knic.dev/interface={uid}-0")],
+            share_id: None,
         }]
     }
 }

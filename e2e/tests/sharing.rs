@@ -12,6 +12,7 @@ use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
+use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 use serde_json::json;
 
 const PF: &str = "pci-0000-a2-00-0";
@@ -300,6 +301,126 @@ async fn publisher_falls_back_within_one_sync(env: &mut Env) -> anyhow::Result<(
     Ok(())
 }
 
+/// Shares of one port through the real kubelet socket (DRA v1): each claim's answer carries its
+/// allocation's `shareID`; a share whose consumed bandwidth would take the port past its 25G is
+/// refused naming the holders; the same shareID twice is refused; after an unprepare the
+/// bandwidth is free again.
+async fn shares_are_prepared_with_their_share_ids(env: &mut Env) -> anyhow::Result<()> {
+    env.start()?;
+    env.pool(2, &[PF, VF0, VF1]).await?;
+    let plugin = kubelet::register(&env.config.registry_dir).await?;
+    let share = |n: u8| format!("8e2f1b7a-0c43-4c1e-9a55-2f1d1c0b7e{n:02x}");
+    let mut claims = Vec::new();
+    for (name, share_id, bandwidth) in [
+        ("a", share(1), "10G"),
+        ("b", share(2), "10G"),
+        ("c", share(3), "10G"),
+        ("d", share(1), "1G"),
+    ] {
+        let result = json!({"request": "nic", "driver": "knic.dev", "pool": env.cluster.node,
+            "device": PF, "shareID": share_id,
+            "consumedCapacity": {"children": "1", "bandwidth": bandwidth}});
+        let claim = env
+            .cluster
+            .create_claim_allocated(name, Some(vec![result]), None)
+            .await?;
+        claims.push(ClaimId {
+            namespace: env.cluster.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        });
+    }
+    let prepare = |i: usize| plugin.prepare(DraVersion::V1, std::slice::from_ref(&claims[i]));
+    for (i, want) in [(0, share(1)), (1, share(2))] {
+        let out = prepare(i).await?;
+        let answer = &out[&claims[i].uid];
+        ensure!(answer.error.is_empty(), "{answer:?}");
+        ensure!(
+            answer.devices.len() == 1
+                && answer.devices[0].device == PF
+                && answer.devices[0].share_id.as_deref() == Some(want.as_str()),
+            "{answer:?}"
+        );
+    }
+    let ns = &env.cluster.namespace;
+    let over = prepare(2).await?;
+    let want = format!(
+        "request nic: bandwidth.egress: 10Gbit/s on shared port enp162s0f0np0 would exceed its \
+         total of 25Gbit/s: 20Gbit/s is prepared for other claims ({ns}/a 10Gbit/s, {ns}/b \
+         10Gbit/s)"
+    );
+    ensure!(over[&claims[2].uid].error.contains(&want), "{:?}", over);
+    let twice = prepare(3).await?;
+    let want = format!(
+        "device {node}/{PF} is still prepared with the same shareID {} for claim {ns}/a",
+        share(1),
+        node = env.cluster.node
+    );
+    ensure!(twice[&claims[3].uid].error.contains(&want), "{:?}", twice);
+    // a goes: its 10G are free for c.
+    let out = plugin
+        .unprepare(DraVersion::V1, std::slice::from_ref(&claims[0]))
+        .await?;
+    ensure!(out[&claims[0].uid].is_empty(), "{out:?}");
+    let out = prepare(2).await?;
+    ensure!(out[&claims[2].uid].error.is_empty(), "{out:?}");
+    ensure!(out[&claims[2].uid].devices[0].share_id.as_deref() == Some(share(3).as_str()));
+    Ok(())
+}
+
+/// Child-slot mode (gate off): the scheduler counts slots only, so prepare keeps the port's
+/// 25G: a slot whose config asks 20G fits, a second asking 10G is refused naming the first, and
+/// a slot asking nothing gets the policy's 100M default.
+async fn slots_keep_the_ports_bandwidth_at_prepare(env: &mut Env) -> anyhow::Result<()> {
+    let Some(fake) = env.cluster.fake.as_ref() else {
+        println!("skipped: a real cluster's DRAConsumableCapacity gate cannot be switched");
+        return Ok(());
+    };
+    fake.set_consumable_capacity(false);
+    env.start()?;
+    let mut names = SLOTS.to_vec();
+    names.extend([VF0, VF1]);
+    env.pool(2, &names).await?;
+    let plugin = kubelet::register(&env.config.registry_dir).await?;
+    let mut claims = Vec::new();
+    for (name, slot, egress) in [
+        ("a", SLOTS[0], Some("20G")),
+        ("b", SLOTS[1], Some("10G")),
+        ("c", SLOTS[2], None),
+    ] {
+        let result = json!({"request": "nic", "driver": "knic.dev", "pool": env.cluster.node,
+            "device": slot});
+        let config = egress.map(|e| {
+            json!({"apiVersion": "knic.dev/v1alpha1",
+            "kind": "NetworkConfig", "bandwidth": {"egress": e}})
+        });
+        let claim = env
+            .cluster
+            .create_claim_allocated(name, Some(vec![result]), config)
+            .await?;
+        claims.push(ClaimId {
+            namespace: env.cluster.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+        });
+    }
+    let ns = env.cluster.namespace.clone();
+    // a first: which of a and b is refused must not depend on the order within one call.
+    let out = plugin
+        .prepare(DraVersion::V1, std::slice::from_ref(&claims[0]))
+        .await?;
+    ensure!(out[&claims[0].uid].error.is_empty(), "{out:?}");
+    let out = plugin.prepare(DraVersion::V1, &claims[1..]).await?;
+    let want = format!(
+        "request nic: bandwidth.egress: 10Gbit/s on shared port enp162s0f0np0 would exceed its \
+         total of 25Gbit/s: 20Gbit/s is prepared for other claims ({ns}/a 20Gbit/s"
+    );
+    ensure!(out[&claims[1].uid].error.contains(&want), "{out:?}");
+    ensure!(out[&claims[2].uid].error.is_empty(), "{out:?}");
+    ensure!(out[&claims[2].uid].devices[0].share_id.is_none(), "{out:?}");
+    Ok(())
+}
+
 fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
@@ -308,6 +429,8 @@ fn main() {
         gate_turned_off_later_falls_back_once,
         both_gates_off_publish_plain_slots,
         publisher_falls_back_within_one_sync,
+        shares_are_prepared_with_their_share_ids,
+        slots_keep_the_ports_bandwidth_at_prepare,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }
