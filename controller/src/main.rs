@@ -5,15 +5,21 @@
 //! other replica takes over at once.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use knic_controller::leader::Elector;
 use knic_controller::reconcile::{self, Config};
+use knic_proto::metrics::Health;
 
 /// How long the leader lease lasts without renewal (client-go's default).
 const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// The readiness condition `/readyz` names while it does not hold.
+const READY_LEASE: &str = "leader lease held or healthy standby";
+/// `/healthz` fails when the runtime has not run the heartbeat task for this long.
+const HEALTH_STALL: Duration = Duration::from_secs(30);
 /// How long a stopping replica tries to release the lease before leaving it to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -63,6 +69,10 @@ struct Args {
     /// suffix, unique per process].
     #[arg(long, env = "POD_NAME", value_parser = replica_identity)]
     identity: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP, `address:port`);
+    /// the empty string disables the server.
+    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9462")]
+    http_address: String,
 }
 
 /// The lease treats an empty holder as "nobody": two replicas both named "" would each take
@@ -152,6 +162,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.api_timeout_seconds,
     ));
     let client = knic_controller::client::connect(config, policy)?;
+    let listener = knic_controller::http::bind(&args.http_address)
+        .await
+        .with_context(|| format!("--http-address/KNIC_HTTP_ADDRESS {:?}", args.http_address))?;
+    let metrics = knic_controller::metrics::metrics();
+    let health = Arc::new(Health::new(&[READY_LEASE], HEALTH_STALL));
+    let (http_stop, http_stopped) = tokio::sync::watch::channel(false);
+    let serving = listener.map(|l| {
+        tokio::spawn(knic_controller::http::serve(
+            l,
+            &metrics.registry,
+            health.clone(),
+            http_stopped,
+        ))
+    });
+    let result = lead_or_stand_by(args, client, &health).await;
+    let _ = http_stop.send(true);
+    if let Some(serving) = serving {
+        let _ = serving.await;
+    }
+    result
+}
+
+/// Runs the reconciler, behind the leader lease unless election is off; `health` says whether
+/// this replica leads or is a healthy standby.
+async fn lead_or_stand_by(args: Args, client: kube::Client, health: &Health) -> anyhow::Result<()> {
+    let metrics = knic_controller::metrics::metrics();
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let reconciler = Config {
         resync: Duration::from_secs(args.resync_seconds),
@@ -166,6 +202,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if !args.leader_elect {
         tracing::info!("running without leader election");
+        health.readiness.set(READY_LEASE, true);
+        metrics.leader.set([], 1.0);
         reconcile::run(client, reconciler, shutdown).await;
         return Ok(());
     }
@@ -176,8 +214,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &identity,
         LEASE_DURATION,
     );
+    let standby = |healthy: bool| health.readiness.set(READY_LEASE, healthy);
     tokio::select! {
-        acquired = elector.acquire() => acquired?,
+        acquired = elector.acquire_observed(&standby) => acquired?,
         () = shutdown => {
             // An acquire cut short may have written the lease a moment ago; the release only
             // clears a lease this replica holds.
@@ -186,6 +225,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     tracing::info!(%identity, "leader lease acquired");
+    health.readiness.set(READY_LEASE, true);
+    metrics.leader.set([], 1.0);
     let (stop, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let mut run = tokio::spawn(reconcile::run(client, reconciler, async {
         let _ = stopped_rx.await;

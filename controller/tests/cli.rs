@@ -16,7 +16,8 @@ fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env_clear()
-        .env("KUBECONFIG", "/nonexistent/knt-kubeconfig");
+        .env("KUBECONFIG", "/nonexistent/knt-kubeconfig")
+        .env("KNIC_HTTP_ADDRESS", "");
     for (k, v) in envs {
         cmd.env(k, v);
     }

@@ -27,7 +27,8 @@ fn run(dir: &Path, envs: &[(&str, &str)]) -> Output {
         .env_clear()
         .env("KUBECONFIG", kubeconfig(dir))
         .env("KNIC_REGISTRY_DIR", dir.join("registry"))
-        .env("KNIC_PLUGIN_DIR", dir.join("plugin"));
+        .env("KNIC_PLUGIN_DIR", dir.join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -43,6 +44,7 @@ fn run_bounded(dir: &Path, envs: &[(&str, &str)], limit: Duration) -> Output {
         .env("KUBECONFIG", kubeconfig(dir))
         .env("KNIC_REGISTRY_DIR", dir.join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     for (k, v) in envs {
@@ -162,6 +164,7 @@ fn a_live_driver_on_the_same_sockets_is_not_taken_over() {
         .env("KUBECONFIG", kubeconfig(dir.path()))
         .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -363,6 +366,7 @@ fn error_texts_name_their_cause_once() {
         .env("HOME", dir.path())
         .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -213,6 +213,18 @@ impl FakeApi {
         }
     }
 
+    /// Every stored object of a collection path in a namespace ("" when cluster-scoped).
+    pub fn objects(&self, collection: &str, namespace: &str) -> Vec<Value> {
+        let Ok(objects) = self.store.objects.lock() else {
+            return Vec::new();
+        };
+        objects
+            .iter()
+            .filter(|((c, ns, _), _)| c == collection && ns == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     /// Stored object by collection path, namespace ("" when cluster-scoped) and name.
     pub fn object(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
         let objects = self.store.objects.lock().ok()?;
@@ -426,7 +438,11 @@ impl Store {
 
     /// What the apiserver's admission and validation make of a write of `obj` (to be named
     /// `name`) to `resource`: fields of disabled gates dropped, then the refusal, if any.
-    fn admit(&self, resource: &str, name: &str, obj: &mut Value) -> Option<String> {
+    fn admit(&self, target: &Target, name: &str, obj: &mut Value) -> Option<String> {
+        let resource = target.resource.as_str();
+        if resource == "events" {
+            return events::refusal(&target.group_version, &target.namespace, name, obj);
+        }
         if resource != "resourceslices" {
             return crate::admission::refusal(resource, obj);
         }
@@ -636,7 +652,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     format!("{} \"{name}\" already exists", target.resource),
                 );
             }
-            if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
+            if let Some(message) = store.admit(&target, &name, &mut obj) {
                 return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
             }
             store.stamp_new(&mut obj, &target, &name);
@@ -709,7 +725,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                         return not_found(&name);
                     }
                     let mut obj = patch.clone();
-                    if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
+                    if let Some(message) = store.admit(&target, &name, &mut obj) {
                         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
                     }
                     store.stamp_new(&mut obj, &target, &name);
@@ -775,6 +791,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+pub mod events;
 mod faults;
 mod objects;
 mod slices;

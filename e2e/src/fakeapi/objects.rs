@@ -84,7 +84,7 @@ pub(super) fn commit(
         .unwrap_or_default()
         .to_owned();
     if target.subresource.is_none()
-        && let Some(message) = store.admit(&target.resource, &name, obj)
+        && let Some(message) = store.admit(target, &name, obj)
     {
         *obj = before.clone();
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
