@@ -15,18 +15,13 @@ use tokio::sync::watch;
 /// How often the heartbeat behind `/healthz` is renewed.
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
 
-/// Binds `address` (`host:port`); `None` for the empty string, which disables the server.
-pub async fn bind(address: &str) -> std::io::Result<Option<TcpListener>> {
-    if address.is_empty() {
-        return Ok(None);
+/// Binds `address` (checked by [`knic_proto::metrics::listen_address`]); `None` stays
+/// disabled.
+pub async fn bind(address: Option<std::net::SocketAddr>) -> std::io::Result<Option<TcpListener>> {
+    match address {
+        Some(address) => Ok(Some(TcpListener::bind(address).await?)),
+        None => Ok(None),
     }
-    let parsed: std::net::SocketAddr = address.parse().map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{address:?} is not an address:port ({e}); empty disables the server"),
-        )
-    })?;
-    Ok(Some(TcpListener::bind(parsed).await?))
 }
 
 /// Serves until `stop` turns true, and renews `health`'s heartbeat meanwhile.

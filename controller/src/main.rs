@@ -71,8 +71,16 @@ struct Args {
     identity: Option<String>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP, `address:port`);
     /// the empty string disables the server.
-    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9462")]
+    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9462",
+        value_parser = http_address)]
     http_address: String,
+}
+
+/// `--http-address`: an address to listen on, or empty for none (checked when parsed).
+fn http_address(value: &str) -> Result<String, String> {
+    knic_proto::metrics::listen_address(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The lease treats an empty holder as "nobody": two replicas both named "" would each take
@@ -162,9 +170,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.api_timeout_seconds,
     ));
     let client = knic_controller::client::connect(config, policy)?;
-    let listener = knic_controller::http::bind(&args.http_address)
-        .await
-        .with_context(|| format!("--http-address/KNIC_HTTP_ADDRESS {:?}", args.http_address))?;
+    let listener =
+        knic_controller::http::bind(knic_proto::metrics::listen_address(&args.http_address)?)
+            .await
+            .with_context(|| {
+                format!(
+                    "--http-address/KNIC_HTTP_ADDRESS: cannot listen on {:?}",
+                    args.http_address
+                )
+            })?;
     let metrics = knic_controller::metrics::metrics();
     let health = Arc::new(Health::new(&[READY_LEASE], HEALTH_STALL));
     let (http_stop, http_stopped) = tokio::sync::watch::channel(false);

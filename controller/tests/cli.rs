@@ -169,3 +169,14 @@ fn error_texts_name_their_cause_once() {
     let err = stderr(&out);
     once(&err, "invalid filter directive");
 }
+
+#[test]
+fn a_bad_http_address_is_refused_naming_the_rule() {
+    fails_with(
+        &["--http-address", "9462"],
+        &[],
+        "invalid value '9462' for '--http-address <HTTP_ADDRESS>': \"9462\" is not an \
+         address:port to listen on (such as 0.0.0.0:9461 or [::]:9461); the empty string \
+         disables the server",
+    );
+}

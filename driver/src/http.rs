@@ -17,20 +17,20 @@ use crate::{Error, Result};
 /// How often the heartbeat behind `/healthz` is renewed.
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
 
-/// Binds `address` (`host:port`); `None` for the empty string, which disables the server.
-pub async fn bind(setting: &'static str, address: &str) -> Result<Option<TcpListener>> {
-    if address.is_empty() {
+/// Binds `address` (checked by [`knic_proto::metrics::listen_address`]); `None` stays
+/// disabled.
+pub async fn bind(
+    setting: &'static str,
+    address: Option<std::net::SocketAddr>,
+) -> Result<Option<TcpListener>> {
+    let Some(address) = address else {
         return Ok(None);
-    }
-    let parsed: std::net::SocketAddr = address.parse().map_err(|e| Error::Setting {
-        setting,
-        reason: format!("{address:?} is not an address:port ({e}); empty disables the server"),
-    })?;
-    let listener = TcpListener::bind(parsed)
+    };
+    let listener = TcpListener::bind(address)
         .await
         .map_err(|e| Error::Setting {
             setting,
-            reason: format!("cannot listen on {parsed}: {e}"),
+            reason: format!("cannot listen on {address}: {e}"),
         })?;
     Ok(Some(listener))
 }

@@ -244,10 +244,18 @@ struct RunArgs {
     /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP, `address:port`);
     /// the empty string disables the server. The DaemonSet uses the host network, so this is a
     /// port on the node.
-    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9461")]
+    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9461",
+        value_parser = http_address)]
     http_address: String,
     #[command(flatten)]
     discovery: DiscoveryArgs,
+}
+
+/// `--http-address`: an address to listen on, or empty for none (checked when parsed).
+fn http_address(value: &str) -> Result<String, String> {
+    knic_proto::metrics::listen_address(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
@@ -419,7 +427,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::time::Duration::from_secs(args.api_timeout_seconds),
     )
     .await?;
-    let http = http::bind("--http-address/KNIC_HTTP_ADDRESS", &args.http_address).await?;
+    let http = http::bind(
+        "--http-address/KNIC_HTTP_ADDRESS",
+        knic_proto::metrics::listen_address(&args.http_address)?,
+    )
+    .await?;
     let health = Arc::new(Health::new(
         &[READY_SLICES, READY_REGISTERED, READY_NRI],
         HEALTH_STALL,

@@ -424,3 +424,42 @@ fn the_demo_refuses_a_temp_dir_of_slash() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn a_bad_http_address_is_refused_naming_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_HTTP_ADDRESS", "localhost:9461")],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "invalid value 'localhost:9461' for '--http-address <HTTP_ADDRESS>': \
+             \"localhost:9461\" is not an address:port to listen on (such as 0.0.0.0:9461 or \
+             [::]:9461); the empty string disables the server"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_taken_http_port_fails_the_start_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_HTTP_ADDRESS", &address)],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "invalid setting --http-address/KNIC_HTTP_ADDRESS: cannot listen on {address}: \
+             Address already in use (os error 98)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -213,18 +213,6 @@ impl FakeApi {
         }
     }
 
-    /// Every stored object of a collection path in a namespace ("" when cluster-scoped).
-    pub fn objects(&self, collection: &str, namespace: &str) -> Vec<Value> {
-        let Ok(objects) = self.store.objects.lock() else {
-            return Vec::new();
-        };
-        objects
-            .iter()
-            .filter(|((c, ns, _), _)| c == collection && ns == namespace)
-            .map(|(_, v)| v.clone())
-            .collect()
-    }
-
     /// Stored object by collection path, namespace ("" when cluster-scoped) and name.
     pub fn object(&self, collection: &str, namespace: &str, name: &str) -> Option<Value> {
         let objects = self.store.objects.lock().ok()?;

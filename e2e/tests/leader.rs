@@ -527,35 +527,10 @@ async fn cut_off_holder_steps_down_first(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `knic-controller` binary: `KNIC_CONTROLLER_BIN`, else next to the test executable's
-/// target directory (`cargo build -p knic-controller` puts it there).
-fn controller_binary() -> Result<PathBuf, String> {
-    if let Ok(bin) = std::env::var("KNIC_CONTROLLER_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("knic-controller"))
-        .ok_or("the test executable has no target directory")?;
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(format!(
-            "{} not found: build it with `cargo build -p knic-controller` or set \
-             KNIC_CONTROLLER_BIN",
-            bin.display()
-        ))
-    }
-}
-
 /// A `knic-controller` process as a Deployment replica runs it; killed when dropped.
 struct Replica {
     child: tokio::process::Child,
     log: PathBuf,
-    /// Base URL of its `/metrics`, `/healthz` and `/readyz`.
-    http: String,
 }
 
 impl Replica {
@@ -565,11 +540,11 @@ impl Replica {
             .create(true)
             .append(true)
             .open(&log)?;
-        let address = knic_e2e::driver::free_loopback_address()?;
         let child = tokio::process::Command::new(bin)
             .env_clear()
             .env("KUBECONFIG", &cluster.kubeconfig)
-            .env("KNIC_HTTP_ADDRESS", &address)
+            // Replicas would fight over the default port (tests/metrics.rs scrapes it).
+            .env("KNIC_HTTP_ADDRESS", "")
             .env("POD_NAME", identity)
             .env("KNIC_LEADER_NAMESPACE", &cluster.namespace)
             .env("KNIC_LOG_LEVEL", "info")
@@ -579,11 +554,7 @@ impl Replica {
             .kill_on_drop(true)
             .spawn()
             .context("spawning knic-controller")?;
-        Ok(Replica {
-            child,
-            log,
-            http: format!("http://{address}"),
-        })
+        Ok(Replica { child, log })
     }
 
     fn logs(&self) -> String {
@@ -690,91 +661,6 @@ impl ScenarioEnv for Env {
     }
 }
 
-/// Two replicas of the real binary: both ready (one leads, one is a healthy standby), and
-/// `/metrics` says which leads.
-async fn leader_and_standby_are_ready(bin: PathBuf) -> anyhow::Result<()> {
-    let cluster = Cluster::fake("leader-ready").await?;
-    let a = Replica::start(&bin, &cluster, "replica-a")?;
-    let scrape = |r: &Replica| {
-        let url = format!("{}/metrics", r.http);
-        async move { knic_e2e::driver::http_get(&url).await }
-    };
-    eventually(
-        "replica-a ready and leading",
-        Duration::from_secs(10),
-        || async {
-            let ready = knic_e2e::driver::http_get(&format!("{}/readyz", a.http)).await?;
-            let (_, metrics) = scrape(&a).await?;
-            Ok((ready == (200, "ok\n".to_owned())
-                && metrics.contains("\nknic_controller_leader 1\n"))
-            .then_some(()))
-        },
-    )
-    .await
-    .with_context(|| a.logs())?;
-    let b = Replica::start(&bin, &cluster, "replica-b")?;
-    eventually(
-        "replica-b ready as a standby",
-        Duration::from_secs(10),
-        || async {
-            let ready = knic_e2e::driver::http_get(&format!("{}/readyz", b.http)).await?;
-            let (_, metrics) = scrape(&b).await?;
-            Ok((ready == (200, "ok\n".to_owned())
-                && metrics.contains("\nknic_controller_leader 0\n"))
-            .then_some(()))
-        },
-    )
-    .await
-    .with_context(|| b.logs())?;
-    let live = knic_e2e::driver::http_get(&format!("{}/healthz", b.http)).await?;
-    ensure!(live == (200, "ok\n".to_owned()), "{live:?}");
-    // The leader reconciles a Network: counted, by condition, with its addresses.
-    let network: knic_controller::network::Network = serde_json::from_value(serde_json::json!({
-        "apiVersion": "knic.dev/v1alpha1", "kind": "Network",
-        "metadata": {"name": "metrics-net"},
-        "spec": {
-            "devices": {"deviceClassName": "vf.knic.dev"},
-            "ipam": {"subnets": [{"cidr": "10.77.0.0/24", "gateway": "10.77.0.1"}]},
-            "namespaces": {"names": ["default"]},
-        },
-    }))?;
-    kube::Api::<knic_controller::network::Network>::all(cluster.client.clone())
-        .create(&Default::default(), &network)
-        .await?;
-    let metrics = eventually(
-        "the Network in the leader's metrics",
-        Duration::from_secs(10),
-        || async {
-            let (_, metrics) = scrape(&a).await?;
-            Ok(metrics
-                .contains("knic_controller_network_free_addresses{network=\"metrics-net\"} 253\n")
-                .then_some(metrics))
-        },
-    )
-    .await
-    .with_context(|| a.logs())?;
-    for line in [
-        "knic_controller_network_allocatable_addresses{network=\"metrics-net\"} 253\n",
-        "knic_controller_networks{condition=\"Ready\",status=\"True\"} 1\n",
-    ] {
-        ensure!(metrics.contains(line), "{line} missing:\n{metrics}");
-    }
-    ensure!(
-        !metrics.contains("knic_controller_reconciles_total{result=\"success\"} 0\n"),
-        "{metrics}"
-    );
-    for family in [
-        "# TYPE knic_controller_reconciles_total counter",
-        "# TYPE knic_controller_reconcile_duration_seconds histogram",
-        "# TYPE knic_controller_networks gauge",
-        "# TYPE knic_controller_network_free_addresses gauge",
-        "# TYPE knic_controller_network_allocatable_addresses gauge",
-    ] {
-        ensure!(metrics.contains(family), "{family} missing:\n{metrics}");
-    }
-    Ok(())
-}
-
 fn main() {
     let args = knic_e2e::harness::arguments();
     let mut trials = scenario_trials::<Env>(&knic_e2e::scenarios![
@@ -784,16 +670,10 @@ fn main() {
         race_for_expired_leases,
         cut_off_holder_steps_down_first,
     ]);
-    let binary = controller_binary();
+    let binary = knic_e2e::harness::controller_binary();
     if let Err(reason) = &binary {
         eprintln!("skipped: process/sigterm_releases_the_lease: {reason}");
     }
-    let bin = binary.clone();
-    trials.push(trial(
-        "process/leader_and_standby_are_ready".into(),
-        bin.is_err(),
-        move || leader_and_standby_are_ready(bin.unwrap_or_default()),
-    ));
     trials.push(trial(
         "process/sigterm_releases_the_lease".into(),
         binary.is_err(),

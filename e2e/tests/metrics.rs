@@ -2,15 +2,18 @@
 //! Events in the fake API: readiness flips as each condition (slices published, kubelet
 //! registration acknowledged, NRI connected) comes and goes; after prepares, unprepares and NRI
 //! hooks the scrape shows the counts; a failed prepare leaves one Event on the claim and one on
-//! its pod, with the kubelet's error text, and a repeat within the minute none.
+//! its pod, with the kubelet's error text, and a repeat within the minute none. Two controller
+//! replicas are both ready (leader and healthy standby) and the leader's metrics count a
+//! Network by condition with its addresses.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use knic_driver::nri::PodSandbox;
 use knic_driver::nri::runtime::TestRuntime;
 use knic_e2e::cluster::Cluster;
-use knic_e2e::driver::{DriverConfig, DriverProcess, http_get, vf_device};
+use knic_e2e::driver::{DriverConfig, DriverProcess, free_loopback_address, http_get, vf_device};
 use knic_e2e::harness::eventually;
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 use libtest_mimic::Trial;
@@ -371,12 +374,156 @@ async fn fake_api_validates_events() -> anyhow::Result<()> {
     }))
     .await?;
     ensure!(accepted.is_none(), "{accepted:?}");
+    // core/v1 Events get the legacy rules only: the involved object's namespace must match.
+    let core: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(cluster.client.clone(), &ns);
+    let legacy: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+        "metadata": {"name": "e4", "namespace": ns},
+        "involvedObject": {"kind": "Pod", "namespace": "elsewhere", "name": "p"},
+        "reason": "R", "message": "m", "type": "Warning",
+    }))?;
+    match core.create(&Default::default(), &legacy).await {
+        Err(kube::Error::Api(e)) => ensure!(
+            e.code == 422
+                && e.message
+                    == "Event \"e4\" is invalid: involvedObject.namespace: Invalid value: \
+                        \"elsewhere\": does not match event.namespace",
+            "{e:?}"
+        ),
+        other => anyhow::bail!("a core Event in another namespace was {other:?}"),
+    }
+    let mut legacy = legacy;
+    legacy.involved_object.namespace = Some(ns.clone());
+    core.create(&Default::default(), &legacy).await?;
+    Ok(())
+}
+
+/// A `knic-controller` replica with its HTTP server on a free loopback port; killed when
+/// dropped.
+struct Replica {
+    _child: tokio::process::Child,
+    log: PathBuf,
+    /// Base URL of its `/metrics`, `/healthz` and `/readyz`.
+    http: String,
+}
+
+impl Replica {
+    fn start(bin: &Path, cluster: &Cluster, identity: &str) -> anyhow::Result<Replica> {
+        let log = cluster.tmp.path().join(format!("{identity}.log"));
+        let file = std::fs::File::create(&log)?;
+        let address = free_loopback_address()?;
+        let child = tokio::process::Command::new(bin)
+            .env_clear()
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("POD_NAME", identity)
+            .env("KNIC_LEADER_NAMESPACE", &cluster.namespace)
+            .env("KNIC_HTTP_ADDRESS", &address)
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning knic-controller")?;
+        Ok(Replica {
+            _child: child,
+            log,
+            http: format!("http://{address}"),
+        })
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Two replicas of the real binary: both ready (one leads, one is a healthy standby), and
+/// `/metrics` says which leads.
+async fn leader_and_standby_are_ready(bin: PathBuf) -> anyhow::Result<()> {
+    let cluster = Cluster::fake("leader-ready").await?;
+    let a = Replica::start(&bin, &cluster, "replica-a")?;
+    let scrape = |r: &Replica| {
+        let url = format!("{}/metrics", r.http);
+        async move { http_get(&url).await }
+    };
+    eventually(
+        "replica-a ready and leading",
+        Duration::from_secs(10),
+        || async {
+            let ready = http_get(&format!("{}/readyz", a.http)).await?;
+            let (_, metrics) = scrape(&a).await?;
+            Ok((ready == (200, "ok\n".to_owned())
+                && metrics.contains("\nknic_controller_leader 1\n"))
+            .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| a.logs())?;
+    let b = Replica::start(&bin, &cluster, "replica-b")?;
+    eventually(
+        "replica-b ready as a standby",
+        Duration::from_secs(10),
+        || async {
+            let ready = http_get(&format!("{}/readyz", b.http)).await?;
+            let (_, metrics) = scrape(&b).await?;
+            Ok((ready == (200, "ok\n".to_owned())
+                && metrics.contains("\nknic_controller_leader 0\n"))
+            .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| b.logs())?;
+    let live = http_get(&format!("{}/healthz", b.http)).await?;
+    ensure!(live == (200, "ok\n".to_owned()), "{live:?}");
+    // The leader reconciles a Network: counted, by condition, with its addresses.
+    let network: knic_controller::network::Network = serde_json::from_value(serde_json::json!({
+        "apiVersion": "knic.dev/v1alpha1", "kind": "Network",
+        "metadata": {"name": "metrics-net"},
+        "spec": {
+            "devices": {"deviceClassName": "vf.knic.dev"},
+            "ipam": {"subnets": [{"cidr": "10.77.0.0/24", "gateway": "10.77.0.1"}]},
+            "namespaces": {"names": ["default"]},
+        },
+    }))?;
+    kube::Api::<knic_controller::network::Network>::all(cluster.client.clone())
+        .create(&Default::default(), &network)
+        .await?;
+    let metrics = eventually(
+        "the Network in the leader's metrics",
+        Duration::from_secs(10),
+        || async {
+            let (_, metrics) = scrape(&a).await?;
+            Ok(metrics
+                .contains("knic_controller_network_free_addresses{network=\"metrics-net\"} 253\n")
+                .then_some(metrics))
+        },
+    )
+    .await
+    .with_context(|| a.logs())?;
+    for line in [
+        "knic_controller_network_allocatable_addresses{network=\"metrics-net\"} 253\n",
+        "knic_controller_networks{condition=\"Ready\",status=\"True\"} 1\n",
+    ] {
+        ensure!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    ensure!(
+        !metrics.contains("knic_controller_reconciles_total{result=\"success\"} 0\n"),
+        "{metrics}"
+    );
+    for family in [
+        "# TYPE knic_controller_reconciles_total counter",
+        "# TYPE knic_controller_reconcile_duration_seconds histogram",
+        "# TYPE knic_controller_networks gauge",
+        "# TYPE knic_controller_network_free_addresses gauge",
+        "# TYPE knic_controller_network_allocatable_addresses gauge",
+    ] {
+        ensure!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
     Ok(())
 }
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let trials: Vec<Trial> = vec![
+    let mut trials: Vec<Trial> = vec![
         knic_e2e::harness::trial("metrics_health_and_events".into(), false, || {
             metrics_health_and_events()
         }),
@@ -384,5 +531,14 @@ fn main() {
             fake_api_validates_events()
         }),
     ];
+    let binary = knic_e2e::harness::controller_binary();
+    if let Err(reason) = &binary {
+        eprintln!("skipped: controller_leader_and_standby_are_ready: {reason}");
+    }
+    trials.push(knic_e2e::harness::trial(
+        "controller_leader_and_standby_are_ready".into(),
+        binary.is_err(),
+        move || leader_and_standby_are_ready(binary.unwrap_or_default()),
+    ));
     libtest_mimic::run(&args, trials).exit();
 }

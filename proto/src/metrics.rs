@@ -516,7 +516,7 @@ impl Readiness {
 }
 
 mod endpoints;
-pub use endpoints::{Answer, Health, Heartbeat, answer};
+pub use endpoints::{Answer, Health, Heartbeat, answer, listen_address};
 
 #[cfg(test)]
 mod tests;

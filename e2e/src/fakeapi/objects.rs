@@ -139,3 +139,17 @@ pub(super) fn delete_or_mark(
     store.emit(target, "DELETED", &removed);
     Some(removed)
 }
+
+impl super::FakeApi {
+    /// Every stored object of a collection path in a namespace ("" when cluster-scoped).
+    pub fn objects(&self, collection: &str, namespace: &str) -> Vec<Value> {
+        let Ok(objects) = self.store.objects.lock() else {
+            return Vec::new();
+        };
+        objects
+            .iter()
+            .filter(|((c, ns, _), _)| c == collection && ns == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+}

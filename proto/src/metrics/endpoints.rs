@@ -64,6 +64,20 @@ impl Health {
     }
 }
 
+/// Checks an `--http-address` value: an `address:port` to listen on, or the empty string,
+/// which disables the server (`None`).
+pub fn listen_address(value: &str) -> crate::Result<Option<std::net::SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|_| {
+        crate::Error::Rule(format!(
+            "{value:?} is not an address:port to listen on (such as 0.0.0.0:9461 or \
+             [::]:9461); the empty string disables the server"
+        ))
+    })
+}
+
 /// One HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

@@ -264,3 +264,25 @@ fn healthz_fails_once_the_heartbeat_is_older_than_the_limit() {
     // No condition: always ready.
     assert_eq!(answer("GET", "/readyz", &registry, &health).status, 200);
 }
+
+#[test]
+fn listen_addresses_are_checked_and_empty_disables() {
+    assert_eq!(listen_address(""), Ok(None));
+    assert_eq!(
+        listen_address("0.0.0.0:9461"),
+        Ok(Some("0.0.0.0:9461".parse().expect("address")))
+    );
+    assert_eq!(
+        listen_address("[::]:9462"),
+        Ok(Some("[::]:9462".parse().expect("address")))
+    );
+    for bad in ["9461", "localhost:9461", "0.0.0.0", "0.0.0.0:99999"] {
+        assert_eq!(
+            listen_address(bad).expect_err(bad).to_string(),
+            format!(
+                "{bad:?} is not an address:port to listen on (such as 0.0.0.0:9461 or \
+                 [::]:9461); the empty string disables the server"
+            )
+        );
+    }
+}
