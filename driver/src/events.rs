@@ -51,11 +51,13 @@ impl EventSink for NoEvents {
     fn warn(&self, _: Warning) {}
 }
 
-/// The reason of a prepare failure: refusals a user can act on get their own.
+/// The reason of a prepare failure: the refusal while NRI is down gets its own (nothing is
+/// wrong with the claim); everything else, an exhausted Network included (its error comes
+/// wrapped with the claim and request it concerns), is `PrepareFailed` with the text saying
+/// what.
 pub fn prepare_reason(error: &crate::Error) -> &'static str {
     match error {
         crate::Error::RuntimeHooksDown { .. } => "RuntimeHooksDown",
-        crate::Error::Ipam(_) => "AddressAllocationFailed",
         _ => "PrepareFailed",
     }
 }
@@ -163,10 +165,6 @@ mod tests {
                 socket: "/nri.sock".into()
             }),
             "RuntimeHooksDown"
-        );
-        assert_eq!(
-            prepare_reason(&crate::Error::Ipam("full".into())),
-            "AddressAllocationFailed"
         );
         assert_eq!(
             prepare_reason(&crate::Error::Nri("x".into())),

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use knic_controller::network::Network;
 use knic_driver::nri::PodSandbox;
 use knic_driver::nri::runtime::TestRuntime;
 use knic_e2e::cluster::Cluster;
@@ -280,6 +281,75 @@ async fn metrics_health_and_events() -> anyhow::Result<()> {
     ] {
         ensure!(scrape.contains(family), "{family} missing:\n{scrape}");
     }
+
+    // IPAM: a Network with one usable address; the second claim is refused as exhausted (two
+    // more Events, on its claim and pod, with the exhaustion text), the first gives its
+    // address back at unprepare.
+    let network = format!("metrics-{}", cluster.namespace);
+    let spec = serde_json::from_value(json!({
+        "devices": {"deviceClassName": "knic.dev"},
+        "ipam": {"subnets": [{"cidr": "192.0.2.0/30", "gateway": "192.0.2.1"}]},
+        "namespaces": {"names": [cluster.namespace]},
+    }))?;
+    kube::Api::<Network>::all(cluster.client.clone())
+        .create(&Default::default(), &Network::new(&network, spec))
+        .await?;
+    let config = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+                        "ipam": {"network": network}});
+    let mut ipam = Vec::new();
+    for (name, vf) in [("ipam-1", 2), ("ipam-2", 3)] {
+        let pool = cluster.node.clone();
+        let claim = cluster
+            .create_claim_in_pool(
+                name,
+                &pool,
+                Some(&[("knic.dev", &vf_device(vf))]),
+                Some(config.clone()),
+            )
+            .await?;
+        let out = plugin.prepare(DraVersion::V1, &[id(&claim)]).await?;
+        ipam.push((claim, out));
+    }
+    ensure!(
+        ipam[0].1[&ipam[0].0.uid].error.is_empty(),
+        "{:?}",
+        ipam[0].1
+    );
+    let exhausted = ipam[1].1[&ipam[1].0.uid].error.clone();
+    ensure!(
+        exhausted.ends_with("subnet 192.0.2.0/30 has no free address (1 in use of 1)"),
+        "{exhausted}"
+    );
+    let out = plugin.unprepare(DraVersion::V1, &[id(&ipam[0].0)]).await?;
+    ensure!(out[&ipam[0].0.uid].is_empty(), "{}", out[&ipam[0].0.uid]);
+    let scrape = eventually("IPAM counted", WAIT, || async {
+        let (_, body) = http_get(&metrics).await?;
+        Ok((sample(
+            &body,
+            "knic_driver_events_total{reason=\"PrepareFailed\",outcome=\"sent\"}",
+        ) == Some(4.0))
+        .then_some(body))
+    })
+    .await?;
+    for (series, value) in [
+        (
+            "knic_driver_ipam_allocations_total{result=\"success\"}",
+            1.0,
+        ),
+        ("knic_driver_ipam_allocations_total{result=\"error\"}", 1.0),
+        ("knic_driver_ipam_exhausted_total", 1.0),
+        ("knic_driver_ipam_releases_total{result=\"success\"}", 1.0),
+    ] {
+        expect(&scrape, series, value)?;
+    }
+    let refused: Vec<Value> = events(&cluster)
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "ipam-2" || e["regarding"]["name"] == "ipam-2-pod")
+        .collect();
+    ensure!(
+        refused.len() == 2 && refused.iter().all(|e| e["note"] == json!(exhausted)),
+        "{refused:?}"
+    );
 
     // The runtime goes away: not ready again, naming it.
     runtime.shutdown().await;

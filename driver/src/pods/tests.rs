@@ -268,6 +268,8 @@ mod hooks {
         let s = setup().await;
         let warnings = Arc::new(Warnings::default());
         s.pods.set_events(warnings.clone());
+        // Shared with tests running in parallel: only ever more.
+        let failed_before = crate::metrics::metrics().attaches.get(["error"]);
         s.claims
             .update("claim-uid", |c| {
                 c.attachments[1].plan.identity = Some(crate::netns::DeviceIdentity::Mac {
@@ -301,6 +303,7 @@ mod hooks {
                 message: seen[0].1[0].message.clone(),
             }]
         );
+        assert!(crate::metrics::metrics().attaches.get(["error"]) >= failed_before + 1.0);
         warnings.0.lock().expect("warnings").clear();
         s.pods
             .run_pod_sandbox(sandbox(None))
