@@ -64,11 +64,18 @@ impl KubeEvents {
             uid: Some(warning.claim.uid.clone()),
             ..Default::default()
         };
-        let pods = match &warning.pod {
-            Some(pod) => vec![(pod.name.clone(), pod.uid.clone())],
-            None => self.reserved_pods(&warning).await,
+        // The claim first: while its Event is held back, the kubelet's retries do not each
+        // read the claim again to find its pods.
+        let claim_count = self.admit(&warning.claim.uid, warning.reason);
+        let pods = match (&warning.pod, claim_count) {
+            (Some(pod), _) => vec![(pod.name.clone(), pod.uid.clone())],
+            (None, Some(_)) => self.reserved_pods(&warning).await,
+            (None, None) => Vec::new(),
         };
-        let mut regarding = vec![(claim_ref.clone(), None)];
+        let mut regarding = Vec::new();
+        if let Some(count) = claim_count {
+            regarding.push((claim_ref.clone(), None, count));
+        }
         for (name, uid) in pods {
             let pod = ObjectReference {
                 api_version: Some("v1".into()),
@@ -78,13 +85,11 @@ impl KubeEvents {
                 uid: Some(uid),
                 ..Default::default()
             };
-            regarding.push((pod, Some(claim_ref.clone())));
+            if let Some(count) = self.admit(&uid_of(&pod), warning.reason) {
+                regarding.push((pod, Some(claim_ref.clone()), count));
+            }
         }
-        for (object, related) in regarding {
-            let uid = object.uid.clone().unwrap_or_default();
-            let Some(count) = self.admit(&uid, warning.reason) else {
-                continue;
-            };
+        for (object, related, count) in regarding {
             let event = event(
                 &object,
                 related,
@@ -134,6 +139,10 @@ impl EventSink for KubeEvents {
         let this = self.clone();
         tokio::spawn(async move { this.send(warning).await });
     }
+}
+
+fn uid_of(object: &ObjectReference) -> String {
+    object.uid.clone().unwrap_or_default()
 }
 
 /// `knic-driver-<node>`, cut to the apiserver's 128 characters.
