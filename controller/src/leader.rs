@@ -175,12 +175,22 @@ impl Elector {
     /// Waits until this replica holds the lease, retrying every `duration / 3`. Each attempt is
     /// cut off after `duration`, so a hung request cannot stall the candidate for good.
     pub async fn acquire(&self) -> Result<()> {
+        self.acquire_observed(&|_| {}).await
+    }
+
+    /// [`Elector::acquire`], telling `standby` after every attempt whether this replica is a
+    /// healthy standby (the lease was read and is held by another) or not (the API failed).
+    pub async fn acquire_observed(&self, standby: &(dyn Fn(bool) + Sync)) -> Result<()> {
         loop {
             match tokio::time::timeout(self.duration, self.try_acquire_or_renew()).await {
                 Ok(Ok(true)) => return Ok(()),
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "trying to acquire the leader lease"),
+                Ok(Ok(false)) => standby(true),
+                Ok(Err(e)) => {
+                    standby(false);
+                    tracing::warn!(error = %e, "trying to acquire the leader lease");
+                }
                 Err(_) => {
+                    standby(false);
                     let timeout = self.duration;
                     tracing::warn!(?timeout, "trying to acquire the leader lease timed out");
                 }

@@ -21,8 +21,10 @@
 pub mod availability;
 pub mod cel;
 pub mod client;
+pub mod http;
 pub use knic_proto::ipam;
 pub mod leader;
+pub mod metrics;
 pub use knic_proto::network;
 pub mod plan;
 pub mod reconcile;

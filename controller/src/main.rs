@@ -13,9 +13,14 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use knic_controller::leader::Elector;
 use knic_controller::reconcile::{self, Config};
+use knic_proto::metrics::Health;
 
 /// How long the leader lease lasts without renewal (client-go's default).
 const LEASE_DURATION: Duration = Duration::from_secs(15);
+/// The readiness condition `/readyz` names while it does not hold.
+const READY_LEASE: &str = "leader lease held or healthy standby";
+/// `/healthz` fails when the runtime has not run the heartbeat task for this long.
+const HEALTH_STALL: Duration = Duration::from_secs(30);
 /// How long a stopping replica tries to release the lease before leaving it to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -80,6 +85,11 @@ struct Args {
     #[arg(long, env = "KNIC_WEBHOOK_RELOAD_SECONDS", default_value_t = 10,
         value_parser = clap::value_parser!(u64).range(1..=3600))]
     webhook_reload_seconds: u64,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP, `address:port`);
+    /// the empty string disables the server.
+    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9462",
+        value_parser = http_address)]
+    http_address: String,
 }
 
 /// An address, or none (a newtype: clap reads a bare `Option` as "flag may be absent").
@@ -97,6 +107,13 @@ fn webhook_address(value: &str) -> Result<OptionalAddress, String> {
         .map_err(|e| {
             format!("{value:?} is not an address:port like 0.0.0.0:9443 (or empty to disable): {e}")
         })
+}
+
+/// `--http-address`: an address to listen on, or empty for none (checked when parsed).
+fn http_address(value: &str) -> Result<String, String> {
+    knic_proto::metrics::listen_address(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The lease treats an empty holder as "nobody": two replicas both named "" would each take
@@ -186,6 +203,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.api_timeout_seconds,
     ));
     let client = knic_controller::client::connect(config, policy)?;
+    let listener =
+        knic_controller::http::bind(knic_proto::metrics::listen_address(&args.http_address)?)
+            .await
+            .with_context(|| {
+                format!(
+                    "--http-address/KNIC_HTTP_ADDRESS: cannot listen on {:?}",
+                    args.http_address
+                )
+            })?;
+    let metrics = knic_controller::metrics::metrics();
+    let health = Arc::new(Health::new(&[READY_LEASE], HEALTH_STALL));
+    let (http_stop, http_stopped) = tokio::sync::watch::channel(false);
+    let serving = listener.map(|l| {
+        tokio::spawn(knic_controller::http::serve(
+            l,
+            &metrics.registry,
+            health.clone(),
+            http_stopped,
+        ))
+    });
+    let result = lead_or_stand_by(args, client, &health).await;
+    let _ = http_stop.send(true);
+    if let Some(serving) = serving {
+        let _ = serving.await;
+    }
+    result
+}
+
+/// Runs the reconciler, behind the leader lease unless election is off; `health` says whether
+/// this replica leads or is a healthy standby.
+async fn lead_or_stand_by(args: Args, client: kube::Client, health: &Health) -> anyhow::Result<()> {
+    let metrics = knic_controller::metrics::metrics();
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let reconciler = Config {
         resync: Duration::from_secs(args.resync_seconds),
@@ -201,6 +250,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if !args.leader_elect {
         tracing::info!("running without leader election");
+        health.readiness.set(READY_LEASE, true);
+        metrics.leader.set([], 1.0);
         reconcile::run(client, reconciler, shutdown).await;
         return Ok(());
     }
@@ -211,8 +262,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &identity,
         LEASE_DURATION,
     );
+    let standby = |healthy: bool| health.readiness.set(READY_LEASE, healthy);
     tokio::select! {
-        acquired = elector.acquire() => acquired?,
+        acquired = elector.acquire_observed(&standby) => acquired?,
         () = shutdown => {
             // An acquire cut short may have written the lease a moment ago; the release only
             // clears a lease this replica holds.
@@ -221,6 +273,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     tracing::info!(%identity, "leader lease acquired");
+    health.readiness.set(READY_LEASE, true);
+    metrics.leader.set([], 1.0);
     let (stop, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let mut run = tokio::spawn(reconcile::run(client, reconciler, async {
         let _ = stopped_rx.await;

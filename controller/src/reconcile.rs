@@ -248,6 +248,16 @@ fn error_policy(network: Arc<Network>, error: &Error, ctx: Arc<Context>) -> Acti
 }
 
 async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let outcome = reconcile_network(network, ctx).await;
+    let m = crate::metrics::metrics();
+    m.reconciles
+        .inc([if outcome.is_ok() { "success" } else { "error" }]);
+    m.reconcile_duration.observe_since([], started);
+    outcome
+}
+
+async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
     let name = network.name_any();
     let networks: Api<Network> = Api::all(ctx.client.clone());
     let has_finalizer = network.finalizers().iter().any(|f| f == FINALIZER);
@@ -264,6 +274,7 @@ async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
                 publish(&ctx, &network, EventType::Normal, reason::CLEANED_UP, note).await;
             }
         }
+        crate::metrics::metrics().network_gone(&name);
         return Ok(Action::await_change());
     }
     if !has_finalizer {
@@ -385,6 +396,7 @@ async fn reconcile(network: Arc<Network>, ctx: Arc<Context>) -> Result<Action> {
     if !same_status(&previous, &status) {
         crate::status::write_status(&networks, &name, &status).await?;
     }
+    crate::metrics::metrics().network_status(&name, &status);
     Ok(Action::requeue(ctx.config.resync))
 }
 

@@ -16,7 +16,8 @@ fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env_clear()
-        .env("KUBECONFIG", "/nonexistent/knt-kubeconfig");
+        .env("KUBECONFIG", "/nonexistent/knt-kubeconfig")
+        .env("KNIC_HTTP_ADDRESS", "");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -216,5 +217,16 @@ fn webhook_settings_are_checked_at_start() {
         ),
         "{}",
         stderr(&out)
+    );
+}
+
+#[test]
+fn a_bad_http_address_is_refused_naming_the_rule() {
+    fails_with(
+        &["--http-address", "9462"],
+        &[],
+        "invalid value '9462' for '--http-address <HTTP_ADDRESS>': \"9462\" is not an \
+         address:port to listen on (such as 0.0.0.0:9461 or [::]:9461); the empty string \
+         disables the server",
     );
 }

@@ -7,10 +7,12 @@ mod demo;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use knic_driver::api::events::KubeEvents;
 use knic_driver::api::slices::{Publisher, PublisherSettings};
 use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
 use knic_driver::cdi::CdiSpecs;
 use knic_driver::claims::checkpoint::CheckpointStore;
+use knic_driver::http;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
 use knic_driver::kubelet::health::HealthService;
@@ -24,8 +26,16 @@ use knic_driver::slices::{self, PoolOwner};
 use knic_driver::sriov::writes::LiveWrites;
 use knic_driver::sriov::{Provisioner, SriovPolicy};
 use knic_driver::wiring::{self, FailClosed, Parts};
+use knic_proto::metrics::Health;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
+
+/// The driver's readiness conditions, as `/readyz` names them when they do not hold.
+const READY_SLICES: &str = "ResourceSlices published";
+const READY_REGISTERED: &str = "kubelet registration acknowledged";
+const READY_NRI: &str = "NRI plugin connected";
+/// `/healthz` fails when the runtime has not run the heartbeat task for this long.
+const HEALTH_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long the first ResourceSlice publish waits for the list of Networks.
 const NETWORKS_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -248,8 +258,21 @@ struct RunArgs {
     #[arg(long, env = "KNIC_SRIOV_WAIT_SECONDS", default_value_t = 10,
         value_parser = clap::value_parser!(u64).range(1..=300))]
     sriov_wait_seconds: u64,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP, `address:port`);
+    /// the empty string disables the server. The DaemonSet uses the host network, so this is a
+    /// port on the node.
+    #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9461",
+        value_parser = http_address)]
+    http_address: String,
     #[command(flatten)]
     discovery: DiscoveryArgs,
+}
+
+/// `--http-address`: an address to listen on, or empty for none (checked when parsed).
+fn http_address(value: &str) -> Result<String, String> {
+    knic_proto::metrics::listen_address(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
@@ -424,6 +447,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::time::Duration::from_secs(args.api_timeout_seconds),
     )
     .await?;
+    let http = http::bind(
+        "--http-address/KNIC_HTTP_ADDRESS",
+        knic_proto::metrics::listen_address(&args.http_address)?,
+    )
+    .await?;
+    let health = Arc::new(Health::new(
+        &[READY_SLICES, READY_REGISTERED, READY_NRI],
+        HEALTH_STALL,
+    ));
+    let metrics = knic_driver::metrics::metrics();
+    // Served from here on, so probes answer during a long first discovery (VF creation).
+    let (http_stop, http_stop_rx) = tokio::sync::watch::channel(false);
+    let serving = http.map(|listener| {
+        tokio::spawn(http::serve(
+            listener,
+            &metrics.registry,
+            health.clone(),
+            http_stop_rx,
+        ))
+    });
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
         registry_dir = %paths.registry_dir.display(), "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
@@ -436,6 +479,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let hook = paths.plugin_dir.join("bin").join("knic-driver");
     knic_driver::cdi::install_hook(&hook)?;
     let (nri_connected_tx, nri_connected) = tokio::sync::watch::channel(false);
+    http::mirror(
+        health.clone(),
+        READY_NRI,
+        nri_connected.clone(),
+        |c| *c,
+        Some(metrics.nri_connected.clone()),
+    );
+    let events = Arc::new(KubeEvents::new(client.clone(), &args.node_name));
     // `ipam: {network}` claims get their addresses from this node, through the API.
     let wired = wiring::node(Parts {
         source: Arc::new(KubeClaims::new(client.clone())),
@@ -460,6 +511,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
         sharing: Some(discovery.sharing.clone()),
     });
+
+    wired.pods.set_events(events.clone());
 
     // Provision and discover before anything is published or served, so the first slice is
     // the real one.
@@ -501,13 +554,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
+    let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);
+    http::mirror(health.clone(), READY_SLICES, slices_published, |p| *p, None);
     let publishing = tokio::spawn(async move {
         // First publish once the full networks are known (a restart must not briefly offer
         // them), bounded for a cluster without the Network CRD; registration and prepare do
         // not wait for it.
         let _ = tokio::time::timeout(NETWORKS_SYNC_WAIT, synced_rx).await;
         publisher
-            .run(published_rx, PublisherSettings::default())
+            .run_reporting(
+                published_rx,
+                PublisherSettings::default(),
+                slices_published_tx,
+            )
             .await;
     });
     let rescan = RescanSettings {
@@ -531,13 +590,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         nri_connected_tx,
     ));
 
-    let (registration, _) = tokio::sync::watch::channel(Registration::Pending);
-    let service = DraService::new(wired.preparer);
+    let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
+    http::mirror(
+        health.clone(),
+        READY_REGISTERED,
+        registration_rx,
+        |r| *r == Registration::Registered,
+        Some(metrics.kubelet_registered.clone()),
+    );
+    let service = DraService::new(wired.preparer).with_events(events);
     let health = HealthService::new(args.node_name.clone(), view_rx.clone());
     let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    let _ = http_stop.send(true);
+    if let Some(serving) = serving {
+        let _ = serving.await;
+    }
     publishing.abort();
     served?;
     tracing::info!("knic-driver stopped");

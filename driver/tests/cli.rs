@@ -27,7 +27,8 @@ fn run(dir: &Path, envs: &[(&str, &str)]) -> Output {
         .env_clear()
         .env("KUBECONFIG", kubeconfig(dir))
         .env("KNIC_REGISTRY_DIR", dir.join("registry"))
-        .env("KNIC_PLUGIN_DIR", dir.join("plugin"));
+        .env("KNIC_PLUGIN_DIR", dir.join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -43,6 +44,7 @@ fn run_bounded(dir: &Path, envs: &[(&str, &str)], limit: Duration) -> Output {
         .env("KUBECONFIG", kubeconfig(dir))
         .env("KNIC_REGISTRY_DIR", dir.join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     for (k, v) in envs {
@@ -162,6 +164,7 @@ fn a_live_driver_on_the_same_sockets_is_not_taken_over() {
         .env("KUBECONFIG", kubeconfig(dir.path()))
         .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -363,6 +366,7 @@ fn error_texts_name_their_cause_once() {
         .env("HOME", dir.path())
         .env("KNIC_REGISTRY_DIR", dir.path().join("registry"))
         .env("KNIC_PLUGIN_DIR", dir.path().join("plugin"))
+        .env("KNIC_HTTP_ADDRESS", "")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -418,5 +422,44 @@ fn the_demo_refuses_a_temp_dir_of_slash() {
         out.stdout.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn a_bad_http_address_is_refused_naming_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_HTTP_ADDRESS", "localhost:9461")],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "invalid value 'localhost:9461' for '--http-address <HTTP_ADDRESS>': \
+             \"localhost:9461\" is not an address:port to listen on (such as 0.0.0.0:9461 or \
+             [::]:9461); the empty string disables the server"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_taken_http_port_fails_the_start_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = run(
+        dir.path(),
+        &[("NODE_NAME", "n1"), ("KNIC_HTTP_ADDRESS", &address)],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "invalid setting --http-address/KNIC_HTTP_ADDRESS: cannot listen on {address}: \
+             Address already in use (os error 98)"
+        )),
+        "{}",
+        stderr(&out)
     );
 }

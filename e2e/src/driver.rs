@@ -110,9 +110,21 @@ impl DriverConfig {
                     "KNIC_CDI_DIR".into(),
                     dir.join("cdi").to_string_lossy().into_owned(),
                 ),
+                // Parallel drivers would fight over the default port; tests that scrape it
+                // set a free one ([`DriverConfig::with_http`]).
+                ("KNIC_HTTP_ADDRESS".into(), String::new()),
             ],
             stand_in_runtime: true,
         }
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on a free loopback port; returns its base URL.
+    pub fn with_http(self) -> anyhow::Result<(DriverConfig, String)> {
+        let address = free_loopback_address()?;
+        Ok((
+            self.with_env("KNIC_HTTP_ADDRESS", address.clone()),
+            format!("http://{address}"),
+        ))
     }
 
     /// The test brings its own runtime on the NRI socket.
@@ -231,5 +243,64 @@ impl DriverProcess {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// A loopback `address:port` nothing listens on right now (the kernel's choice, released for
+/// the child to bind).
+pub fn free_loopback_address() -> anyhow::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// GETs `url` (`http://host:port/path`) as a scraper or a kubelet probe does: one HTTP/1.1
+/// request on a fresh connection; returns the status and the body.
+pub async fn http_get(url: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").context("only http:// URLs")?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream = tokio::net::TcpStream::connect(authority).await?;
+    stream
+        .write_all(
+            format!("GET /{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .context("no answer within 10s")??;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("answer without a header end")?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("answer without a status")?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body
+            .split_once("\r\n")
+            .context("chunk without a size line")?;
+        let size = usize::from_str_radix(size.trim(), 16)?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).context("chunk shorter than its size")?);
+        body = rest.get(size + 2..).context("chunk without its line end")?;
     }
 }

@@ -437,7 +437,11 @@ impl Store {
 
     /// What the apiserver's admission and validation make of a write of `obj` (to be named
     /// `name`) to `resource`: fields of disabled gates dropped, then the refusal, if any.
-    fn admit(&self, resource: &str, name: &str, obj: &mut Value) -> Option<String> {
+    fn admit(&self, target: &Target, name: &str, obj: &mut Value) -> Option<String> {
+        let resource = target.resource.as_str();
+        if resource == "events" {
+            return events::refusal(&target.group_version, &target.namespace, name, obj);
+        }
         if resource != "resourceslices" {
             return crate::admission::refusal(resource, obj);
         }
@@ -655,7 +659,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                     format!("{} \"{name}\" already exists", target.resource),
                 );
             }
-            if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
+            if let Some(message) = store.admit(&target, &name, &mut obj) {
                 return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
             }
             store.stamp_new(&mut obj, &target, &name);
@@ -728,7 +732,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
                         return not_found(&name);
                     }
                     let mut obj = patch.clone();
-                    if let Some(message) = store.admit(&target.resource, &name, &mut obj) {
+                    if let Some(message) = store.admit(&target, &name, &mut obj) {
                         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
                     }
                     store.stamp_new(&mut obj, &target, &name);
@@ -795,6 +799,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Response<Body> {
 }
 
 mod capacity;
+pub mod events;
 mod faults;
 mod objects;
 mod slices;

@@ -3,6 +3,7 @@
 //! configured, and a polling helper for "eventually" assertions.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
@@ -350,6 +351,29 @@ macro_rules! scenarios {
 
 fn missing_in_vm(reason: &str) -> String {
     format!("{reason}, but this runs in the test VM ({ENV_IN_VM}=1), whose kernel must have it")
+}
+
+/// The `knic-controller` binary: `KNIC_CONTROLLER_BIN`, else next to the test executable's
+/// target directory (`cargo build -p knic-controller` puts it there).
+pub fn controller_binary() -> Result<PathBuf, String> {
+    if let Ok(bin) = std::env::var("KNIC_CONTROLLER_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("knic-controller"))
+        .ok_or("the test executable has no target directory")?;
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build -p knic-controller` or set \
+             KNIC_CONTROLLER_BIN",
+            bin.display()
+        ))
+    }
 }
 
 #[cfg(test)]

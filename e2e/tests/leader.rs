@@ -527,29 +527,6 @@ async fn cut_off_holder_steps_down_first(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `knic-controller` binary: `KNIC_CONTROLLER_BIN`, else next to the test executable's
-/// target directory (`cargo build -p knic-controller` puts it there).
-fn controller_binary() -> Result<PathBuf, String> {
-    if let Ok(bin) = std::env::var("KNIC_CONTROLLER_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("knic-controller"))
-        .ok_or("the test executable has no target directory")?;
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(format!(
-            "{} not found: build it with `cargo build -p knic-controller` or set \
-             KNIC_CONTROLLER_BIN",
-            bin.display()
-        ))
-    }
-}
-
 /// A `knic-controller` process as a Deployment replica runs it; killed when dropped.
 struct Replica {
     child: tokio::process::Child,
@@ -566,6 +543,8 @@ impl Replica {
         let child = tokio::process::Command::new(bin)
             .env_clear()
             .env("KUBECONFIG", &cluster.kubeconfig)
+            // Replicas would fight over the default port (tests/metrics.rs scrapes it).
+            .env("KNIC_HTTP_ADDRESS", "")
             .env("POD_NAME", identity)
             .env("KNIC_LEADER_NAMESPACE", &cluster.namespace)
             .env("KNIC_LOG_LEVEL", "info")
@@ -691,7 +670,7 @@ fn main() {
         race_for_expired_leases,
         cut_off_holder_steps_down_first,
     ]);
-    let binary = controller_binary();
+    let binary = knic_e2e::harness::controller_binary();
     if let Err(reason) = &binary {
         eprintln!("skipped: process/sigterm_releases_the_lease: {reason}");
     }

@@ -66,6 +66,7 @@ pub mod cel;
 pub mod client;
 pub mod error;
 pub mod ipam;
+pub mod metrics;
 pub mod names;
 pub mod netconfig;
 pub mod network;

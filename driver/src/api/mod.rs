@@ -6,6 +6,7 @@
 pub mod addresses;
 pub mod claims;
 pub mod client;
+pub mod events;
 pub mod networks;
 pub mod slices;
 pub mod status;

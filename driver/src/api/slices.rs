@@ -21,6 +21,7 @@
 //! and republishes at once. Accepting the stored form there would publish every shared parent as
 //! one plain device that the scheduler gives out whole, once.
 
+use crate::metrics::metrics;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -237,7 +238,9 @@ impl Publisher {
                 }),
                 ..Default::default()
             };
-            match self.slices.delete(&name, &params).await {
+            let deleted = self.slices.delete(&name, &params).await;
+            count_write("delete", &deleted);
+            match deleted {
                 Ok(_) => report.deleted += 1,
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e.into()),
@@ -248,7 +251,9 @@ impl Publisher {
             let stored = self
                 .slices
                 .replace(&name, &PostParams::default(), slice)
-                .await?;
+                .await;
+            count_write("update", &stored);
+            let stored = stored?;
             self.remember_write(&stored);
             report.updated += 1;
             if self.check_dropped(&slice.spec, &stored) {
@@ -256,7 +261,9 @@ impl Publisher {
             }
         }
         for slice in &plan.creates {
-            let stored = self.slices.create(&PostParams::default(), slice).await?;
+            let stored = self.slices.create(&PostParams::default(), slice).await;
+            count_write("create", &stored);
+            let stored = stored?;
             self.remember_write(&stored);
             report.created += 1;
             if self.check_dropped(&slice.spec, &stored) {
@@ -271,10 +278,18 @@ impl Publisher {
     }
 
     /// Runs until `devices`' sender is dropped: syncs on every trigger, with backoff.
-    pub async fn run(
+    pub async fn run(self, devices: watch::Receiver<Vec<Device>>, settings: PublisherSettings) {
+        self.run_reporting(devices, settings, watch::channel(false).0)
+            .await;
+    }
+
+    /// [`Publisher::run`], saying in `published` whether the last sync succeeded (readiness),
+    /// and exporting the published devices by kind.
+    pub async fn run_reporting(
         mut self,
         mut devices: watch::Receiver<Vec<Device>>,
         settings: PublisherSettings,
+        published: watch::Sender<bool>,
     ) {
         let (events_tx, mut events) = mpsc::channel::<String>(64);
         let (healthy_tx, healthy) = watch::channel(true);
@@ -296,6 +311,10 @@ impl Publisher {
                 let snapshot = devices.borrow_and_update().clone();
                 match self.sync(&snapshot).await {
                     Ok(_) => {
+                        published.send_replace(true);
+                        metrics()
+                            .published_devices
+                            .replace_all(devices_by_kind(&snapshot));
                         dirty = false;
                         backoff = settings.min_backoff;
                     }
@@ -328,6 +347,33 @@ impl Publisher {
         }
         watcher.abort();
     }
+}
+
+/// Counts one ResourceSlice write; a delete of a slice already gone is not a failure.
+fn count_write<T>(operation: &str, outcome: &std::result::Result<T, kube::Error>) {
+    let result = match outcome {
+        Ok(_) => crate::metrics::SUCCESS,
+        Err(kube::Error::Api(e)) if operation == "delete" && e.code == 404 => {
+            crate::metrics::SUCCESS
+        }
+        Err(_) => crate::metrics::ERROR,
+    };
+    metrics().slice_writes.inc([operation, result]);
+}
+
+/// Devices by their `kind` attribute (`unknown` without one).
+pub fn devices_by_kind(devices: &[Device]) -> Vec<([String; 1], f64)> {
+    let mut counts: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for d in devices {
+        let kind = d
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get("kind"))
+            .and_then(|v| v.string.clone())
+            .unwrap_or_else(|| "unknown".into());
+        *counts.entry(kind).or_default() += 1.0;
+    }
+    counts.into_iter().map(|(k, n)| ([k], n)).collect()
 }
 
 /// Whether a spec carries PF budgets: counter sets or devices consuming them.

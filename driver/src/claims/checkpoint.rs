@@ -276,7 +276,11 @@ impl CheckpointStore {
             // The rename itself must be durable too.
             fs::File::open(&self.dir)?.sync_all()
         };
-        write().map_err(|e| {
+        let written = write();
+        crate::metrics::metrics()
+            .checkpoint_writes
+            .inc([crate::metrics::result(&written)]);
+        written.map_err(|e| {
             let _ = fs::remove_file(&tmp);
             Error::io(format!("writing {}", self.path.display()), e)
         })

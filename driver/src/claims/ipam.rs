@@ -204,6 +204,11 @@ pub async fn allocate(
 ) -> Result<Addressing> {
     let mut created = Vec::new();
     let outcome = allocate_inner(book, network_name, who, interface, skip, &mut created).await;
+    if outcome.is_err() {
+        crate::metrics::metrics()
+            .ipam_allocations
+            .inc([crate::metrics::ERROR]);
+    }
     if outcome.is_err()
         && !created.is_empty()
         && let Err(e) = release(book, &created).await
@@ -404,6 +409,9 @@ async fn claim_one<'s>(
                 Created::Created(uid) => {
                     tracing::info!(network = %network_name, address = %prefixed,
                         claim = %who.claim, "address allocated");
+                    crate::metrics::metrics()
+                        .ipam_allocations
+                        .inc([crate::metrics::SUCCESS]);
                     return Ok((
                         Allocation {
                             network: network_name.to_owned(),
@@ -422,6 +430,7 @@ async fn claim_one<'s>(
             }
         }
     }
+    crate::metrics::metrics().ipam_exhausted.inc([]);
     Err(Error::Ipam(exhausted.join("; ")))
 }
 
@@ -430,7 +439,11 @@ async fn claim_one<'s>(
 pub async fn release(book: &dyn AddressBook, allocations: &[Allocation]) -> Result<()> {
     let mut first_error = None;
     for a in allocations {
-        match book.delete(&a.name, &a.uid).await {
+        let deleted = book.delete(&a.name, &a.uid).await;
+        crate::metrics::metrics()
+            .ipam_releases
+            .inc([crate::metrics::result(&deleted)]);
+        match deleted {
             Ok(()) => {
                 tracing::info!(network = %a.network, address = %a.address, "address released")
             }

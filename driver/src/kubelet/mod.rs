@@ -33,6 +33,8 @@ use self::authority::AuthorityShim;
 use crate::bounded;
 use crate::claims::{ClaimRef, PreparedAnswer, Preparer};
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NoEvents, Warning};
+use crate::metrics::metrics;
 
 pub mod authority;
 pub mod health;
@@ -163,30 +165,54 @@ impl reg::registration_server::Registration for RegistrationService {
 #[derive(Clone)]
 pub struct DraService {
     preparer: Arc<Preparer>,
+    events: Arc<dyn EventSink>,
 }
 
 impl DraService {
     /// One handler for every API version.
     pub fn new(preparer: Arc<Preparer>) -> Self {
-        DraService { preparer }
+        DraService {
+            preparer,
+            events: Arc::new(NoEvents),
+        }
+    }
+
+    /// Reports every failed prepare as an Event on the claim and its pods.
+    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Self {
+        self.events = events;
+        self
     }
 
     /// The version-independent prepare: v1 types are the superset, v1beta1 converts.
     pub async fn prepare(&self, claims: Vec<v1::Claim>) -> v1::NodePrepareResourcesResponse {
+        let started = std::time::Instant::now();
         let (refs, mut out) = check_claims(&claims, |error| v1::NodePrepareResourceResponse {
             devices: vec![],
             error,
         });
+        let mut failed = !out.is_empty();
         for (uid, outcome) in self.preparer.prepare(&refs).await {
+            let m = metrics();
+            m.claims.inc(["prepare", crate::metrics::result(&outcome)]);
             let entry = match outcome {
                 Ok(devices) => v1::NodePrepareResourceResponse {
                     devices: devices.into_iter().map(to_v1_device).collect(),
                     error: String::new(),
                 },
                 Err(e) => {
+                    failed = true;
                     let error = e.to_string();
                     let error = bounded::cap_text(&error, MAX_CLAIM_ERROR_BYTES);
                     tracing::warn!(claim_uid = %uid, error = %error, "prepare failed");
+                    if let Some(claim) = refs.iter().find(|r| r.uid == uid) {
+                        self.events.warn(Warning {
+                            claim: claim.clone(),
+                            pod: None,
+                            action: "PrepareResources",
+                            reason: crate::events::prepare_reason(&e),
+                            message: error.to_string(),
+                        });
+                    }
                     v1::NodePrepareResourceResponse {
                         devices: vec![],
                         error: error.into_owned(),
@@ -196,14 +222,21 @@ impl DraService {
             out.insert(uid, entry);
         }
         cap_errors(&mut out, |r| &mut r.error);
+        record_call("NodePrepareResources", failed, started);
         v1::NodePrepareResourcesResponse { claims: out }
     }
 
     /// The version-independent unprepare.
     pub async fn unprepare(&self, claims: Vec<v1::Claim>) -> v1::NodeUnprepareResourcesResponse {
+        let started = std::time::Instant::now();
         let (refs, mut out) =
             check_claims(&claims, |error| v1::NodeUnprepareResourceResponse { error });
+        let mut failed = !out.is_empty();
         for (uid, outcome) in self.preparer.unprepare(&refs).await {
+            metrics()
+                .claims
+                .inc(["unprepare", crate::metrics::result(&outcome)]);
+            failed |= outcome.is_err();
             let error = match outcome {
                 Ok(()) => String::new(),
                 Err(e) => {
@@ -216,8 +249,21 @@ impl DraService {
             out.insert(uid, v1::NodeUnprepareResourceResponse { error });
         }
         cap_errors(&mut out, |r| &mut r.error);
+        record_call("NodeUnprepareResources", failed, started);
         v1::NodeUnprepareResourcesResponse { claims: out }
     }
+}
+
+/// Counts one kubelet call: an error when any claim of it failed.
+fn record_call(method: &str, failed: bool, started: std::time::Instant) {
+    let m = metrics();
+    let result = if failed {
+        crate::metrics::ERROR
+    } else {
+        crate::metrics::SUCCESS
+    };
+    m.kubelet_requests.inc([method, result]);
+    m.kubelet_duration.observe_since([method], started);
 }
 
 /// Holds every error of one answer to [`MAX_CLAIM_ERROR_BYTES`] and, in uid order, to the

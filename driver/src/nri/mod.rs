@@ -415,12 +415,26 @@ impl<H: NriHandler> PluginService<H> {
         let pod = pod.map(PodSandbox::from_proto).unwrap_or_default();
         let name = event.as_str_name();
         tracing::debug!(event = name, uid = %pod.uid, netns = ?pod.netns, "NRI pod event");
-        let result = match event {
-            api::Event::RunPodSandbox => self.handler.run_pod_sandbox(pod.clone()).await,
-            api::Event::StopPodSandbox => self.handler.stop_pod_sandbox(pod.clone()).await,
-            api::Event::RemovePodSandbox => self.handler.remove_pod_sandbox(pod.clone()).await,
-            _ => Ok(()),
+        let started = std::time::Instant::now();
+        // The hook label is the ttrpc method's name, whichever message carried the event.
+        let (hook, result) = match event {
+            api::Event::RunPodSandbox => (
+                "RunPodSandbox",
+                self.handler.run_pod_sandbox(pod.clone()).await,
+            ),
+            api::Event::StopPodSandbox => (
+                "StopPodSandbox",
+                self.handler.stop_pod_sandbox(pod.clone()).await,
+            ),
+            api::Event::RemovePodSandbox => (
+                "RemovePodSandbox",
+                self.handler.remove_pod_sandbox(pod.clone()).await,
+            ),
+            _ => return Ok(()),
         };
+        let m = crate::metrics::metrics();
+        m.nri_hooks.inc([hook, crate::metrics::result(&result)]);
+        m.nri_duration.observe_since([hook], started);
         result.map_err(|error| handler_error(name, &pod, &error))
     }
 }
@@ -465,7 +479,11 @@ impl<H: NriHandler> ttrpc::Service for PluginService<H> {
                     None => Ok(api::SynchronizeResponse { more: true }.encode_to_vec()),
                     Some(pods) => {
                         tracing::info!(pods = pods.len(), "NRI synchronize");
+                        let started = std::time::Instant::now();
                         self.handler.synchronize(pods).await;
+                        let m = crate::metrics::metrics();
+                        m.nri_hooks.inc(["Synchronize", crate::metrics::SUCCESS]);
+                        m.nri_duration.observe_since(["Synchronize"], started);
                         Ok(empty)
                     }
                 }

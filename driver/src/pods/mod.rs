@@ -18,6 +18,8 @@ use crate::BoxFuture;
 use crate::claims::checkpoint::{Checkpoint, PreparedClaim};
 use crate::claims::{ClaimStore, Release};
 use crate::error::{Error, Result};
+use crate::events::{EventSink, NoEvents, PodRef, Warning};
+use crate::metrics::metrics;
 use crate::netns::{self, Kernel, LinkState, Ns};
 use crate::nri::{NriHandler, PodSandbox};
 use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
@@ -109,6 +111,8 @@ pub struct PodNetworks<K> {
     /// nothing records a host VLAN, then delete it", so a pod's child never loses its uplink
     /// to another pod's detach. Taken only for plans with an uplink.
     uplinks: Mutex<()>,
+    /// Where attach failures are reported as Events.
+    events: std::sync::Mutex<Arc<dyn EventSink>>,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -125,7 +129,44 @@ impl<K: Kernel> PodNetworks<K> {
             netns: Mutex::default(),
             rdma: std::sync::Mutex::new((Arc::new(KernelRdma), PathBuf::from(HOST_NETNS))),
             uplinks: Mutex::default(),
+            events: std::sync::Mutex::new(Arc::new(NoEvents)),
         })
+    }
+
+    /// Attach failures become Events on the claim and the pod through `events`.
+    pub fn set_events(&self, events: Arc<dyn EventSink>) {
+        *self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = events;
+    }
+
+    fn warn(
+        &self,
+        claim: &PreparedClaim,
+        pod: (&str, &str),
+        reason: &'static str,
+        message: String,
+    ) {
+        let sink = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        sink.warn(Warning {
+            claim: crate::claims::ClaimRef {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                uid: claim.uid.clone(),
+            },
+            pod: Some(PodRef {
+                name: pod.0.to_owned(),
+                uid: pod.1.to_owned(),
+            }),
+            action: "AttachInterfaces",
+            reason,
+            message,
+        });
     }
 
     /// RDMA devices move through `rdma`, and back into `host_netns` (tests use a recorder).
@@ -239,15 +280,17 @@ impl<K: Kernel> PodNetworks<K> {
                                 tracing::error!(error = %undo, "undo after failed attach failed");
                             }
                         }
+                        let reason = match &e {
+                            Error::DeviceMismatch { .. } => "DeviceMismatch",
+                            _ => "AttachFailed",
+                        };
+                        let short_name = pod_name.rsplit_once('/').map_or(pod_name, |(_, n)| n);
+                        self.warn(&claim, (short_name, pod_uid), reason, e.to_string());
                         let failed = DeviceStatus {
                             pool: a.plan.pool.clone(),
                             device: a.plan.device.clone(),
                             ready: false,
-                            reason: match &e {
-                                Error::DeviceMismatch { .. } => "DeviceMismatch",
-                                _ => "AttachFailed",
-                            }
-                            .into(),
+                            reason: reason.into(),
                             message: e.to_string(),
                             interface_name: None,
                             ips: vec![],
@@ -271,6 +314,20 @@ impl<K: Kernel> PodNetworks<K> {
     }
 
     async fn attach_one(
+        &self,
+        claim: &PreparedClaim,
+        i: usize,
+        path: &PathBuf,
+    ) -> Result<LinkState> {
+        let started = std::time::Instant::now();
+        let outcome = self.attach_one_timed(claim, i, path).await;
+        let m = metrics();
+        m.attaches.inc([crate::metrics::result(&outcome)]);
+        m.attach_duration.observe_since([], started);
+        outcome
+    }
+
+    async fn attach_one_timed(
         &self,
         claim: &PreparedClaim,
         i: usize,
@@ -365,6 +422,22 @@ impl<K: Kernel> PodNetworks<K> {
         let Some(restore) = &a.restore else {
             return Ok(());
         };
+        let started = std::time::Instant::now();
+        let outcome = self.detach_recorded(&claim, i, a, restore, netns).await;
+        let m = metrics();
+        m.detaches.inc([crate::metrics::result(&outcome)]);
+        m.detach_duration.observe_since([], started);
+        outcome
+    }
+
+    async fn detach_recorded(
+        &self,
+        claim: &PreparedClaim,
+        i: usize,
+        a: &crate::claims::checkpoint::Attachment,
+        restore: &crate::netns::Restore,
+        netns: Option<&Ns>,
+    ) -> Result<()> {
         let _uplinks = match a.plan.mode.uplink() {
             Some(_) => Some(self.uplinks.lock().await),
             None => None,
@@ -372,7 +445,7 @@ impl<K: Kernel> PodNetworks<K> {
         let recorded = a.netns.clone().map(Ns::Pod);
         let pod = a.netns.clone();
         if let Err(e) = self
-            .rdma_follow(&claim, &a.plan.device, pod.as_deref(), None)
+            .rdma_follow(claim, &a.plan.device, pod.as_deref(), None)
             .await
         {
             // The kernel returns it to the host when the pod's namespace goes away.
@@ -504,6 +577,18 @@ impl<K: Kernel> NriHandler for PodNetworks<K> {
             let Some(path) = pod.netns.clone() else {
                 let claims = self.claims.claims_for_pod(&pod.uid).await?;
                 if claims.iter().any(|c| !c.attachments.is_empty()) {
+                    let refusal = Error::NoNetworkNamespace {
+                        namespace: pod.namespace.clone(),
+                        name: pod.name.clone(),
+                    };
+                    for claim in claims.iter().filter(|c| !c.attachments.is_empty()) {
+                        self.warn(
+                            claim,
+                            (&pod.name, &pod.uid),
+                            "NoNetworkNamespace",
+                            refusal.to_string(),
+                        );
+                    }
                     return Err(Error::NoNetworkNamespace {
                         namespace: pod.namespace,
                         name: pod.name,

@@ -330,6 +330,75 @@ mod hooks {
         assert!(!seen[0].1[0].ready);
     }
 
+    #[derive(Default)]
+    struct Warnings(StdMutex<Vec<crate::events::Warning>>);
+
+    impl crate::events::EventSink for Warnings {
+        fn warn(&self, warning: crate::events::Warning) {
+            self.0.lock().expect("warnings").push(warning);
+        }
+    }
+
+    #[tokio::test]
+    async fn attach_failures_and_refusals_are_events_on_the_claim_and_the_pod() {
+        let s = setup().await;
+        let warnings = Arc::new(Warnings::default());
+        s.pods.set_events(warnings.clone());
+        // Shared with tests running in parallel: only ever more.
+        let failed_before = crate::metrics::metrics().attaches.get(["error"]);
+        s.claims
+            .update("claim-uid", |c| {
+                c.attachments[1].plan.identity = Some(crate::netns::DeviceIdentity::Mac {
+                    address: [0xaa, 0, 0, 0, 0, 7],
+                });
+            })
+            .await
+            .expect("update");
+        s.pods
+            .run_pod_sandbox(sandbox(Some(netns_path())))
+            .await
+            .expect_err("the impostor is refused");
+        let seen = s.status.wait_for(1).await;
+        let claim = crate::claims::ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "claim-uid".into(),
+        };
+        let pod = Some(crate::events::PodRef {
+            name: "pod".into(),
+            uid: POD_UID.into(),
+        });
+        assert_eq!(
+            warnings.0.lock().expect("warnings").clone(),
+            vec![crate::events::Warning {
+                claim: claim.clone(),
+                pod: pod.clone(),
+                action: "AttachInterfaces",
+                reason: "DeviceMismatch",
+                // The claim condition's text, word for word.
+                message: seen[0].1[0].message.clone(),
+            }]
+        );
+        assert!(crate::metrics::metrics().attaches.get(["error"]) >= failed_before + 1.0);
+        warnings.0.lock().expect("warnings").clear();
+        s.pods
+            .run_pod_sandbox(sandbox(None))
+            .await
+            .expect_err("no namespace");
+        assert_eq!(
+            warnings.0.lock().expect("warnings").clone(),
+            vec![crate::events::Warning {
+                claim,
+                pod,
+                action: "AttachInterfaces",
+                reason: "NoNetworkNamespace",
+                message: "pod ns/pod has knic claims but no network namespace (hostNetwork \
+                          pods cannot get interfaces)"
+                    .into(),
+            }]
+        );
+    }
+
     #[tokio::test]
     async fn synchronize_resumes_a_cut_short_attach_of_a_running_pod() {
         let s = setup().await;

@@ -79,7 +79,7 @@ pub(super) fn commit(
         .unwrap_or_default()
         .to_owned();
     if target.subresource.is_none()
-        && let Some(message) = store.admit(&target.resource, &name, obj)
+        && let Some(message) = store.admit(target, &name, obj)
     {
         *obj = before.clone();
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
@@ -140,4 +140,18 @@ pub(super) fn delete_or_mark(
     removed["metadata"]["resourceVersion"] = json!(store.next_rv());
     store.emit(target, "DELETED", &removed);
     Some(removed)
+}
+
+impl super::FakeApi {
+    /// Every stored object of a collection path in a namespace ("" when cluster-scoped).
+    pub fn objects(&self, collection: &str, namespace: &str) -> Vec<Value> {
+        let Ok(objects) = self.store.objects.lock() else {
+            return Vec::new();
+        };
+        objects
+            .iter()
+            .filter(|((c, ns, _), _)| c == collection && ns == namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
 }

@@ -135,6 +135,15 @@ pub(crate) const DRIVER: &[Need] = &[
              namespace selector",
         ),
     ),
+    cluster(
+        "events.k8s.io",
+        "events",
+        &["create"],
+        Why::Used(
+            "driver/src/api/events.rs KubeEvents: Events on the claim and its pods for prepare \
+             and attach failures",
+        ),
+    ),
 ];
 
 /// What `knic-controller` calls.
