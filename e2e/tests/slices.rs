@@ -75,7 +75,12 @@ async fn published(env: &Env, want: &[&str]) -> anyhow::Result<Vec<ResourceSlice
         Duration::from_secs(20),
         || async {
             let slices = env.cluster.slices().await?;
-            Ok((device_names(&slices) == want).then_some(slices))
+            // The whole pool: the publisher creates its slices one request at a time, so the
+            // device slice can be there before the counter slice.
+            let complete = slices
+                .iter()
+                .all(|s| s.spec.pool.resource_slice_count == slices.len() as i64);
+            Ok((complete && device_names(&slices) == want).then_some(slices))
         },
     )
     .await

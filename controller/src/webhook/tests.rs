@@ -437,7 +437,9 @@ fn network_conflicting_with_an_older_one_is_refused_and_checked_alone_without_th
     assert!(!allowed);
     assert_eq!(
         message.as_deref(),
-        Some("spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices")
+        Some(
+            "spec.vlan: VLAN 100 is already used by network \"red\" on overlapping devices; to share it on purpose, both Networks must set the same spec.vlanShareGroup"
+        )
     );
 
     let (allowed, message, warnings) = verdict(ask(

@@ -620,6 +620,61 @@ fn address_cases() -> anyhow::Result<()> {
     )
 }
 
+fn event(instance: Option<&str>) -> Value {
+    let mut e = json!({"metadata": {"generateName": "c."}, "reason": "AttachFailed",
+        "reportingController": "knic.dev/driver", "action": "Attach"});
+    if let Some(i) = instance {
+        e["reportingInstance"] = json!(i);
+    }
+    e
+}
+
+fn event_cases() -> anyhow::Result<()> {
+    let e = |object| request("events.k8s.io", "events", "CREATE", object, Value::Null);
+    run_cases(
+        "knic-events-own-node",
+        vec![
+            (
+                "an Event as this node's driver",
+                e(event(Some(&format!("knic-driver-{NODE}")))),
+                Verdict::Allowed,
+            ),
+            (
+                "the controller's Events",
+                Request {
+                    username: format!("system:serviceaccount:{RELEASE_NAMESPACE}:knic-controller"),
+                    ..e(event(Some("knic-controller")))
+                },
+                Verdict::NotMatched,
+            ),
+            (
+                "token without a node",
+                Request {
+                    node: None,
+                    ..e(event(Some(&format!("knic-driver-{NODE}"))))
+                },
+                denied(NO_NODE),
+            ),
+            (
+                "an Event as another node's driver",
+                e(event(Some(&format!("knic-driver-{OTHER}")))),
+                denied(format!(
+                    "this user running on node '{NODE}' may only write Events with \
+                     reportingInstance 'knic-driver-{NODE}'"
+                )),
+            ),
+            (
+                "an Event without a reporting instance",
+                e(event(None)),
+                denied(format!(
+                    "this user running on node '{NODE}' may only write Events with \
+                     reportingInstance 'knic-driver-{NODE}'"
+                )),
+            ),
+        ],
+    )
+}
+
 /// Every write the driver's RBAC grants goes through a policy bound to its node.
 fn driver_writes_are_policed() -> anyhow::Result<()> {
     let policies = load()?;
@@ -663,12 +718,13 @@ fn driver_writes_are_policed() -> anyhow::Result<()> {
 pub fn trials() -> Vec<Trial> {
     vec![
         check("chart/policies_compile_and_bind_with_deny", || {
-            ensure!(load()?.len() == 3, "three policies");
+            ensure!(load()?.len() == 4, "four policies");
             Ok(())
         }),
         check("chart/policy_resourceslices_own_node", slice_cases),
         check("chart/policy_resourceclaim_status_own_node", claim_cases),
         check("chart/policy_networkaddresses_own_node", address_cases),
+        check("chart/policy_events_own_node", event_cases),
         check(
             "chart/policies_cover_every_driver_write",
             driver_writes_are_policed,

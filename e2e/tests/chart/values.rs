@@ -43,8 +43,8 @@ fn typed_defaults() -> anyhow::Result<()> {
         ("Secret", 1),
         ("Service", 1),
         ("ServiceAccount", 2),
-        ("ValidatingAdmissionPolicy", 3),
-        ("ValidatingAdmissionPolicyBinding", 3),
+        ("ValidatingAdmissionPolicy", 4),
+        ("ValidatingAdmissionPolicyBinding", 4),
         ("ValidatingWebhookConfiguration", 1),
     ]
     .iter()
