@@ -557,6 +557,27 @@ async fn two_pods_share_a_host_vlan(_k: &Rtnl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A pod session's socket is made by the calling thread inside the pod's namespace, and the
+/// thread is back in its own before `open` returns: the session sees the pod's links only, and
+/// every thread that ran an open is still in the host's namespace.
+async fn sessions_leave_the_caller_in_its_namespace(k: &Rtnl) -> anyhow::Result<()> {
+    let pod = Netns::new("knt-pod-ns")?;
+    let here = || std::fs::read_link("/proc/thread-self/ns/net");
+    let host = here()?;
+    for _ in 0..50 {
+        let mut session = k.open(&Ns::Pod(pod.path())).await?.context("pod")?;
+        ensure!(here()? == host, "the caller stayed in the pod's namespace");
+        let names: Vec<String> = session.links().await?.into_iter().map(|l| l.name).collect();
+        ensure!(names == ["lo"], "the session is not in the pod: {names:?}");
+        let mut host_session = k.open(&Ns::Host).await?.context("host")?;
+        ensure!(
+            host_session.link("lo").await?.is_some() && here()? == host,
+            "the host session or the caller moved"
+        );
+    }
+    Ok(())
+}
+
 /// The real kernel takes the VF-table query (`RTEXT_FILTER_VF`) for any link and answers
 /// without a table when there are no VFs, and refuses a VF change on a device without SR-IOV
 /// with EOPNOTSUPP, which must reach the operator with what was being set.
@@ -670,6 +691,12 @@ fn main() {
         (
             "kernel/veth_attach_detach_ipv4_ipv6_routes_mtu_mac_rename",
             |k| Box::pin(veth_attach_detach(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/sessions_leave_the_caller_in_its_namespace",
+            |k| Box::pin(sessions_leave_the_caller_in_its_namespace(k)),
             unisolated.clone(),
             false,
         ),
