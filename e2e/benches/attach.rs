@@ -50,7 +50,7 @@ use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
 };
 use knic_e2e::bench::cni::{Plugin, Target, result_ips};
-use knic_e2e::bench::timed::MoveTimed;
+use knic_e2e::bench::timed::{self, Breakdown, Timed, spent_in};
 use knic_e2e::bench::{Plan, Samples, met, ms, ratio, row, stats};
 use knic_e2e::harness::ip;
 use knic_proto::netconfig::{Cidr, Route};
@@ -163,14 +163,14 @@ fn knic_plan() -> AttachPlan {
     }
 }
 
-/// One knic cycle: (capture + attach, detach), and the time spent inside the cycle's
-/// `move_link` requests.
+/// One knic cycle: (capture + attach, detach), and the calls and time of the cycle's kernel
+/// requests per operation.
 async fn knic_cycle(
-    k: &MoveTimed<Rtnl>,
+    k: &Timed<Rtnl>,
     plan: &AttachPlan,
     pod: &Ns,
     verify: bool,
-) -> anyhow::Result<((Duration, Duration), Duration)> {
+) -> anyhow::Result<((Duration, Duration), Breakdown)> {
     // Whatever an earlier, failed cycle left does not count against this one.
     k.take();
     let start = Instant::now();
@@ -188,11 +188,11 @@ async fn knic_cycle(
     let start = Instant::now();
     detach(k, plan, Some(pod), &restore).await?;
     let detach_time = start.elapsed();
-    let moves = k.take();
+    let requests = k.take();
     if verify {
         verify_detached("knic")?;
     }
-    Ok(((attach_time, detach_time), moves))
+    Ok(((attach_time, detach_time), requests))
 }
 
 /// The kernel's own cost of one cycle: the two namespace moves (in as `net1`, back under the
@@ -356,7 +356,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let raw = Rtnl::new(None);
-    let timed = MoveTimed::new(raw.clone());
+    let timed = Timed::new(raw.clone());
     let plan = knic_plan();
     let pod = Ns::Pod(pod_path());
     let add_conf = host_device_config(None);
@@ -364,6 +364,7 @@ fn main() -> anyhow::Result<()> {
     let mut hd = Samples::default();
     let mut floor = Samples::default();
     let mut above = AboveMoves::default();
+    let mut requests = Breakdown::new();
 
     runtime.block_on(async {
         for i in 0..run.warmup {
@@ -375,8 +376,11 @@ fn main() -> anyhow::Result<()> {
         }
         for i in 0..run.cycles {
             let last = i + 1 == run.cycles;
-            let (k, moves) = knic_cycle(&timed, &plan, &pod, last).await?;
-            above.knic.push((k.0 + k.1).saturating_sub(moves));
+            let (k, made) = knic_cycle(&timed, &plan, &pod, last).await?;
+            above
+                .knic
+                .push((k.0 + k.1).saturating_sub(spent_in(&made, "move_link")));
+            timed::add(&mut requests, &made);
             knic.push(k);
             let h = match &host_device {
                 Ok(p) => Some(host_device_cycle(p, &add_conf, last)?),
@@ -406,6 +410,11 @@ fn main() -> anyhow::Result<()> {
         println!("{row}");
     }
     report_above_moves(&above, host_device.is_ok(), run.smoke);
+    println!();
+    println!("knic's kernel requests per cycle (mean over the measured cycles):");
+    for line in timed::per_round(&requests, run.cycles) {
+        println!("  {line}");
+    }
     println!();
     if run.smoke {
         println!(

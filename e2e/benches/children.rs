@@ -45,6 +45,7 @@ use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, NewChild, Ns, Session, attach, capture, detach,
 };
 use knic_e2e::bench::cni::{Plugin, Target, result_ips};
+use knic_e2e::bench::timed::{self, Breakdown, Timed};
 use knic_e2e::bench::{Plan, Samples, met, ms, ratio, stats};
 use knic_e2e::harness::ip;
 use knic_proto::netconfig::{ChildKind, Cidr, Route};
@@ -168,18 +169,29 @@ fn knic_plan() -> AttachPlan {
     }
 }
 
-/// One knic cycle: (capture + attach, detach).
+/// Kernel requests of knic's attaches and detaches, summed over the measured cycles.
+#[derive(Default)]
+struct Requests {
+    attach: Breakdown,
+    detach: Breakdown,
+}
+
+/// One knic cycle: (capture + attach, detach); its kernel requests are added to `requests`.
 async fn knic_cycle(
-    k: &Rtnl,
+    k: &Timed<Rtnl>,
     plan: &AttachPlan,
     pod: &Ns,
     verify: bool,
+    requests: &mut Requests,
 ) -> anyhow::Result<(Duration, Duration)> {
+    // Whatever an earlier, failed cycle left does not count against this one.
+    k.take();
     let start = Instant::now();
     let restore = capture(k, plan).await?;
     // `resume = false`: a fresh attach, as the hook does for a new pod.
     let link = attach(k, plan, pod, &restore, false).await?;
     let attach_time = start.elapsed();
+    timed::add(&mut requests.attach, &k.take());
     ensure!(
         link.name == POD_IF
             && link.up
@@ -193,6 +205,7 @@ async fn knic_cycle(
     let start = Instant::now();
     detach(k, plan, Some(pod), &restore).await?;
     let detach_time = start.elapsed();
+    timed::add(&mut requests.detach, &k.take());
     if verify {
         verify_detached("knic")?;
     }
@@ -301,16 +314,18 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let k = Rtnl::new(None);
+    let timed = Timed::new(k.clone());
     let plan = knic_plan();
     let pod = Ns::Pod(pod_path());
     let add_conf = cni_config(None);
     let mut knic = Samples::default();
     let mut cni = Samples::default();
     let mut floor = Samples::default();
+    let mut requests = Requests::default();
 
     runtime.block_on(async {
         for i in 0..run.warmup {
-            knic_cycle(&k, &plan, &pod, i == 0).await?;
+            knic_cycle(&timed, &plan, &pod, i == 0, &mut Requests::default()).await?;
             if let Ok(p) = &plugin {
                 cni_cycle(p, &add_conf, i == 0)?;
             }
@@ -318,7 +333,7 @@ fn main() -> anyhow::Result<()> {
         }
         for i in 0..run.cycles {
             let last = i + 1 == run.cycles;
-            knic.push(knic_cycle(&k, &plan, &pod, last).await?);
+            knic.push(knic_cycle(&timed, &plan, &pod, last, &mut requests).await?);
             if let Ok(p) = &plugin {
                 cni.push(cni_cycle(p, &add_conf, last)?);
             }
@@ -343,6 +358,12 @@ fn main() -> anyhow::Result<()> {
         "kernel floor = one RTM_NEWLINK creating the child in the pod + one RTM_DELLINK, no \
          addresses, sessions already open"
     );
+    for (phase, made) in [("attach", &requests.attach), ("detach", &requests.detach)] {
+        println!("knic's kernel requests per {phase} (mean over the measured cycles):");
+        for line in timed::per_round(made, run.cycles) {
+            println!("  {line}");
+        }
+    }
     if run.smoke {
         println!(
             "smoke run (no --bench argument, e.g. cargo test): attach/detach verified on every \

@@ -154,13 +154,26 @@ impl Plan {
     }
 }
 
-/// The machine line every benchmark prints: kernel release and CPU count.
+/// The machine line every benchmark prints: kernel release, CPU count and load average at
+/// the start (a shared machine's load moves every figure; the interleaving keeps the ratios
+/// fair, not the absolute times).
 pub fn machine() -> String {
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    };
+    let kernel = read("/proc/sys/kernel/osrelease");
+    let load: Vec<String> = read("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .map(str::to_string)
+        .collect();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("kernel {kernel}, {cpus} CPUs")
+    format!(
+        "kernel {kernel}, {cpus} CPUs, load average {}",
+        load.join(" ")
+    )
 }
 
 #[cfg(test)]

@@ -1,52 +1,99 @@
-//! A [`Kernel`] that times the namespace moves of the kernel it wraps, so a benchmark can tell
-//! knic's own cost from the kernel's: a move waits for an RCU grace period under RTNL
-//! (`rcu_barrier()` in `__dev_change_net_namespace`), which no executor can avoid. The executor
-//! runs unchanged on top of it; every other call is passed through untouched.
+//! A [`Kernel`] that times every request of the kernel it wraps, per operation, so a benchmark
+//! can tell knic's own cost from the kernel's: a namespace move waits for an RCU grace period
+//! under RTNL (`rcu_barrier()` in `__dev_change_net_namespace`), which no executor can avoid,
+//! and a breakdown shows where the rest goes. The executor runs unchanged on top of it; every
+//! call is passed through untouched.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use knic_driver::error::Result;
 use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, VfState};
 use knic_proto::netconfig::{Cidr, Route};
 
-/// `inner`, with the time spent inside `move_link` summed across all its sessions.
+/// Calls and time spent per operation (`open`, `move_link`, `add_address`, ...).
+pub type Breakdown = BTreeMap<&'static str, (u32, Duration)>;
+
+/// `inner`, with the calls and time of every operation summed across all its sessions.
 #[derive(Debug, Clone)]
-pub struct MoveTimed<K> {
+pub struct Timed<K> {
     inner: K,
-    spent: Arc<AtomicU64>,
+    spent: Arc<Mutex<Breakdown>>,
 }
 
-impl<K> MoveTimed<K> {
+fn record(spent: &Mutex<Breakdown>, op: &'static str, elapsed: Duration) {
+    let mut spent = spent.lock().unwrap_or_else(PoisonError::into_inner);
+    let entry = spent.entry(op).or_default();
+    entry.0 += 1;
+    entry.1 += elapsed;
+}
+
+async fn timed<T>(spent: &Mutex<Breakdown>, op: &'static str, call: impl Future<Output = T>) -> T {
+    let start = Instant::now();
+    let result = call.await;
+    record(spent, op, start.elapsed());
+    result
+}
+
+impl<K> Timed<K> {
     /// Wraps `inner`; nothing spent yet.
     pub fn new(inner: K) -> Self {
-        MoveTimed {
+        Timed {
             inner,
             spent: Arc::default(),
         }
     }
 
-    /// Time spent inside `move_link` since the last call, and starts again from zero.
-    pub fn take(&self) -> Duration {
-        Duration::from_nanos(self.spent.swap(0, Ordering::Relaxed))
+    /// Calls and time per operation since the last call, and starts again from nothing.
+    pub fn take(&self) -> Breakdown {
+        std::mem::take(&mut *self.spent.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
-/// A session of [`MoveTimed`].
+/// Time inside `op` in `breakdown` (zero when it was not called).
+pub fn spent_in(breakdown: &Breakdown, op: &str) -> Duration {
+    breakdown.get(op).map_or(Duration::ZERO, |(_, d)| *d)
+}
+
+/// Adds `more` into `total`.
+pub fn add(total: &mut Breakdown, more: &Breakdown) {
+    for (op, (calls, spent)) in more {
+        let entry = total.entry(op).or_default();
+        entry.0 += calls;
+        entry.1 += *spent;
+    }
+}
+
+/// `total` per operation as calls and mean time per `rounds` (one line per operation).
+pub fn per_round(total: &Breakdown, rounds: usize) -> Vec<String> {
+    let rounds = u32::try_from(rounds.max(1)).unwrap_or(u32::MAX);
+    total
+        .iter()
+        .map(|(op, (calls, spent))| {
+            format!(
+                "{op:<12} {:>5.1} calls {:>10.3} ms",
+                f64::from(*calls) / f64::from(rounds),
+                (*spent / rounds).as_secs_f64() * 1e3
+            )
+        })
+        .collect()
+}
+
+/// A session of [`Timed`].
 #[derive(Debug)]
 pub struct TimedSession<S> {
     inner: S,
-    spent: Arc<AtomicU64>,
+    spent: Arc<Mutex<Breakdown>>,
 }
 
-impl<K: Kernel> Kernel for MoveTimed<K> {
+impl<K: Kernel> Kernel for Timed<K> {
     type Session = TimedSession<K::Session>;
 
     async fn open(&self, ns: &Ns) -> Result<Option<Self::Session>> {
-        Ok(self.inner.open(ns).await?.map(|inner| TimedSession {
+        let opened = timed(&self.spent, "open", self.inner.open(ns)).await?;
+        Ok(opened.map(|inner| TimedSession {
             inner,
             spent: Arc::clone(&self.spent),
         }))
@@ -54,79 +101,74 @@ impl<K: Kernel> Kernel for MoveTimed<K> {
 }
 
 impl<S: Session> Session for TimedSession<S> {
-    fn link(&mut self, name: &str) -> impl Future<Output = Result<Option<LinkState>>> + Send {
-        self.inner.link(name)
+    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        timed(&self.spent, "link", self.inner.link(name)).await
     }
 
-    fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send {
-        self.inner.links()
+    async fn links(&mut self) -> Result<Vec<LinkState>> {
+        timed(&self.spent, "links", self.inner.links()).await
     }
 
     async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
-        let start = Instant::now();
-        let result = self.inner.move_link(name, to, change).await;
-        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.spent.fetch_add(nanos, Ordering::Relaxed);
-        result
+        timed(
+            &self.spent,
+            "move_link",
+            self.inner.move_link(name, to, change),
+        )
+        .await
     }
 
-    fn set_link(
-        &mut self,
-        name: &str,
-        change: &LinkChange,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.set_link(name, change)
+    async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
+        timed(&self.spent, "set_link", self.inner.set_link(name, change)).await
     }
 
-    fn add_address(
-        &mut self,
-        name: &str,
-        address: Cidr,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.add_address(name, address)
+    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+        timed(
+            &self.spent,
+            "add_address",
+            self.inner.add_address(name, address),
+        )
+        .await
     }
 
-    fn add_route(&mut self, name: &str, route: &Route) -> impl Future<Output = Result<()>> + Send {
-        self.inner.add_route(name, route)
+    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
+        timed(&self.spent, "add_route", self.inner.add_route(name, route)).await
     }
 
-    fn set_sysctls(
-        &mut self,
-        name: &str,
-        sysctls: &BTreeMap<String, String>,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.set_sysctls(name, sysctls)
+    async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_sysctls",
+            self.inner.set_sysctls(name, sysctls),
+        )
+        .await
     }
 
-    fn add_child(
+    async fn add_child(
         &mut self,
         parent: &str,
         child: NewChild<'_>,
         to: &Ns,
         change: &LinkChange,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.add_child(parent, child, to, change)
+    ) -> Result<()> {
+        timed(
+            &self.spent,
+            "add_child",
+            self.inner.add_child(parent, child, to, change),
+        )
+        .await
     }
 
-    fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send {
-        self.inner.del_link(name)
+    async fn del_link(&mut self, name: &str) -> Result<()> {
+        timed(&self.spent, "del_link", self.inner.del_link(name)).await
     }
 
-    fn vf_state(
-        &mut self,
-        pf: &str,
-        index: u32,
-    ) -> impl Future<Output = Result<Option<VfState>>> + Send {
-        self.inner.vf_state(pf, index)
+    async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
+        timed(&self.spent, "vf_state", self.inner.vf_state(pf, index)).await
     }
 
-    fn set_vf(
-        &mut self,
-        pf: &str,
-        index: u32,
-        state: &VfState,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.set_vf(pf, index, state)
+    async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
+        timed(&self.spent, "set_vf", self.inner.set_vf(pf, index, state)).await
     }
 }
 
@@ -195,18 +237,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_moves_count_summed_over_sessions_and_take_resets() {
-        let k = MoveTimed::new(Slow);
+    async fn each_operation_is_counted_and_timed_across_sessions_and_take_resets() {
+        let k = Timed::new(Slow);
         let mut a = k.open(&Ns::Host).await.unwrap().unwrap();
         let mut b = k.open(&Ns::Host).await.unwrap().unwrap();
         let change = LinkChange::default();
         a.move_link("x", &Ns::Host, &change).await.unwrap();
         a.set_link("x", &change).await.unwrap();
         b.move_link("y", &Ns::Host, &change).await.unwrap();
-        let spent = k.take();
-        assert!(spent >= 2 * MOVE && spent < SET, "{spent:?}");
-        assert_eq!(k.take(), Duration::ZERO);
+        let first = k.take();
+        assert_eq!(
+            first.keys().copied().collect::<Vec<_>>(),
+            ["move_link", "open", "set_link"]
+        );
+        assert_eq!(first["open"].0, 2);
+        assert_eq!(first["move_link"].0, 2);
+        let moves = spent_in(&first, "move_link");
+        assert!(moves >= 2 * MOVE && moves < SET, "{moves:?}");
+        assert!(spent_in(&first, "set_link") >= SET);
+        assert_eq!(spent_in(&first, "add_child"), Duration::ZERO);
+        assert!(k.take().is_empty());
         b.set_link("y", &change).await.unwrap();
-        assert_eq!(k.take(), Duration::ZERO);
+        let second = k.take();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second["set_link"].0, 1);
+        let mut total = first.clone();
+        add(&mut total, &second);
+        assert_eq!(total["set_link"].0, 2);
+        let lines = per_round(&total, 2);
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[0].starts_with("move_link      1.0 calls"),
+            "{}",
+            lines[0]
+        );
     }
 }
