@@ -42,6 +42,7 @@ use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session};
 use knic_driver::nri::{NriHandler, PodSandbox};
 use knic_driver::pods::{LogStatus, PodNetworks};
+use knic_e2e::bench::timed::{self, Breakdown, Timed};
 use knic_e2e::bench::{Plan, Samples, met, ms, ratio, stats};
 use knic_e2e::harness::ip;
 use knic_proto::netconfig::{Cidr, Route};
@@ -218,7 +219,7 @@ where
 
 /// knic's round: every pod's RunPodSandbox at once, then every pod's Stop + Remove at once.
 async fn knic_round(
-    hooks: &Arc<PodNetworks<Rtnl>>,
+    hooks: &Arc<PodNetworks<Timed<Rtnl>>>,
     pods: usize,
     check: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
@@ -334,20 +335,24 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let k = Rtnl::new(None);
+    let kernel = Timed::new(k.clone());
     let mut knic = Samples::default();
     let mut bare = Samples::default();
+    let mut requests = Breakdown::new();
 
     runtime.block_on(async {
         let claims = Arc::new(ClaimStore::open(CheckpointStore::new(dir.path())));
         prepare(&claims, pods).await?;
-        let hooks = PodNetworks::new(k.clone(), claims, Arc::new(LogStatus));
+        let hooks = PodNetworks::new(kernel.clone(), claims, Arc::new(LogStatus));
         for i in 0..run.warmup {
             knic_round(&hooks, pods, i == 0).await?;
             moves_round(&k, pods, i == 0).await?;
         }
+        kernel.take();
         for i in 0..run.cycles {
             let last = i + 1 == run.cycles;
             knic.push(knic_round(&hooks, pods, last).await?);
+            timed::add(&mut requests, &kernel.take());
             bare.push(moves_round(&k, pods, last).await?);
         }
         anyhow::Ok(())
@@ -366,6 +371,14 @@ fn main() -> anyhow::Result<()> {
         ms(per_pod(&knic.attach)),
         ms(per_pod(&bare.attach))
     );
+    println!(
+        "knic's kernel requests per round ({pods} attaches + {pods} detaches), summed over the \
+         pods; they run at once, so the times overlap and include waiting for RTNL. Besides \
+         them the hooks write the checkpoint (two fsync'd writes per device, one at a time):"
+    );
+    for line in timed::per_round(&requests, run.cycles) {
+        println!("  {line}");
+    }
     if run.smoke {
         println!(
             "smoke run (no --bench argument, e.g. cargo test): attach/detach verified; figures \

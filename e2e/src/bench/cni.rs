@@ -76,11 +76,17 @@ impl Plugin {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("running {}", self.path.display()))?;
-        child
+        let written = child
             .stdin
             .take()
             .context("the plugin's stdin")?
-            .write_all(stdin)?;
+            .write_all(stdin);
+        // A plugin that fails before reading its configuration closes stdin: its own error,
+        // on stdout, says more than the broken pipe.
+        match written {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other?,
+        }
         let out = child.wait_with_output()?;
         if !out.status.success() {
             bail!(

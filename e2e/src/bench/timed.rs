@@ -13,7 +13,7 @@ use knic_driver::error::Result;
 use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, VfState};
 use knic_proto::netconfig::{Cidr, Route};
 
-/// Calls and time spent per operation (`open`, `move_link`, `add_address`, ...).
+/// Calls and time spent per operation (`open(host)`, `open(pod)`, `move_link`, ...).
 pub type Breakdown = BTreeMap<&'static str, (u32, Duration)>;
 
 /// `inner`, with the calls and time of every operation summed across all its sessions.
@@ -73,7 +73,7 @@ pub fn per_round(total: &Breakdown, rounds: usize) -> Vec<String> {
         .iter()
         .map(|(op, (calls, spent))| {
             format!(
-                "{op:<12} {:>5.1} calls {:>10.3} ms",
+                "{op:<11} {:>5.1} calls {:>10.3} ms",
                 f64::from(*calls) / f64::from(rounds),
                 (*spent / rounds).as_secs_f64() * 1e3
             )
@@ -92,7 +92,13 @@ impl<K: Kernel> Kernel for Timed<K> {
     type Session = TimedSession<K::Session>;
 
     async fn open(&self, ns: &Ns) -> Result<Option<Self::Session>> {
-        let opened = timed(&self.spent, "open", self.inner.open(ns)).await?;
+        // Apart: the host's session is opened in the process's own namespace, a pod's after
+        // entering the pod's.
+        let op = match ns {
+            Ns::Host => "open(host)",
+            Ns::Pod(_) => "open(pod)",
+        };
+        let opened = timed(&self.spent, op, self.inner.open(ns)).await?;
         Ok(opened.map(|inner| TimedSession {
             inner,
             spent: Arc::clone(&self.spent),
@@ -240,7 +246,11 @@ mod tests {
     async fn each_operation_is_counted_and_timed_across_sessions_and_take_resets() {
         let k = Timed::new(Slow);
         let mut a = k.open(&Ns::Host).await.unwrap().unwrap();
-        let mut b = k.open(&Ns::Host).await.unwrap().unwrap();
+        let mut b = k
+            .open(&Ns::Pod(std::path::PathBuf::from("/run/netns/knt-x")))
+            .await
+            .unwrap()
+            .unwrap();
         let change = LinkChange::default();
         a.move_link("x", &Ns::Host, &change).await.unwrap();
         a.set_link("x", &change).await.unwrap();
@@ -248,9 +258,10 @@ mod tests {
         let first = k.take();
         assert_eq!(
             first.keys().copied().collect::<Vec<_>>(),
-            ["move_link", "open", "set_link"]
+            ["move_link", "open(host)", "open(pod)", "set_link"]
         );
-        assert_eq!(first["open"].0, 2);
+        assert_eq!(first["open(host)"].0, 1);
+        assert_eq!(first["open(pod)"].0, 1);
         assert_eq!(first["move_link"].0, 2);
         let moves = spent_in(&first, "move_link");
         assert!(moves >= 2 * MOVE && moves < SET, "{moves:?}");
@@ -265,9 +276,9 @@ mod tests {
         add(&mut total, &second);
         assert_eq!(total["set_link"].0, 2);
         let lines = per_round(&total, 2);
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 4);
         assert!(
-            lines[0].starts_with("move_link      1.0 calls"),
+            lines[0].starts_with("move_link     1.0 calls"),
             "{}",
             lines[0]
         );
