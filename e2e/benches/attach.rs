@@ -14,13 +14,14 @@
 //! waits for an RCU grace period (`rcu_barrier()` in `__dev_change_net_namespace`) on every
 //! move, so neither side can go below it, and it bounds the ratio a machine can show.
 //!
-//! knic's own cost, "above the moves": each knic cycle runs on a kernel wrapper that times the
-//! `move_link` requests the executor makes (the executor itself is unchanged), and the figure
-//! is the cycle minus the time spent inside them — what knic adds on top of the two moves
+//! knic's own cost, "above the moves": each knic cycle runs on a kernel wrapper that times
+//! every request the executor makes, per operation (the executor itself is unchanged), and the
+//! figure is the cycle minus the time spent inside its `move_link` requests — what knic adds on top of the two moves
 //! (capture, session set-up, addresses, route, link reads, detach's checks). host-device's
 //! moves happen inside the plugin process where they cannot be timed, so its figure uses the
 //! SAME iteration's kernel-floor cycle as the estimate of its moves: host-device cycle minus
-//! that iteration's floor cycle. The output says so next to the figures.
+//! that iteration's floor cycle. The output says so next to the figures, and lists knic's
+//! requests per cycle (calls, mean time) to show where the rest goes.
 //!
 //! Method: 20 warm-up cycles per side, then the measured cycles INTERLEAVED — each iteration
 //! runs one knic cycle, one host-device cycle and one kernel-floor cycle — so drift in machine
