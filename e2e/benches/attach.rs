@@ -16,19 +16,20 @@
 //!
 //! knic's own cost, "above the moves": each knic cycle runs on a kernel wrapper that times
 //! every request the executor makes, per operation (the executor itself is unchanged), and the
-//! figure is the cycle minus the time spent inside its `move_link` requests — what knic adds on top of the two moves
-//! (capture, session set-up, addresses, route, link reads, detach's checks). host-device's
-//! moves happen inside the plugin process where they cannot be timed, so its figure uses the
-//! SAME iteration's kernel-floor cycle as the estimate of its moves: host-device cycle minus
-//! that iteration's floor cycle. The output says so next to the figures, and lists knic's
-//! requests per cycle (calls, mean time) to show where the rest goes.
+//! figure is the cycle minus the time spent inside its `move_link` requests — what knic adds
+//! on top of the two moves (capture, session set-up, addresses, route, link reads, detach's
+//! checks). host-device's moves happen inside the plugin process where they cannot be timed,
+//! so its figure uses the SAME iteration's kernel-floor cycle as the estimate of its moves:
+//! host-device cycle minus that iteration's floor cycle. The output says so next to the
+//! figures, and lists knic's requests per cycle (calls, mean time) to show where the rest goes.
 //!
 //! Method: 20 warm-up cycles per side, then the measured cycles INTERLEAVED — each iteration
 //! runs one knic cycle, one host-device cycle and one kernel-floor cycle — so drift in machine
-//! load hits every side alike. Each side is verified with `ip` on its first warm-up cycle and its last measured
-//! cycle (attached: addresses and route in the pod; detached: the device back on the host
-//! under its name, nothing left in the pod); every knic attach is also checked from the link
-//! state it returns, every host-device ADD from its result. Verification is never timed.
+//! load hits every side alike. Each side is verified with `ip` on its first warm-up cycle and
+//! its last measured cycle (attached: addresses and route in the pod; detached: the device
+//! back on the host under its name, nothing left in the pod); every knic attach is also checked
+//! from the link state it returns, every host-device ADD from its result. Verification is never
+//! timed.
 //!
 //! The process first enters private network and mount namespaces (its "host"), so nothing it
 //! creates outlives it; it also deletes what it made. Needs root (skips otherwise).

@@ -195,7 +195,11 @@ mod tests {
         let path = dir.path().join("fails");
         std::fs::write(
             &path,
-            "#!/bin/sh\necho \"{\\\"code\\\":7,\\\"msg\\\":\\\"$CNI_COMMAND $CNI_IFNAME\\\"}\"\nexit 1\n",
+            concat!(
+                "#!/bin/sh\n",
+                r#"echo "{\"code\":7,\"msg\":\"$CNI_COMMAND $CNI_IFNAME\"}""#,
+                "\nexit 1\n"
+            ),
         )
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
