@@ -14,12 +14,22 @@
 //! waits for an RCU grace period (`rcu_barrier()` in `__dev_change_net_namespace`) on every
 //! move, so neither side can go below it, and it bounds the ratio a machine can show.
 //!
+//! knic's own cost, "above the moves": each knic cycle runs on a kernel wrapper that times
+//! every request the executor makes, per operation (the executor itself is unchanged), and the
+//! figure is the cycle minus the time spent inside its `move_link` requests — what knic adds
+//! on top of the two moves (capture, session set-up, addresses, route, link reads, detach's
+//! checks). host-device's moves happen inside the plugin process where they cannot be timed,
+//! so its figure uses the SAME iteration's kernel-floor cycle as the estimate of its moves:
+//! host-device cycle minus that iteration's floor cycle. The output says so next to the
+//! figures, and lists knic's requests per cycle (calls, mean time) to show where the rest goes.
+//!
 //! Method: 20 warm-up cycles per side, then the measured cycles INTERLEAVED — each iteration
 //! runs one knic cycle, one host-device cycle and one kernel-floor cycle — so drift in machine
-//! load hits every side alike. Each side is verified with `ip` on its first warm-up cycle and its last measured
-//! cycle (attached: addresses and route in the pod; detached: the device back on the host
-//! under its name, nothing left in the pod); every knic attach is also checked from the link
-//! state it returns, every host-device ADD from its result. Verification is never timed.
+//! load hits every side alike. Each side is verified with `ip` on its first warm-up cycle and
+//! its last measured cycle (attached: addresses and route in the pod; detached: the device
+//! back on the host under its name, nothing left in the pod); every knic attach is also checked
+//! from the link state it returns, every host-device ADD from its result. Verification is never
+//! timed.
 //!
 //! The process first enters private network and mount namespaces (its "host"), so nothing it
 //! creates outlives it; it also deletes what it made. Needs root (skips otherwise).
@@ -33,25 +43,22 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::netns::{
     AttachMode, AttachPlan, Kernel, LinkChange, Ns, Session, attach, capture, detach,
 };
-use knic_e2e::bench::{ms, stats};
+use knic_e2e::bench::cni::{Plugin, Target, result_ips};
+use knic_e2e::bench::timed::{self, Breakdown, Timed, spent_in};
+use knic_e2e::bench::{Plan, Samples, met, ms, ratio, row, stats};
 use knic_e2e::harness::ip;
 use knic_proto::netconfig::{Cidr, Route};
 
 const DEFAULT_CYCLES: usize = 1000;
 const WARMUP: usize = 20;
-/// Cycles when run by `cargo test --all-targets` (no `--bench` argument): a correctness smoke
-/// run, not a measurement.
-const SMOKE_CYCLES: usize = 3;
 const HOST_IF: &str = "knt-bench0";
 const PEER_IF: &str = "knt-bench1";
 const POD_NS: &str = "knt-bench-pod";
@@ -61,9 +68,12 @@ const ADDR4: &str = "192.0.2.10/24";
 const ADDR6: &str = "2001:db8::10/64";
 const ROUTE_DST: &str = "203.0.113.0/24";
 const ROUTE_GW: &str = "192.0.2.1";
-const CNI_DIRS: [&str; 2] = ["/usr/lib/cni", "/opt/cni/bin"];
 const ATTACH_P99_TARGET: Duration = Duration::from_millis(5);
 const RATIO_TARGET: f64 = 25.0;
+/// Goal for knic's cost above the moves, per cycle (p50).
+const ABOVE_MOVES_TARGET: Duration = Duration::from_micros(500);
+/// Goal for host-device's cost above the moves over knic's (p50 / p50).
+const ABOVE_MOVES_RATIO_TARGET: f64 = 20.0;
 
 /// The pod and peer namespaces and the veth pair; deleted on drop.
 struct Setup;
@@ -156,13 +166,16 @@ fn knic_plan() -> AttachPlan {
     }
 }
 
-/// One knic cycle: (capture + attach, detach).
+/// One knic cycle: (capture + attach, detach), and the calls and time of the cycle's kernel
+/// requests per operation.
 async fn knic_cycle(
-    k: &Rtnl,
+    k: &Timed<Rtnl>,
     plan: &AttachPlan,
     pod: &Ns,
     verify: bool,
-) -> anyhow::Result<(Duration, Duration)> {
+) -> anyhow::Result<((Duration, Duration), Breakdown)> {
+    // Whatever an earlier, failed cycle left does not count against this one.
+    k.take();
     let start = Instant::now();
     let restore = capture(k, plan).await?;
     // `resume = false`: a fresh attach, as the hook does for a new pod.
@@ -178,10 +191,11 @@ async fn knic_cycle(
     let start = Instant::now();
     detach(k, plan, Some(pod), &restore).await?;
     let detach_time = start.elapsed();
+    let requests = k.take();
     if verify {
         verify_detached("knic")?;
     }
-    Ok((attach_time, detach_time))
+    Ok(((attach_time, detach_time), requests))
 }
 
 /// The kernel's own cost of one cycle: the two namespace moves (in as `net1`, back under the
@@ -205,167 +219,116 @@ async fn floor_cycle(k: &Rtnl, pod: &Ns) -> anyhow::Result<(Duration, Duration)>
     Ok((move_in, move_out))
 }
 
-/// The CNI host-device plugin, exec'd the way libcni does.
-struct HostDevice {
-    plugin: PathBuf,
-    dir: PathBuf,
+/// The host-device network configuration; DEL carries the ADD result as `prevResult`, as
+/// libcni does from its cache.
+fn host_device_config(prev_result: Option<&serde_json::Value>) -> Vec<u8> {
+    let mut conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "bench",
+        "type": "host-device",
+        "device": HOST_IF,
+        "ipam": {
+            "type": "static",
+            "addresses": [{"address": ADDR4}, {"address": ADDR6}],
+            "routes": [{"dst": ROUTE_DST, "gw": ROUTE_GW}],
+        },
+    });
+    if let Some(prev) = prev_result {
+        conf["prevResult"] = prev.clone();
+    }
+    serde_json::to_vec(&conf).unwrap()
 }
 
-impl HostDevice {
-    fn find() -> Result<HostDevice, Vec<PathBuf>> {
-        let dirs: Vec<PathBuf> = match std::env::var_os("KNIC_BENCH_CNI_PATH") {
-            Some(d) => vec![PathBuf::from(d)],
-            None => CNI_DIRS.iter().map(PathBuf::from).collect(),
-        };
-        dirs.iter()
-            .find(|d| d.join("host-device").is_file() && d.join("static").is_file())
-            .map(|d| HostDevice {
-                plugin: d.join("host-device"),
-                dir: d.clone(),
-            })
-            .ok_or_else(|| dirs.iter().map(|d| d.join("host-device")).collect())
+/// One host-device cycle: (ADD, DEL).
+fn host_device_cycle(
+    plugin: &Plugin,
+    add_conf: &[u8],
+    verify: bool,
+) -> anyhow::Result<(Duration, Duration)> {
+    let netns = pod_path();
+    let target = Target {
+        netns: &netns,
+        ifname: POD_IF,
+        container_id: "knt-bench",
+    };
+    let start = Instant::now();
+    let out = plugin.run("ADD", target, add_conf)?;
+    let add_time = start.elapsed();
+    let result: serde_json::Value =
+        serde_json::from_slice(&out).context("host-device ADD result")?;
+    let ips = result_ips(&result);
+    ensure!(
+        ips.contains(&ADDR4) && ips.contains(&ADDR6),
+        "host-device: ADD result {result}"
+    );
+    if verify {
+        verify_attached("host-device")?;
     }
-
-    /// The network configuration; DEL carries the ADD result as `prevResult`, as libcni does
-    /// from its cache.
-    fn config(prev_result: Option<&serde_json::Value>) -> Vec<u8> {
-        let mut conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": "bench",
-            "type": "host-device",
-            "device": HOST_IF,
-            "ipam": {
-                "type": "static",
-                "addresses": [{"address": ADDR4}, {"address": ADDR6}],
-                "routes": [{"dst": ROUTE_DST, "gw": ROUTE_GW}],
-            },
-        });
-        if let Some(prev) = prev_result {
-            conf["prevResult"] = prev.clone();
-        }
-        serde_json::to_vec(&conf).unwrap()
+    let del_conf = host_device_config(Some(&result));
+    let start = Instant::now();
+    plugin.run("DEL", target, &del_conf)?;
+    let del_time = start.elapsed();
+    if verify {
+        verify_detached("host-device")?;
     }
-
-    /// Runs the plugin with `command` and `stdin`; returns its stdout.
-    fn run(&self, command: &str, stdin: &[u8]) -> anyhow::Result<Vec<u8>> {
-        let mut child = Command::new(&self.plugin)
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", "knt-bench")
-            .env("CNI_NETNS", pod_path())
-            .env("CNI_IFNAME", POD_IF)
-            .env("CNI_PATH", &self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("running {}", self.plugin.display()))?;
-        child.stdin.take().unwrap().write_all(stdin)?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "host-device {command}: {}: {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(out.stdout)
-    }
-
-    /// The plugin's own version line (printed to stderr when run without CNI_COMMAND) and,
-    /// when it comes from a Debian package, that package's version.
-    fn about(&self) -> String {
-        let own = Command::new(&self.plugin)
-            .output()
-            .ok()
-            .and_then(|o| {
-                let text = String::from_utf8_lossy(&o.stderr).into_owned();
-                text.lines().next().map(|l| l.trim().to_string())
-            })
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "version unknown".into());
-        let package = Command::new("dpkg")
-            .arg("-S")
-            .arg(&self.plugin)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| {
-                let text = String::from_utf8_lossy(&o.stdout).into_owned();
-                let name = text.split(':').next()?.trim().to_string();
-                let version = Command::new("dpkg-query")
-                    .args(["-W", "-f=${Version}", &name])
-                    .output()
-                    .ok()?;
-                Some(format!(
-                    "{name} {}",
-                    String::from_utf8_lossy(&version.stdout).trim()
-                ))
-            });
-        match package {
-            Some(p) => format!("{own}; Debian {p}"),
-            None => own,
-        }
-    }
-
-    /// One host-device cycle: (ADD, DEL).
-    fn cycle(&self, add_conf: &[u8], verify: bool) -> anyhow::Result<(Duration, Duration)> {
-        let start = Instant::now();
-        let out = self.run("ADD", add_conf)?;
-        let add_time = start.elapsed();
-        let result: serde_json::Value =
-            serde_json::from_slice(&out).context("host-device ADD result")?;
-        let ips: Vec<&str> = result["ips"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|i| i["address"].as_str()).collect())
-            .unwrap_or_default();
-        ensure!(
-            ips.contains(&ADDR4) && ips.contains(&ADDR6),
-            "host-device: ADD result {result}"
-        );
-        if verify {
-            verify_attached("host-device")?;
-        }
-        let del_conf = Self::config(Some(&result));
-        let start = Instant::now();
-        self.run("DEL", &del_conf)?;
-        let del_time = start.elapsed();
-        if verify {
-            verify_detached("host-device")?;
-        }
-        Ok((add_time, del_time))
-    }
+    Ok((add_time, del_time))
 }
 
-/// Attach, detach and cycle times of one side.
+/// Per-iteration cost above the namespace moves, per side.
 #[derive(Default)]
-struct Samples {
-    attach: Vec<Duration>,
-    detach: Vec<Duration>,
-    cycle: Vec<Duration>,
+struct AboveMoves {
+    /// knic cycle minus the time inside its own `move_link` requests.
+    knic: Vec<Duration>,
+    /// host-device cycle minus the same iteration's kernel-floor cycle (its moves happen
+    /// inside the plugin process; the floor is the estimate of them).
+    host_device: Vec<Duration>,
 }
 
-impl Samples {
-    fn push(&mut self, (a, d): (Duration, Duration)) {
-        self.attach.push(a);
-        self.detach.push(d);
-        self.cycle.push(a + d);
+/// Prints the above-the-moves table, the ratio and the verdict (no verdict in a smoke run).
+fn report_above_moves(above: &AboveMoves, with_host_device: bool, smoke: bool) {
+    println!();
+    println!("cost above the namespace moves, per cycle:");
+    println!("{}", Samples::header());
+    println!("{}", row("knic", "above", &above.knic));
+    if with_host_device {
+        println!("{}", row("host-device", "above", &above.host_device));
     }
-}
-
-fn print_side(name: &str, s: &Samples) {
-    for (phase, v) in [
-        ("attach", &s.attach),
-        ("detach", &s.detach),
-        ("cycle", &s.cycle),
-    ] {
-        let (median, p99) = stats(v);
-        println!("{name:<13} {phase:<7} {:>12} {:>12}", ms(median), ms(p99));
+    println!(
+        "knic: cycle minus the time measured inside its own move_link requests (a wrapper \
+         around the kernel; the executor is unchanged)"
+    );
+    if with_host_device {
+        println!(
+            "host-device: cycle minus the SAME iteration's kernel-floor cycle, an ESTIMATE of \
+             its moves (they happen inside the plugin process and cannot be timed from here)"
+        );
     }
-}
-
-fn met(ok: bool) -> &'static str {
-    if ok { "MET" } else { "NOT MET" }
+    if smoke {
+        return;
+    }
+    let (knic_p50, _) = stats(&above.knic);
+    let knic_ok = knic_p50 <= ABOVE_MOVES_TARGET;
+    if with_host_device {
+        let r = ratio(&above.host_device, &above.knic);
+        println!("ratio above the moves (host-device p50 / knic p50): {r:.1}x");
+        println!(
+            "goal knic <= {} per cycle above the moves and >= {ABOVE_MOVES_RATIO_TARGET}x \
+             below host-device: {} (knic p50 {}: {}; ratio {r:.1}x: {})",
+            ms(ABOVE_MOVES_TARGET),
+            met(knic_ok && r >= ABOVE_MOVES_RATIO_TARGET),
+            ms(knic_p50),
+            met(knic_ok),
+            met(r >= ABOVE_MOVES_RATIO_TARGET)
+        );
+    } else {
+        println!(
+            "goal knic <= {} per cycle above the moves and >= {ABOVE_MOVES_RATIO_TARGET}x \
+             below host-device: NOT EVALUATED (host-device not installed; knic p50 {}: {})",
+            ms(ABOVE_MOVES_TARGET),
+            ms(knic_p50),
+            met(knic_ok)
+        );
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -375,97 +338,88 @@ fn main() -> anyhow::Result<()> {
     }
     // Before any thread exists.
     let _isolated = knic_e2e::harness::Isolation::enter().map_err(|e| anyhow::anyhow!(e))?;
-
-    let bench = std::env::args().any(|a| a == "--bench");
-    let (cycles, warmup, smoke) = match std::env::var("KNIC_BENCH_CYCLES") {
-        Ok(v) => (
-            v.parse()
-                .ok()
-                .filter(|&n| n > 0)
-                .with_context(|| format!("KNIC_BENCH_CYCLES={v}: not a positive integer"))?,
-            WARMUP,
-            false,
-        ),
-        Err(_) if bench => (DEFAULT_CYCLES, WARMUP, false),
-        Err(_) => (SMOKE_CYCLES, 1, true),
-    };
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let host_device = HostDevice::find();
+    let run = Plan::from_env(DEFAULT_CYCLES, WARMUP)?;
+    let host_device = Plugin::find("host-device", &["static"]);
 
     println!(
         "attach benchmark: move one veth into a pod netns as {POD_IF} + {ADDR4} + {ADDR6} + \
          route {ROUTE_DST} via {ROUTE_GW}, then back"
     );
     println!(
-        "machine: kernel {kernel}, {cpus} CPUs; {cycles} measured cycles per side after \
-         {warmup} warm-up, interleaved (each iteration: one knic cycle, one host-device cycle, \
-         one kernel-floor cycle)"
+        "machine: {}; {} measured cycles per side after {} warm-up, interleaved (each \
+         iteration: one knic cycle, one host-device cycle, one kernel-floor cycle)",
+        knic_e2e::bench::machine(),
+        run.cycles,
+        run.warmup
     );
-    match &host_device {
-        Ok(hd) => println!(
-            "host-device: {} ({}), static IPAM, CNI_PATH={}",
-            hd.plugin.display(),
-            hd.about(),
-            hd.dir.display()
-        ),
-        Err(tried) => println!(
-            "host-device not found at {}; install Debian's containernetworking-plugins \
-             (measuring knic only)",
-            tried
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    println!("{}", Plugin::describe(&host_device, "host-device"));
 
     let _setup = Setup::new()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let k = Rtnl::new(None);
+    let raw = Rtnl::new(None);
+    let timed = Timed::new(raw.clone());
     let plan = knic_plan();
     let pod = Ns::Pod(pod_path());
-    let add_conf = HostDevice::config(None);
+    let add_conf = host_device_config(None);
     let mut knic = Samples::default();
     let mut hd = Samples::default();
     let mut floor = Samples::default();
+    let mut above = AboveMoves::default();
+    let mut requests = Breakdown::new();
 
     runtime.block_on(async {
-        for i in 0..warmup {
-            knic_cycle(&k, &plan, &pod, i == 0).await?;
-            if let Ok(h) = &host_device {
-                h.cycle(&add_conf, i == 0)?;
+        for i in 0..run.warmup {
+            knic_cycle(&timed, &plan, &pod, i == 0).await?;
+            if let Ok(p) = &host_device {
+                host_device_cycle(p, &add_conf, i == 0)?;
             }
-            floor_cycle(&k, &pod).await?;
+            floor_cycle(&raw, &pod).await?;
         }
-        for i in 0..cycles {
-            let last = i + 1 == cycles;
-            knic.push(knic_cycle(&k, &plan, &pod, last).await?);
-            if let Ok(h) = &host_device {
-                hd.push(h.cycle(&add_conf, last)?);
+        for i in 0..run.cycles {
+            let last = i + 1 == run.cycles;
+            let (k, made) = knic_cycle(&timed, &plan, &pod, last).await?;
+            above
+                .knic
+                .push((k.0 + k.1).saturating_sub(spent_in(&made, "move_link")));
+            timed::add(&mut requests, &made);
+            knic.push(k);
+            let h = match &host_device {
+                Ok(p) => Some(host_device_cycle(p, &add_conf, last)?),
+                Err(_) => None,
+            };
+            let f = floor_cycle(&raw, &pod).await?;
+            if let Some(h) = h {
+                above
+                    .host_device
+                    .push((h.0 + h.1).saturating_sub(f.0 + f.1));
+                hd.push(h);
             }
-            floor.push(floor_cycle(&k, &pod).await?);
+            floor.push(f);
         }
         verify_detached("kernel floor")?;
         anyhow::Ok(())
     })?;
 
     println!();
-    println!(
-        "{:<13} {:<7} {:>12} {:>12}",
-        "side", "phase", "median", "p99"
-    );
-    print_side("knic", &knic);
+    println!("{}", Samples::header());
+    let mut rows = knic.rows("knic");
     if host_device.is_ok() {
-        print_side("host-device", &hd);
+        rows.extend(hd.rows("host-device"));
     }
-    print_side("kernel floor", &floor);
+    rows.extend(floor.rows("kernel floor"));
+    for row in rows {
+        println!("{row}");
+    }
+    report_above_moves(&above, host_device.is_ok(), run.smoke);
     println!();
-    if smoke {
+    println!("knic's kernel requests per cycle (mean over the measured cycles):");
+    for line in timed::per_round(&requests, run.cycles) {
+        println!("  {line}");
+    }
+    println!();
+    if run.smoke {
         println!(
             "smoke run (no --bench argument, e.g. cargo test): attach/detach verified on every \
              side; figures not meaningful, no verdict; run cargo bench for the measurement"
@@ -481,17 +435,16 @@ fn main() -> anyhow::Result<()> {
     );
     let (_, knic_attach_p99) = stats(&knic.attach);
     if host_device.is_ok() {
-        let (hd_cycle_median, _) = stats(&hd.cycle);
-        let ratio = hd_cycle_median.as_secs_f64() / knic_cycle_median.as_secs_f64();
-        println!("ratio (host-device median cycle / knic median cycle): {ratio:.1}x");
+        let r = ratio(&hd.cycle, &knic.cycle);
+        println!("ratio (host-device median cycle / knic median cycle): {r:.1}x");
         println!(
             "best ratio this kernel allows (host-device median cycle / kernel floor median \
              cycle): {:.1}x",
-            hd_cycle_median.as_secs_f64() / floor_cycle_median.as_secs_f64()
+            ratio(&hd.cycle, &floor.cycle)
         );
         println!(
-            "target knic median cycle >= {RATIO_TARGET}x faster than host-device: {} ({ratio:.1}x)",
-            met(ratio >= RATIO_TARGET)
+            "target knic median cycle >= {RATIO_TARGET}x faster than host-device: {} ({r:.1}x)",
+            met(r >= RATIO_TARGET)
         );
     } else {
         println!(
