@@ -151,7 +151,10 @@ fn knic_plan() -> AttachPlan {
         device: PARENT.into(),
         request: "nic".into(),
         host_ifname: PARENT.into(),
-        mode: AttachMode::Child { child: kind() },
+        mode: AttachMode::Child {
+            child: kind(),
+            uplink: None,
+        },
         pod_ifname: POD_IF.into(),
         mtu: None,
         mac: None,
@@ -166,6 +169,7 @@ fn knic_plan() -> AttachPlan {
         sysctls: BTreeMap::new(),
         identity: None,
         vf: None,
+        bandwidth: None,
     }
 }
 

@@ -140,6 +140,7 @@ fn plan(i: usize) -> AttachPlan {
         sysctls: BTreeMap::new(),
         identity: None,
         vf: None,
+        bandwidth: None,
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use knic_driver::error::Result;
-use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, VfState};
+use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, Tbf, VfState};
 use knic_proto::netconfig::{Cidr, Route};
 
 /// Calls and time spent per operation (`open(host)`, `open(pod)`, `move_link`, ...).
@@ -176,6 +176,24 @@ impl<S: Session> Session for TimedSession<S> {
     async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
         timed(&self.spent, "set_vf", self.inner.set_vf(pf, index, state)).await
     }
+
+    async fn set_egress_limit(&mut self, name: &str, tbf: &Tbf) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_egress_limit",
+            self.inner.set_egress_limit(name, tbf),
+        )
+        .await
+    }
+
+    async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
+        timed(
+            &self.spent,
+            "clear_egress_limit",
+            self.inner.clear_egress_limit(name),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +256,12 @@ mod tests {
             Ok(None)
         }
         async fn set_vf(&mut self, _: &str, _: u32, _: &VfState) -> Result<()> {
+            Ok(())
+        }
+        async fn set_egress_limit(&mut self, _: &str, _: &Tbf) -> Result<()> {
+            Ok(())
+        }
+        async fn clear_egress_limit(&mut self, _: &str) -> Result<()> {
             Ok(())
         }
     }
