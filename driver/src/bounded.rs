@@ -24,6 +24,39 @@ pub enum Links {
     Refuse,
 }
 
+/// A node policy file (SR-IOV pools, shared ports) as text: a regular file (a symlink to one
+/// is fine: ConfigMap mounts are symlinks) of at most `limit` bytes, in UTF-8. `what` names it
+/// in the error ("SR-IOV policy /etc/knic/sriov-policy.yaml").
+pub fn read_policy_text(path: &Path, limit: u64, what: &str) -> crate::Result<String> {
+    let context = || format!("reading {what} {}", path.display());
+    let bytes =
+        read_regular(path, limit, Links::Follow).map_err(|e| crate::Error::io(context(), e))?;
+    String::from_utf8(bytes).map_err(|e| {
+        crate::Error::io(
+            context(),
+            io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })
+}
+
+/// A policy document: JSON when it starts with `{`, YAML otherwise; `None` for an empty one
+/// (the empty policy). The error is the parser's text, capped to `cap` bytes, for the caller
+/// to name its setting.
+pub fn parse_policy<T: serde::de::DeserializeOwned>(
+    text: &str,
+    cap: usize,
+) -> std::result::Result<Option<T>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let parsed = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    } else {
+        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
+    };
+    parsed.map(Some).map_err(|e| cap_text(&e, cap).into_owned())
+}
+
 /// Reads the whole regular file at `path`, refusing anything else and anything over `limit`
 /// bytes.
 ///

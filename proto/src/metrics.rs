@@ -517,6 +517,8 @@ impl Readiness {
 
 mod endpoints;
 pub use endpoints::{Answer, Health, Heartbeat, answer, listen_address};
+#[cfg(feature = "server")]
+pub mod server;
 
 #[cfg(test)]
 mod tests;

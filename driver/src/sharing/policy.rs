@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::quantity::{canonical, parse_bits};
-use crate::bounded::{Links, quote, read_regular};
+use crate::bounded::quote;
 use crate::error::{Error, Result};
 use crate::inventory::filter::{Glob, Invalid};
 use crate::sriov::is_pci_address;
@@ -199,26 +199,15 @@ impl SharePolicy {
     /// Reads and parses a policy file (a symlink to a regular file is fine: ConfigMap mounts
     /// are symlinks), at most [`MAX_POLICY_BYTES`].
     pub fn from_file(path: &Path) -> Result<SharePolicy> {
-        let context = || format!("reading share policy {}", path.display());
-        let bytes = read_regular(path, MAX_POLICY_BYTES, Links::Follow)
-            .map_err(|e| Error::io(context(), e))?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            Error::io(
-                context(),
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
-            )
-        })?;
+        let text = crate::bounded::read_policy_text(path, MAX_POLICY_BYTES, "share policy")?;
         SharePolicy::parse_named(&text, &format!("share policy {}", path.display()))
     }
 
     fn parse_named(text: &str, what: &str) -> Result<SharePolicy> {
-        if text.trim().is_empty() {
-            return Ok(SharePolicy::default());
-        }
-        let doc: Document = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).map_err(|e| invalid(what, &e))?
-        } else {
-            serde_yaml_ng::from_str(text).map_err(|e| invalid(what, &e))?
+        let doc: Document = match crate::bounded::parse_policy(text, 4 * MAX_ECHOED_BYTES) {
+            Ok(Some(doc)) => doc,
+            Ok(None) => return Ok(SharePolicy::default()),
+            Err(e) => return Err(invalid(what, &e)),
         };
         if doc.parents.len() > MAX_PARENTS {
             return Err(setting(format!(

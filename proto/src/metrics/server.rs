@@ -1,0 +1,77 @@
+//! The one plain-HTTP server both binaries run for `/metrics`, `/healthz` and `/readyz`
+//! (feature `server`): what each path answers is [`super::answer`]; this is only the socket,
+//! with bounded connections, so a slow or idle client cannot hold one forever.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::{Health, Registry, answer};
+
+/// How often the heartbeat behind `/healthz` is renewed.
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+
+/// Serves until `stop` turns true, and renews `health`'s heartbeat meanwhile.
+pub async fn serve(
+    listener: TcpListener,
+    registry: &'static Registry,
+    health: Arc<Health>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let ticker = {
+        let health = health.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HEARTBEAT_PERIOD);
+            loop {
+                tick.tick().await;
+                health.heartbeat.beat();
+            }
+        })
+    };
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!(address = %local, "HTTP server listening (/metrics, /healthz, /readyz)");
+    }
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                let a = answer(req.method().as_str(), req.uri().path(), registry, &health);
+                let head = req.method() == http::Method::HEAD;
+                async move {
+                    let mut resp = http::Response::new(if head { String::new() } else { a.body });
+                    *resp.status_mut() = http::StatusCode::from_u16(a.status)
+                        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(a.content_type),
+                    );
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            // A scrape is small: a slow or idle client must not hold a connection forever.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+        });
+    }
+    ticker.abort();
+}
