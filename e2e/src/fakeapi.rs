@@ -78,6 +78,8 @@ struct Store {
     /// Whether `DRAConsumableCapacity` is on (off: `allowMultipleAllocations` and capacity
     /// request policies are dropped on write).
     consumable: AtomicBool,
+    /// Whether `DRADeviceTaints` is on (off: device taints are dropped on write).
+    device_taints: AtomicBool,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -214,6 +216,13 @@ impl FakeApi {
     /// ResourceSlice written, as a 1.34/1.35 apiserver does by default.
     pub fn set_consumable_capacity(&self, enabled: bool) {
         self.store.consumable.store(enabled, Ordering::SeqCst);
+    }
+
+    /// Turns the `DRADeviceTaints` gate on (the default, as in 1.36) or off: off, the fake
+    /// drops every device's `taints` from every ResourceSlice written, as a 1.34/1.35
+    /// apiserver does by default.
+    pub fn set_device_taints(&self, enabled: bool) {
+        self.store.device_taints.store(enabled, Ordering::SeqCst);
     }
 
     /// Disarms every request fault not yet served.
@@ -432,6 +441,7 @@ impl Store {
             request_faults: Mutex::default(),
             partitionable: AtomicBool::new(true),
             consumable: AtomicBool::new(true),
+            device_taints: AtomicBool::new(true),
         }
     }
 
@@ -445,8 +455,14 @@ impl Store {
         slices::refusal(name, obj)
     }
 
-    /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does.
+    /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does,
+    /// and (gate on) sets the time of new device taints, as it also does.
     fn drop_disabled_fields(&self, obj: &mut Value) {
+        if self.device_taints.load(Ordering::SeqCst) {
+            taints::stamp_time_added(obj, &now_rfc3339());
+        } else {
+            taints::drop_taints(obj);
+        }
         if !self.partitionable.load(Ordering::SeqCst) {
             slices::drop_partitionable_fields(obj);
         }
@@ -798,6 +814,7 @@ mod capacity;
 mod faults;
 mod objects;
 mod slices;
+mod taints;
 mod watch;
 
 pub use faults::{RequestFault, path_matches};
