@@ -5,7 +5,7 @@
 //! its kernel driver (`knic.dev/driver-unbound`) and gets it back; a VF vanishes (it stays
 //! published with `knic.dev/gone`) and returns. Against an apiserver with `DRADeviceTaints` off
 //! (the fake's gate switch) the driver logs it once, publishes untainted devices and stops
-//! writing.
+//! writing. The kubelet health stream says the same devices are unhealthy, with the reason.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
+use knic_proto::health::v1::HealthStatus::{Healthy, Unhealthy};
 
 const PF: &str = "pci-0000-a2-00-0";
 const VF0: &str = "pci-0000-a2-01-0";
@@ -184,6 +185,27 @@ fn one(key: &str, value: &str) -> Vec<(String, String, String, bool)> {
     vec![(key.into(), value.into(), "NoSchedule".into(), true)]
 }
 
+/// The message for `device` in the driver's health stream (v1), once it says `health`.
+async fn health_of(
+    env: &Env,
+    device: &str,
+    health: knic_proto::health::v1::HealthStatus,
+) -> anyhow::Result<String> {
+    let plugin = knic_e2e::kubelet::register(&env.config.registry_dir).await?;
+    eventually(
+        "the health stream agrees",
+        Duration::from_secs(10),
+        || async {
+            let snapshot = plugin.health(true).await?;
+            Ok(snapshot
+                .into_iter()
+                .find(|(d, h, _)| d == device && *h == health as i32)
+                .map(|(_, _, message)| message))
+        },
+    )
+    .await
+}
+
 async fn link_down_taints_and_link_up_clears(env: &mut Env) -> anyhow::Result<()> {
     env.start()?;
     env.devices_when("the untainted pool", untainted).await?;
@@ -197,6 +219,8 @@ async fn link_down_taints_and_link_up_clears(env: &mut Env) -> anyhow::Result<()
         taints(&down, PF)
     );
     ensure!(taints(&down, VF0).is_none() && taints(&down, VF1).is_none());
+    let message = health_of(env, PF, Unhealthy).await?;
+    ensure!(message == "link is down", "{message}");
     let first_time = taints(&down, PF).context("taint")?[0].time_added.clone();
     env.no_more_writes().await?;
     let still = env
@@ -208,6 +232,7 @@ async fn link_down_taints_and_link_up_clears(env: &mut Env) -> anyhow::Result<()
     );
     env.set_pf_link("up")?;
     env.devices_when("the taint cleared", untainted).await?;
+    health_of(env, PF, Healthy).await?;
     env.no_more_writes().await?;
     Ok(())
 }
@@ -225,6 +250,11 @@ async fn unbound_driver_taints_until_bound_again(env: &mut Env) -> anyhow::Resul
         shape(&unbound, VF1) == one("knic.dev/driver-unbound", "no-driver"),
         "{:?}",
         taints(&unbound, VF1)
+    );
+    let message = health_of(env, VF1, Unhealthy).await?;
+    ensure!(
+        message == "no kernel driver is bound to the PCI function",
+        "{message}"
     );
     env.no_more_writes().await?;
     std::os::unix::fs::symlink(&target, &link)?;
@@ -265,6 +295,8 @@ async fn vanished_device_stays_tainted_until_it_returns(env: &mut Env) -> anyhow
         vf0.consumes_counters.is_none(),
         "a vanished VF kept its budget"
     );
+    let message = health_of(env, VF0, Unhealthy).await?;
+    ensure!(message == "the device vanished from the node", "{message}");
     env.no_more_writes().await?;
     come_back(&env.root)?;
     env.devices_when("VF0 back untainted", untainted).await?;
@@ -304,6 +336,46 @@ async fn gate_off_publishes_untainted_devices(env: &mut Env) -> anyhow::Result<(
     Ok(())
 }
 
+/// The publisher itself against the gate-off fake: the first write comes back without the
+/// taints, the same sync republishes without them, and the next sync writes nothing.
+async fn publisher_stops_sending_taints_within_one_sync(env: &mut Env) -> anyhow::Result<()> {
+    use knic_driver::api::slices::Publisher;
+    let Some(fake) = env.cluster.fake.as_ref() else {
+        println!("skipped: a real cluster's DRADeviceTaints gate cannot be switched");
+        return Ok(());
+    };
+    fake.set_device_taints(false);
+    env.set_pf_link("down")?;
+    let inventory = knic_driver::inventory::discover(
+        &env.root,
+        &Default::default(),
+        &Default::default(),
+        &Default::default(),
+    );
+    let mut devices = knic_driver::slices::devices(&inventory, &[]);
+    knic_driver::slices::taints::apply(&mut devices);
+    ensure!(taints(&devices, PF).is_some(), "the PF is not tainted");
+    let mut publisher = Publisher::new(env.cluster.client.clone(), "knic.dev", &env.cluster.node);
+    let first = publisher.sync(&devices).await?;
+    println!("first sync: {first:?}");
+    ensure!(
+        !first.taints && !publisher.taints() && first.counters,
+        "{first:?}"
+    );
+    // The device slice's create came back stripped (the counter slice was never written); the
+    // untainted pool is that slice rewritten plus the counter slice created.
+    ensure!(
+        (first.created, first.updated, first.deleted) == (2, 1, 0),
+        "{first:?}"
+    );
+    let again = publisher.sync(&devices).await?;
+    ensure!(
+        (again.created, again.updated, again.deleted) == (0, 0, 0),
+        "{again:?}"
+    );
+    Ok(())
+}
+
 fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
@@ -311,6 +383,7 @@ fn main() {
         unbound_driver_taints_until_bound_again,
         vanished_device_stays_tainted_until_it_returns,
         gate_off_publishes_untainted_devices,
+        publisher_stops_sending_taints_within_one_sync,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }
