@@ -218,13 +218,6 @@ impl FakeApi {
         self.store.consumable.store(enabled, Ordering::SeqCst);
     }
 
-    /// Turns the `DRADeviceTaints` gate on (the default, as in 1.36) or off: off, the fake
-    /// drops every device's `taints` from every ResourceSlice written, as a 1.34/1.35
-    /// apiserver does by default.
-    pub fn set_device_taints(&self, enabled: bool) {
-        self.store.device_taints.store(enabled, Ordering::SeqCst);
-    }
-
     /// Disarms every request fault not yet served.
     pub fn clear_request_faults(&self) {
         if let Ok(mut armed) = self.store.request_faults.lock() {
@@ -458,11 +451,7 @@ impl Store {
     /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does,
     /// and (gate on) sets the time of new device taints, as it also does.
     fn drop_disabled_fields(&self, obj: &mut Value) {
-        if self.device_taints.load(Ordering::SeqCst) {
-            taints::stamp_time_added(obj, &now_rfc3339());
-        } else {
-            taints::drop_taints(obj);
-        }
+        taints::prepare(obj, self.device_taints.load(Ordering::SeqCst));
         if !self.partitionable.load(Ordering::SeqCst) {
             slices::drop_partitionable_fields(obj);
         }

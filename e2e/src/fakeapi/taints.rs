@@ -32,6 +32,27 @@ fn devices_mut(obj: &mut Value) -> impl Iterator<Item = &mut serde_json::Map<Str
         .filter_map(Value::as_object_mut)
 }
 
+impl super::FakeApi {
+    /// Turns the `DRADeviceTaints` gate on (the default, as in 1.36) or off: off, the fake
+    /// drops every device's `taints` from every ResourceSlice written, as a 1.34/1.35
+    /// apiserver does by default.
+    pub fn set_device_taints(&self, enabled: bool) {
+        self.store
+            .device_taints
+            .store(enabled, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// What the strategy does to a slice's taints on write: with the gate on, new taints get
+/// their time; off, taints are dropped.
+pub(super) fn prepare(obj: &mut Value, enabled: bool) {
+    if enabled {
+        stamp_time_added(obj, &super::now_rfc3339());
+    } else {
+        drop_taints(obj);
+    }
+}
+
 /// Removes what an apiserver with `DRADeviceTaints` off drops from a slice.
 pub(super) fn drop_taints(obj: &mut Value) {
     for device in devices_mut(obj) {
