@@ -4,7 +4,7 @@
 //! Health is read from what the node publishes: a device whose link is up is healthy; one whose
 //! link is down, has lost its lower layer or is not present is unhealthy, with the state in the
 //! message, as is one tainted for a missing kernel driver or for having vanished (the taint's
-//! reason is the message); anything else (no netdev, e.g. a VF bound to vfio-pci) is unknown. A device given to
+//! reason is the message); one nobody set up (administratively down) is unknown; anything else (no netdev, e.g. a VF bound to vfio-pci) is unknown. A device given to
 //! a pod is reported from its state when it was prepared (it is not visible from the host).
 //! A full snapshot goes out at once, on every change, and every 10 s (well inside the kubelet's
 //! 30 s per-device timeout), for as long as the kubelet keeps the stream open.
@@ -38,6 +38,12 @@ pub enum Health {
 pub fn judge(device: &Device) -> (Health, String) {
     if let Some(message) = crate::slices::taints::message(device) {
         return (Health::Unhealthy, message);
+    }
+    if crate::slices::taints::is_admin_down(device) {
+        return (
+            Health::Unknown,
+            "link is administratively down (set up when prepared)".into(),
+        );
     }
     let state = device
         .attributes

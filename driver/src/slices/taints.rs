@@ -1,9 +1,10 @@
 //! Device taints: what keeps the scheduler away from a device that cannot work right now.
 //!
-//! A device whose link is down, whose PCI function has no kernel driver bound, or that vanished
-//! from the node while no prepared claim holds it is published with a `NoSchedule` taint
-//! (DRADeviceTaints, beta in 1.36) whose value is the short reason, and loses it when it
-//! recovers. Without taints the scheduler would keep handing out such a device and the pod
+//! A device whose link is down (administratively up, no carrier), whose PCI function has no
+//! kernel driver bound, or that vanished from the node while no prepared claim holds it is
+//! published with a `NoSchedule` taint (DRADeviceTaints, beta in 1.36) whose value is the
+//! short reason, and loses it when it recovers. Software links (veth, macvlan…) are never
+//! tainted: their state is configuration. Without taints the scheduler would keep handing out such a device and the pod
 //! would fail at prepare time. The kubelet health stream reports the same devices unhealthy
 //! with [`message`], so a pod's status and the slice agree.
 //!
@@ -66,10 +67,32 @@ pub fn is_knic_taint(taint: &DeviceTaint) -> bool {
     [KEY_LINK_DOWN, KEY_DRIVER_UNBOUND, KEY_GONE].contains(&taint.key.as_str())
 }
 
+/// Whether `device` is a software link (veth, macvlan, bridge…): its state is configuration,
+/// not health, and one that is deleted is gone for good, so it is never tainted.
+fn is_virtual(device: &Device) -> bool {
+    string_attr(device, "kind") == Some("virtual")
+}
+
+/// Whether the interface is administratively down: nobody set it up (knic does, in the pod),
+/// so its `down` says nothing about the link.
+pub fn is_admin_down(device: &Device) -> bool {
+    device
+        .attributes
+        .as_ref()
+        .and_then(|a| a.get("adminDown"))
+        .and_then(|v| v.bool)
+        == Some(true)
+}
+
 /// The taints `device`'s own attributes call for, in key order.
 pub fn causes(device: &Device) -> Vec<DeviceTaint> {
     let mut out = Vec::new();
-    if let Some(state) = string_attr(device, "state").filter(|s| DOWN_STATES.contains(s)) {
+    if is_virtual(device) {
+        return out;
+    }
+    if let Some(state) = string_attr(device, "state").filter(|s| DOWN_STATES.contains(s))
+        && !is_admin_down(device)
+    {
         out.push(taint(KEY_LINK_DOWN, state));
     }
     let is_pci = string_attr(device, "kind").is_some_and(|k| PCI_KINDS.contains(&k))
@@ -145,7 +168,7 @@ impl Gone {
     /// `held` ones that prepared claims hold included, knic taints applied) with a [`KEY_GONE`]
     /// taint, for `grace` after they went missing at the latest; keeps the result in name
     /// order. A device that was held when it went missing vanished with its pod while
-    /// allocated: it is withdrawn at once. A vanished device keeps its last attributes but
+    /// allocated, and a software link was deleted: both are withdrawn at once. A vanished device keeps its last attributes but
     /// consumes no counters: its PF budget may be gone with it, and a pool naming a counter set
     /// nobody publishes is refused whole.
     pub fn update(
@@ -164,7 +187,7 @@ impl Gone {
             if present.contains_key(name) {
                 return true;
             }
-            if *held {
+            if *held || is_virtual(last) {
                 return false;
             }
             let since = *since.get_or_insert(now);

@@ -131,6 +131,52 @@ fn both_causes_are_listed_in_key_order() {
 }
 
 #[test]
+fn an_interface_nobody_set_up_is_not_link_down() {
+    let devices = published(|t| {
+        link_down(t).replace(
+            "net/enp162s0f0np0/flags = 0x1003",
+            "net/enp162s0f0np0/flags = 0x1002",
+        )
+    });
+    let pf = by_name(&devices, PF);
+    let attrs = pf.attributes.as_ref().unwrap();
+    assert_eq!(attrs["adminDown"].bool, Some(true));
+    assert_eq!(attrs["state"].string.as_deref(), Some("down"));
+    assert_eq!(pf.taints, None);
+    assert_eq!(
+        crate::kubelet::health::judge(pf),
+        (
+            crate::kubelet::health::Health::Unknown,
+            "link is administratively down (set up when prepared)".into()
+        )
+    );
+    // Set up without a carrier: a broken link.
+    assert!(
+        !published(link_down).iter().any(|d| d
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("adminDown"))
+    );
+}
+
+#[test]
+fn software_links_are_never_tainted_nor_kept_when_deleted() {
+    let veth: Device = serde_json::from_value(serde_json::json!({
+        "name": "veth0",
+        "attributes": {"kind": {"string": "virtual"}, "state": {"string": "down"}}
+    }))
+    .unwrap();
+    assert_eq!(causes(&veth), Vec::<DeviceTaint>::new());
+    let mut gone = Gone::default();
+    let t0 = SystemTime::UNIX_EPOCH;
+    gone.update(&mut vec![veth], &[], t0, GONE_GRACE);
+    let mut now = Vec::new();
+    gone.update(&mut now, &[], t0 + Duration::from_secs(1), GONE_GRACE);
+    assert!(now.is_empty(), "{now:?}");
+}
+
+#[test]
 fn virtual_devices_without_a_driver_are_not_unbound() {
     let device: Device = serde_json::from_value(serde_json::json!({
         "name": "veth0",
