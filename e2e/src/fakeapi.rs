@@ -78,6 +78,8 @@ struct Store {
     /// Whether `DRAConsumableCapacity` is on (off: `allowMultipleAllocations` and capacity
     /// request policies are dropped on write).
     consumable: AtomicBool,
+    /// Whether `DRADeviceTaints` is on (off: device taints are dropped on write).
+    device_taints: AtomicBool,
 }
 
 /// A running fake API server bound to 127.0.0.1 on a free port; stops when dropped.
@@ -432,6 +434,7 @@ impl Store {
             request_faults: Mutex::default(),
             partitionable: AtomicBool::new(true),
             consumable: AtomicBool::new(true),
+            device_taints: AtomicBool::new(true),
         }
     }
 
@@ -449,8 +452,10 @@ impl Store {
         slices::refusal(name, obj)
     }
 
-    /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does.
+    /// Drops a slice's fields whose feature gates are off, as the apiserver's strategy does,
+    /// and (gate on) sets the time of new device taints, as it also does.
     fn drop_disabled_fields(&self, obj: &mut Value) {
+        taints::prepare(obj, self.device_taints.load(Ordering::SeqCst));
         if !self.partitionable.load(Ordering::SeqCst) {
             slices::drop_partitionable_fields(obj);
         }
@@ -803,6 +808,7 @@ pub mod events;
 mod faults;
 mod objects;
 mod slices;
+mod taints;
 mod watch;
 
 pub use faults::{RequestFault, path_matches};

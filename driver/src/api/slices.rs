@@ -20,6 +20,11 @@
 //! whoever follows the mode (the preparer's view of the devices, see [`crate::sharing::follow`])
 //! and republishes at once. Accepting the stored form there would publish every shared parent as
 //! one plain device that the scheduler gives out whole, once.
+//!
+//! Device taints too: when the apiserver drops `taints` (`DRADeviceTaints` is off, as before
+//! 1.36 by default), the publisher stops sending them for good and republishes at once. The
+//! taints lower the per-slice device cap, so the stored form can have a different layout than
+//! the one planned; the health stream still reports those devices unhealthy.
 
 use crate::metrics::metrics;
 use std::collections::{BTreeSet, VecDeque};
@@ -80,6 +85,8 @@ pub struct SyncReport {
     /// Whether shared parents carry consumable capacity (false once the apiserver dropped it:
     /// they are published as child slots).
     pub capacity: bool,
+    /// Whether devices carry their taints (false once the apiserver dropped them).
+    pub taints: bool,
 }
 
 /// Publishes one node's pool.
@@ -94,6 +101,7 @@ pub struct Publisher {
     owner: Option<PoolOwner>,
     mode: Mode,
     share_mode: watch::Sender<ShareMode>,
+    taints: bool,
 }
 
 fn selector(driver: &str, node: &str) -> String {
@@ -113,6 +121,7 @@ impl Publisher {
             owner: None,
             mode: Mode::Partitionable,
             share_mode: watch::Sender::new(ShareMode::Capacity),
+            taints: true,
         }
     }
 
@@ -126,6 +135,11 @@ impl Publisher {
     /// How shared parents are published (see [`ShareMode`]).
     pub fn share_mode(&self) -> ShareMode {
         *self.share_mode.borrow()
+    }
+
+    /// Whether device taints are still published.
+    pub fn taints(&self) -> bool {
+        self.taints
     }
 
     /// Whether PF budgets are still published (see [`Mode`]).
@@ -156,8 +170,8 @@ impl Publisher {
     }
 
     /// Compares what was written with what was stored. Returns true when the apiserver dropped
-    /// the counters or the consumable capacity: the publisher is then in plain (or slot) mode
-    /// and the current plan is void.
+    /// the counters, the consumable capacity or the taints: the publisher is then in plain
+    /// (slot, untainted) mode and the current plan is void.
     fn check_dropped(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSlice) -> bool {
         let mut switched = false;
         if self.mode == Mode::Partitionable && has_counters(sent) && !has_counters(&stored.spec) {
@@ -174,6 +188,12 @@ impl Publisher {
             tracing::warn!(slice = ?stored.metadata.name,
                 "DRAConsumableCapacity is off: publishing shared parents as child-slot devices");
             self.share_mode.send_replace(ShareMode::Slots);
+            switched = true;
+        }
+        if self.taints && has_taints(sent) && !has_taints(&stored.spec) {
+            tracing::warn!(slice = ?stored.metadata.name,
+                "DRADeviceTaints is off: publishing devices without taints");
+            self.taints = false;
             switched = true;
         }
         if switched {
@@ -205,11 +225,24 @@ impl Publisher {
                 generation: report.generation,
                 counters: self.mode == Mode::Partitionable,
                 capacity: self.share_mode() == ShareMode::Capacity,
+                taints: self.taints,
             };
             if !switched {
                 return Ok(total);
             }
         }
+    }
+
+    /// `devices` in the form the apiserver takes: shared parents expanded in slot mode, taints
+    /// left out once the apiserver dropped them.
+    fn shaped(&self, devices: &[Device]) -> Vec<Device> {
+        let mut out = sharing::expand(devices, self.share_mode());
+        if !self.taints {
+            for device in &mut out {
+                device.taints = None;
+            }
+        }
+        out
     }
 
     async fn sync_once(&mut self, devices: &[Device]) -> Result<(SyncReport, bool)> {
@@ -222,7 +255,7 @@ impl Publisher {
             &self.driver,
             &owner,
             &existing.items,
-            &layout(&sharing::expand(devices, self.share_mode()), self.mode),
+            &layout(&self.shaped(devices), self.mode),
             &self.accepted,
         );
         let mut report = SyncReport {
@@ -384,6 +417,14 @@ fn has_counters(spec: &ResourceSliceSpec) -> bool {
             .iter()
             .flatten()
             .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+}
+
+/// Whether any device of a spec carries a taint.
+fn has_taints(spec: &ResourceSliceSpec) -> bool {
+    spec.devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
 }
 
 /// Whether a spec carries the fields of consumable capacity: `(a device allocatable many

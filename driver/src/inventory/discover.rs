@@ -18,6 +18,8 @@ use super::{
 const ARPHRD_LOOPBACK: i64 = 772;
 /// IFF_LOOPBACK.
 const IFF_LOOPBACK: u32 = 0x8;
+/// IFF_UP: the link is administratively up.
+const IFF_UP: u32 = 0x1;
 /// How far to walk up from a netdev's `device` through non-PCI buses (virtio) to its function.
 const MAX_PARENT_WALK: usize = 4;
 
@@ -481,6 +483,13 @@ impl Walk<'_> {
             .filter(|st| st != "unknown");
         if let Some(state) = state {
             attrs.str("state", &state);
+        }
+        // An interface nobody set up reads `down` whatever its cable: said apart (only then, so
+        // the usual attribute set stays as it is), so it is not taken for a broken link.
+        if s.read_hex(&dev.real.join("flags"))
+            .is_some_and(|f| f & IFF_UP == 0)
+        {
+            attrs.bool("adminDown", true);
         }
         if let Some(speed) = s.read_i64(&dev.real.join("speed")).filter(|v| *v > 0) {
             attrs.int("speed", speed);

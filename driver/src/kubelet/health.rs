@@ -3,7 +3,8 @@
 //!
 //! Health is read from what the node publishes: a device whose link is up is healthy; one whose
 //! link is down, has lost its lower layer or is not present is unhealthy, with the state in the
-//! message; anything else (no netdev, e.g. a VF bound to vfio-pci) is unknown. A device given to
+//! message, as is one tainted for a missing kernel driver or for having vanished (the taint's
+//! reason is the message); one nobody set up (administratively down) is unknown; anything else (no netdev, e.g. a VF bound to vfio-pci) is unknown. A device given to
 //! a pod is reported from its state when it was prepared (it is not visible from the host).
 //! A full snapshot goes out at once, on every change, and every 10 s (well inside the kubelet's
 //! 30 s per-device timeout), for as long as the kubelet keeps the stream open.
@@ -32,8 +33,18 @@ pub enum Health {
     Unknown,
 }
 
-/// Judges a device by its `state` attribute (the link's operational state).
+/// Judges a device by its knic taint, if any (the same reason the slice publishes, see
+/// [`crate::slices::taints`]), else by its `state` attribute (the link's operational state).
 pub fn judge(device: &Device) -> (Health, String) {
+    if let Some(message) = crate::slices::taints::message(device) {
+        return (Health::Unhealthy, message);
+    }
+    if crate::slices::taints::is_admin_down(device) {
+        return (
+            Health::Unknown,
+            "link is administratively down (set up when prepared)".into(),
+        );
+    }
     let state = device
         .attributes
         .as_ref()
@@ -199,6 +210,43 @@ mod tests {
         );
         assert_eq!(judge(&device("c", Some("dormant"))).0, Health::Unknown);
         assert_eq!(judge(&device("d", None)).0, Health::Unknown);
+    }
+
+    #[test]
+    fn knic_taints_decide_health_with_their_reason() {
+        use crate::slices::taints::{self, Gone};
+        let mut unbound: Device = serde_json::from_value(serde_json::json!({
+            "name": "pci-0000-a2-01-1",
+            "attributes": {"kind": {"string": "vf"}, "pciAddress": {"string": "0000:a2:01.1"},
+                "state": {"string": "up"}}
+        }))
+        .unwrap();
+        taints::apply(std::slice::from_mut(&mut unbound));
+        assert_eq!(
+            judge(&unbound),
+            (
+                Health::Unhealthy,
+                "no kernel driver is bound to the PCI function".into()
+            )
+        );
+        let mut up = device("a", Some("up"));
+        let mut gone = Gone::default();
+        let t0 = std::time::SystemTime::UNIX_EPOCH;
+        gone.update(&mut vec![up.clone()], &[], t0, Duration::from_secs(60));
+        let mut now = Vec::new();
+        gone.update(&mut now, &[], t0, Duration::from_secs(60));
+        assert_eq!(
+            judge(&now[0]),
+            (
+                Health::Unhealthy,
+                "the device vanished from the node".into()
+            )
+        );
+        taints::apply(std::slice::from_mut(&mut up));
+        assert_eq!(judge(&up), (Health::Healthy, "link is up".into()));
+        let mut down = device("b", Some("down"));
+        taints::apply(std::slice::from_mut(&mut down));
+        assert_eq!(judge(&down), (Health::Unhealthy, "link is down".into()));
     }
 
     #[tokio::test]

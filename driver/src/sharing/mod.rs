@@ -324,7 +324,7 @@ fn slot_count(parent: &Device) -> u32 {
 }
 
 /// The child slots of a shared parent in capacity form: its attributes plus `parent` and
-/// `childSlot`, no capacity.
+/// `childSlot`, no capacity; its taints, since a slot is no more usable than its parent.
 pub fn slots(parent: &Device) -> Vec<Device> {
     (0..slot_count(parent))
         .map(|i| {
@@ -334,6 +334,7 @@ pub fn slots(parent: &Device) -> Vec<Device> {
             Device {
                 name: slot_name(&parent.name, i),
                 attributes: Some(attributes),
+                taints: parent.taints.clone(),
                 ..Default::default()
             }
         })

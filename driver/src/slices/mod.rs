@@ -10,11 +10,13 @@
 pub mod counters;
 pub mod exhaustion;
 pub mod rescan;
+pub mod taints;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CounterSet, Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -272,10 +274,56 @@ fn spec(
     }
 }
 
-/// Compares specs the way the apiserver stores them: an empty list is the same as none.
+/// The taints of every device in `slices`, by device name: where the stored `timeAdded` of a
+/// taint comes from when the slice is rewritten.
+fn stored_taints<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSliceSpec>,
+) -> BTreeMap<&'a str, &'a [DeviceTaint]> {
+    slices
+        .into_iter()
+        .flat_map(|s| s.devices.iter().flatten())
+        .filter_map(|d| Some((d.name.as_str(), d.taints.as_deref()?)))
+        .collect()
+}
+
+/// Gives each taint in `spec` that `timeAdded` of the same taint (key, value, effect) in
+/// `stored` when it has none (or, with `close`, one within a second of it), as the Go
+/// controller does: the apiserver sets the time of a new taint, and carrying it over keeps it
+/// the time the taint was first published instead of the time of the last write.
+fn carry_time_added(
+    spec: &mut ResourceSliceSpec,
+    stored: &BTreeMap<&str, &[DeviceTaint]>,
+    close: bool,
+) {
+    for device in spec.devices.iter_mut().flatten() {
+        let Some(old) = stored.get(device.name.as_str()) else {
+            continue;
+        };
+        for taint in device.taints.iter_mut().flatten() {
+            let found = old
+                .iter()
+                .find(|o| o.key == taint.key && o.value == taint.value && o.effect == taint.effect);
+            let Some(stored_time) = found.and_then(|o| o.time_added.as_ref()) else {
+                continue;
+            };
+            let carry = match &taint.time_added {
+                None => true,
+                Some(t) => close && (t.0.as_second() - stored_time.0.as_second()).abs() <= 1,
+            };
+            if carry {
+                taint.time_added = Some(stored_time.clone());
+            }
+        }
+    }
+}
+
+/// Compares specs the way the apiserver stores them: an empty list is the same as none, and a
+/// taint's unset `timeAdded` matches any (the apiserver fills it in), a set one any within a
+/// second.
 pub(crate) fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
-    let norm = |s: &ResourceSliceSpec| {
+    let norm = |s: &ResourceSliceSpec, other: &ResourceSliceSpec, close: bool| {
         let mut s = s.clone();
+        carry_time_added(&mut s, &stored_taints([other]), close);
         if s.devices.as_ref().is_some_and(Vec::is_empty) {
             s.devices = None;
         }
@@ -286,10 +334,13 @@ pub(crate) fn same(a: &ResourceSliceSpec, b: &ResourceSliceSpec) -> bool {
             if d.consumes_counters.as_ref().is_some_and(Vec::is_empty) {
                 d.consumes_counters = None;
             }
+            if d.taints.as_ref().is_some_and(Vec::is_empty) {
+                d.taints = None;
+            }
         }
         s
     };
-    norm(a) == norm(b)
+    norm(a, b, true) == norm(b, a, false)
 }
 
 /// Spec pairs `(sent, stored)` where the apiserver dropped fields (a feature gate is off): the
@@ -361,10 +412,12 @@ pub fn plan(
     let bump = current == 0 || missing || !deletes.is_empty() || changed.len() > 1;
     let generation = if bump { current + 1 } else { keep_generation };
 
+    let stored = stored_taints(ours.iter().map(|s| &s.spec));
     let mut updates = Vec::new();
     let mut creates = Vec::new();
     for (i, slice) in desired.iter().enumerate() {
-        let want = spec(driver, node, generation, count, slice);
+        let mut want = spec(driver, node, generation, count, slice);
+        carry_time_added(&mut want, &stored, true);
         match matched[i] {
             Some(slice) if bump || changed.contains(&i) => {
                 let mut next = slice.clone();

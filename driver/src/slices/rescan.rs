@@ -21,6 +21,7 @@ use crate::inventory::sources::Sources;
 use crate::inventory::{self, Inventory};
 use crate::sharing::Sharing;
 use crate::slices;
+use crate::slices::taints::{self, Gone};
 use crate::sriov::{Held, Provisioner, Report};
 
 /// How to discover: the sysfs root, the admin filter, and whether to ask netlink.
@@ -94,10 +95,12 @@ impl Discovery {
     }
 
     /// The devices to publish for `inventory` (see [`slices::devices`]), shared parents in
-    /// their capacity form (see [`Sharing::mark`]).
+    /// their capacity form (see [`Sharing::mark`]), tainted where their link or driver says
+    /// they cannot work (see [`taints::apply`]).
     pub fn devices(&self, inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
         let mut devices = slices::devices(inventory, retained);
         self.sharing.mark(&mut devices, inventory);
+        taints::apply(&mut devices);
         devices
     }
 
@@ -136,6 +139,8 @@ pub struct RescanSettings {
     pub coalesce: Duration,
     /// Rescan at least this often.
     pub period: Duration,
+    /// Keep a vanished device published (tainted) this long.
+    pub gone_grace: Duration,
 }
 
 impl Default for RescanSettings {
@@ -143,6 +148,7 @@ impl Default for RescanSettings {
         RescanSettings {
             coalesce: Duration::from_millis(250),
             period: Duration::from_secs(60),
+            gone_grace: taints::GONE_GRACE,
         }
     }
 }
@@ -179,10 +185,28 @@ pub async fn keep_current(
     };
     let mut prepared = claims.subscribe();
     let mut scans: u64 = 0;
+    // What was published before, so a device that vanishes stays published, tainted.
+    let mut gone = Gone::default();
+    let mut published = out.borrow().clone();
+    gone.update(
+        &mut published,
+        &retained(&claims, &node).await,
+        std::time::SystemTime::now(),
+        settings.gone_grace,
+    );
     loop {
-        discovery.provision(&claims).await;
+        if let Some(report) = discovery.provision(&claims).await {
+            gone.forget(&report.changed_pfs);
+        }
         let inventory = discovery.scan().await;
-        let devices = discovery.devices(&inventory, &retained(&claims, &node).await);
+        let held = retained(&claims, &node).await;
+        let mut devices = discovery.devices(&inventory, &held);
+        gone.update(
+            &mut devices,
+            &held,
+            std::time::SystemTime::now(),
+            settings.gone_grace,
+        );
         scans += 1;
         let changed = out.send_if_modified(|current| {
             if *current == devices {

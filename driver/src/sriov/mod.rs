@@ -67,6 +67,9 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 pub struct Report {
     /// PFs changed (labels).
     pub changed: Vec<String>,
+    /// PCI addresses of the PFs changed: their VFs that vanish went on purpose (see
+    /// [`crate::slices::taints::Gone::forget`]).
+    pub changed_pfs: Vec<String>,
     /// PFs the policy names that were left alone, with the rule.
     pub refused: Vec<Error>,
     /// Changes that were tried and failed.
@@ -246,7 +249,10 @@ impl Provisioner {
         for plan in &decision.plans {
             let before = plan.pf.clone();
             match apply::apply(&sysfs, self.writes.as_ref(), plan, &held.vfs, self.wait) {
-                Ok(after) if after != before => report.changed.push(plan.pf.label()),
+                Ok(after) if after != before => {
+                    report.changed.push(plan.pf.label());
+                    report.changed_pfs.push(plan.pf.pci_address.clone());
+                }
                 Ok(_) => {}
                 Err(e) => report.failed.push(e),
             }

@@ -128,6 +128,7 @@ fn errors(spec: &Value) -> Vec<String> {
         } else {
             for (i, device) in devices.iter().enumerate() {
                 super::capacity::device_errors(i, device, &mut out);
+                super::taints::device_errors(i, device, &mut out);
                 device_errors(i, device, &mut out);
             }
         }
