@@ -1,16 +1,30 @@
 //! Inventory benchmark: discovery plus ResourceSlice building over a synthetic sysfs tree of
 //! 4 PFs × 256 VFs (1028 devices), and the same at 1/4 and 1/2 the size to show the cost grows
-//! linearly. Each size runs in a child process so its peak RSS (VmHWM) is its own.
+//! linearly, against issue 14's goals: 1,024 devices in at most 50 ms, and a `run`-like
+//! discovery of them in at most 20 MiB peak RSS.
+//!
+//! The parent writes each tree; a child process discovers it, so the child's peak RSS (VmHWM)
+//! is discovery's own, not the tree writer's. The RSS figure comes from a second child that
+//! does what `knic-driver run` does on its first publish (a tokio runtime, [`Discovery::scan`],
+//! the slice layout and plan, the objects serialised), in a process holding nothing else.
 //!
 //! Run: `cargo bench -p knic-driver --bench inventory`.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
 
 use knic_driver::inventory::{self, Filter, Sources, fixture};
-use knic_driver::slices;
+use knic_driver::sharing::{SharePolicy, Sharing};
+use knic_driver::slices::rescan::Discovery;
+use knic_driver::slices::{self, PoolOwner};
 
 const RUNS: usize = 15;
+/// Issue 14: discovery of 1,024 devices in at most this many milliseconds.
+const GOAL_MS_PER_1024: f64 = 50.0;
+/// Issue 14: peak RSS of `run` with 1,024 devices at most this many MiB.
+const GOAL_RSS_MIB: f64 = 20.0;
 
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -23,10 +37,9 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Child: measure one size and print `devices median_us p95_us rss_kib`.
-fn measure(pfs: usize, vfs: usize) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    fixture::materialise(&fixture::synthetic_sriov(pfs, vfs), dir.path())?;
+/// Child: discover the tree at `root` RUNS times; print `devices median_us p95_us rss_kib
+/// slices`.
+fn measure(root: &Path) -> anyhow::Result<()> {
     let sources = Sources::sysfs_only();
     let routes = BTreeSet::new();
     let filter = Filter::default();
@@ -35,7 +48,7 @@ fn measure(pfs: usize, vfs: usize) -> anyhow::Result<()> {
     let mut slice_count = 0;
     for _ in 0..RUNS {
         let start = Instant::now();
-        let inv = inventory::discover(dir.path(), &sources, &routes, &filter);
+        let inv = inventory::discover(root, &sources, &routes, &filter);
         let desired = slices::desired(&inv);
         times.push(start.elapsed());
         devices = inv.devices.len();
@@ -53,36 +66,81 @@ fn measure(pfs: usize, vfs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Child: one first publish as `run` makes it, sysfs only (no API server: the objects are
+/// serialised instead of sent); print `devices rss_kib`.
+fn run_like(root: &Path) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let (devices, bytes) = runtime.block_on(async {
+        let discovery = Discovery {
+            root: root.to_path_buf(),
+            filter: Filter::default(),
+            netlink: false,
+            provisioner: None,
+            sharing: Arc::new(Sharing::new(SharePolicy::default())),
+        };
+        let inventory = discovery.scan().await;
+        let owner = PoolOwner {
+            node_name: "bench-node".to_owned(),
+            node_uid: "00000000-0000-0000-0000-000000000000".to_owned(),
+        };
+        let layout = slices::layout(
+            &discovery.devices(&inventory, &[]),
+            slices::Mode::Partitionable,
+        );
+        let plan = slices::plan(knic_proto::DRIVER_NAME, &owner, &[], &layout, &[]);
+        let bytes = serde_json::to_vec(&plan.creates)?;
+        anyhow::Ok((inventory.devices.len(), bytes.len()))
+    })?;
+    anyhow::ensure!(bytes > 0, "nothing serialised");
+    println!("{devices} {}", peak_rss_kib());
+    Ok(())
+}
+
+fn child(args: &[&str]) -> anyhow::Result<Vec<u64>> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "MET" } else { "NOT MET" }
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(pos) = args.iter().position(|a| a == "--measure") {
-        let pfs = args[pos + 1].parse()?;
-        let vfs = args[pos + 2].parse()?;
-        return measure(pfs, vfs);
+    for (flag, f) in [
+        ("--measure", measure as fn(&Path) -> anyhow::Result<()>),
+        ("--run-like", run_like),
+    ] {
+        if let Some(pos) = args.iter().position(|a| a == flag) {
+            let root = args.get(pos + 1).map(Path::new);
+            return f(root.ok_or_else(|| anyhow::anyhow!("{flag} needs a directory"))?);
+        }
     }
-    let exe = std::env::current_exe()?;
     println!("inventory benchmark: discovery + slice build, sysfs-only sources, {RUNS} runs each");
     println!(
         "{:>10} {:>8} {:>7} {:>12} {:>12} {:>14} {:>10}",
         "tree", "devices", "slices", "median", "p95", "per device", "peak RSS"
     );
     let mut per_device = Vec::new();
+    let mut run_rss = None;
     for (pfs, vfs) in [(4, 64), (4, 128), (4, 256)] {
-        let out = std::process::Command::new(&exe)
-            .args(["--measure", &pfs.to_string(), &vfs.to_string()])
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout)?;
-        let f: Vec<u64> = text
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()?;
+        let dir = tempfile::tempdir()?;
+        fixture::materialise(&fixture::synthetic_sriov(pfs, vfs), dir.path())?;
+        let root = dir.path().to_string_lossy().into_owned();
+        let f = child(&["--measure", &root])?;
+        anyhow::ensure!(f.len() == 5, "unexpected child output {f:?}");
         let (devices, median, p95, rss, slice_count) = (f[0], f[1], f[2], f[3], f[4]);
-        let each = Duration::from_micros(median).as_secs_f64() * 1e6 / devices as f64;
+        let each = median as f64 / devices as f64;
         per_device.push(each);
         println!(
             "{:>10} {devices:>8} {slice_count:>7} {:>10.2}ms {:>10.2}ms {:>12.1}µs {:>8.1}MiB",
@@ -92,10 +150,27 @@ fn main() -> anyhow::Result<()> {
             each,
             rss as f64 / 1024.0
         );
+        if vfs == 256 {
+            let r = child(&["--run-like", &root])?;
+            anyhow::ensure!(r.len() == 2, "unexpected child output {r:?}");
+            run_rss = Some((r[0], r[1] as f64 / 1024.0));
+        }
     }
     let growth = per_device[2] / per_device[0];
     println!(
         "cost per device at 4x256 vs 4x64: {growth:.2}x (1.00 = perfectly linear in the device count)"
     );
+    let total = per_device[2] * 1024.0 / 1000.0;
+    println!(
+        "discovery: {:.1}µs per device, {total:.1}ms for 1,024 devices; goal ≤ {GOAL_MS_PER_1024:.0}ms: {}",
+        per_device[2],
+        verdict(total <= GOAL_MS_PER_1024)
+    );
+    if let Some((devices, rss)) = run_rss {
+        println!(
+            "run-like first publish of {devices} devices: peak RSS {rss:.1}MiB; goal ≤ {GOAL_RSS_MIB:.0}MiB: {}",
+            verdict(rss <= GOAL_RSS_MIB)
+        );
+    }
     Ok(())
 }

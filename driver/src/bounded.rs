@@ -90,6 +90,44 @@ pub fn read_regular(path: &Path, limit: u64, links: Links) -> io::Result<Vec<u8>
     read_at_most(file, limit)
 }
 
+/// [`read_regular`] without following a final link, for a path the caller has just seen listed
+/// as a regular file (`getdents` entry type): that listing is the check before opening, so it
+/// is not made again. The descriptor is still opened non-blocking and checked, so a FIFO or
+/// device swapped in since cannot hang or flood the read.
+///
+/// It reads until a short read: a regular file (sysfs attributes included) returns fewer bytes
+/// than asked only at its end, which saves the extra `read(2)` that only says "end".
+pub fn read_listed_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    if meta.len() > limit {
+        return Err(too_large(limit));
+    }
+    let mut chunk = [0u8; 4096];
+    let mut bytes = Vec::new();
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(n) => n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        };
+        bytes.extend_from_slice(&chunk[..n]);
+        if bytes.len() as u64 > limit {
+            return Err(too_large(limit));
+        }
+        if n < chunk.len() {
+            return Ok(bytes);
+        }
+    }
+}
+
 /// Reads at most `limit` bytes, failing when there is more: a silently truncated file would be
 /// read as a different, valid-looking content.
 fn read_at_most(file: File, limit: u64) -> io::Result<Vec<u8>> {
@@ -284,6 +322,37 @@ mod tests {
         assert_eq!(read_regular(&link, 10, Links::Follow).unwrap().len(), 10);
         let err = read_regular(&link, 10, Links::Refuse).unwrap_err();
         assert_eq!(err.to_string(), "not a regular file (it is a symlink)");
+    }
+
+    #[test]
+    fn read_listed_regular_reads_whole_files_within_the_limit_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        // Longer than one read chunk, so the end is found across reads.
+        let text = "0123456789".repeat(1000);
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(read_listed_regular(&file, 10_000).unwrap(), text.as_bytes());
+        let err = read_listed_regular(&file, 9_999).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "larger than the 9999-byte limit for this file"
+        );
+        // Exactly one chunk long: the empty read after it ends the file.
+        std::fs::write(&file, "x".repeat(4096)).unwrap();
+        assert_eq!(read_listed_regular(&file, 4096).unwrap().len(), 4096);
+        std::fs::write(&file, "").unwrap();
+        assert!(read_listed_regular(&file, 10).unwrap().is_empty());
+        // What was listed as a file may have been swapped since: never followed, never waited on.
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let err = read_listed_regular(&link, 10).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::ELOOP), "{err}");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = read_listed_regular(&fifo, 10).unwrap_err();
+        assert_eq!(err.to_string(), "not a regular file (it is a FIFO)");
+        let err = read_listed_regular(dir.path(), 10).unwrap_err();
+        assert_eq!(err.to_string(), "not a regular file (it is a directory)");
     }
 
     #[test]

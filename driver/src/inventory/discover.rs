@@ -1,18 +1,20 @@
 //! The discovery walk: gather sysfs facts about netdevs and PCI network functions, classify
 //! them, attach attributes, then decide what is offered.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use attrs::Attrs;
+use par::par_map;
+use ports::{is_representor_port, is_uplink_port, is_zero_mac};
 
 use super::filter::{Filter, Subject};
 use super::names::{netdev_device_name, pci_device_name};
 use super::pciids::PciNames;
 use super::sources::{LinkInfo, Sources};
 use super::sysfs::Sysfs;
-use super::{
-    ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, AttrValue, DeviceKind, ExcludedDevice, Inventory,
-    MAX_ATTRIBUTES, MAX_STRING_LEN, NetDevice,
-};
+use super::{ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, DeviceKind, ExcludedDevice, Inventory, NetDevice};
 
 /// ARPHRD_LOOPBACK.
 const ARPHRD_LOOPBACK: i64 = 772;
@@ -91,6 +93,18 @@ struct Walk<'a> {
     /// VF address → its N in the PF's `virtfnN` links, built once per scan: looking it up per
     /// VF would read every sibling's link and make discovery quadratic in the VF count.
     vf_index: BTreeMap<String, i64>,
+    /// Facts every VF asks of its PF, found once per PF: a switchdev PF's `net/` holds a
+    /// representor per VF, so finding the uplink per VF would be quadratic too.
+    pfs: PfFacts,
+}
+
+/// Per-PF answers shared by its VFs, filled on first use (by whichever thread gets there).
+#[derive(Default)]
+struct PfFacts {
+    /// The PF's own netdev by the PF's resolved directory.
+    netdev: Mutex<HashMap<PathBuf, Option<String>>>,
+    /// The MACs of the PF's VF table (`IFLA_VFINFO_LIST`) by PF netdev and VF number.
+    vf_macs: Mutex<HashMap<String, Arc<BTreeMap<i64, String>>>>,
 }
 
 pub(super) fn run(
@@ -99,6 +113,7 @@ pub(super) fn run(
     default_route_ifaces: &BTreeSet<String>,
     filter: &Filter,
 ) -> Inventory {
+    let sysfs = &sysfs.memoised();
     let mut walk = Walk {
         sysfs,
         sources,
@@ -106,6 +121,7 @@ pub(super) fn run(
         netdevs: BTreeMap::new(),
         pci: BTreeMap::new(),
         vf_index: BTreeMap::new(),
+        pfs: PfFacts::default(),
     };
     walk.scan();
     walk.index_vfs();
@@ -120,21 +136,25 @@ impl Walk<'_> {
     fn scan(&mut self) {
         let class_net = Path::new("sys/class/net");
         for name in self.sysfs.list(class_net) {
-            let rel = class_net.join(&name);
-            if self.sysfs.is_dir(&rel) {
-                let real = self.sysfs.resolve(&rel);
+            // Resolved once: a real path resolves to itself, so asking about it is free.
+            if let Some(real) = self.sysfs.try_resolve(&class_net.join(&name))
+                && self.sysfs.is_dir(&real)
+            {
                 self.netdevs
                     .entry(name.clone())
                     .or_insert_with(|| new_netdev(&name, real));
             }
         }
         let bus = Path::new("sys/bus/pci/devices");
-        for bdf in self.sysfs.list(bus) {
-            let real = self.sysfs.resolve(&bus.join(&bdf));
+        let found = par_map(&self.sysfs.list(bus), |bdf| {
+            let real = self.sysfs.resolve(&bus.join(bdf));
             let class = self.sysfs.read_hex(&real.join("class"));
-            if class.is_some_and(|c| c >> 16 == 0x02) {
-                self.add_pci(&bdf, real);
-            }
+            class
+                .is_some_and(|c| c >> 16 == 0x02)
+                .then(|| self.read_pci(bdf, real))
+        });
+        for function in found.into_iter().flatten() {
+            self.pci.entry(function.bdf.clone()).or_insert(function);
         }
         let functions: Vec<(String, PathBuf)> = self
             .pci
@@ -160,8 +180,21 @@ impl Walk<'_> {
             }
         }
         let names: Vec<String> = self.netdevs.keys().cloned().collect();
-        for name in names {
-            self.classify_netdev(&name);
+        let classified = par_map(&names, |name| {
+            self.netdevs.get(name).map(|dev| self.classify_netdev(dev))
+        });
+        for (dev, parent) in classified.into_iter().flatten() {
+            if let Some((bdf, real)) = parent
+                && !self.pci.contains_key(&bdf)
+            {
+                let function = self.read_pci(&bdf, real);
+                self.pci.insert(bdf, function);
+            }
+            if let Some(function) = dev.pci.as_ref().and_then(|bdf| self.pci.get_mut(bdf)) {
+                function.netdevs.push(dev.name.clone());
+                function.netdevs.sort();
+            }
+            self.netdevs.insert(dev.name.clone(), dev);
         }
     }
 
@@ -182,16 +215,14 @@ impl Walk<'_> {
         }
     }
 
-    fn add_pci(&mut self, bdf: &str, real: PathBuf) {
-        if self.pci.contains_key(bdf) {
-            return;
-        }
+    /// The sysfs facts of the PCI function `bdf` at `real`.
+    fn read_pci(&self, bdf: &str, real: PathBuf) -> PciFn {
         let s = self.sysfs;
         let hex16 = |file: &str| {
             s.read_hex(&real.join(file))
                 .and_then(|v| u16::try_from(v).ok())
         };
-        let function = PciFn {
+        PciFn {
             bdf: bdf.to_owned(),
             vendor: hex16("vendor"),
             device: hex16("device"),
@@ -204,16 +235,17 @@ impl Walk<'_> {
             physfn: s.link_name(&real.join("physfn")),
             netdevs: Vec::new(),
             real,
-        };
-        self.pci.insert(bdf.to_owned(), function);
+        }
     }
 
-    fn classify_netdev(&mut self, name: &str) {
+    /// The netdev's facts, and the PCI function owning it (address and directory) when that is
+    /// found through its `device` link; adding the function to the walk is the caller's, so
+    /// netdevs can be classified in parallel.
+    fn classify_netdev(&self, dev: &Netdev) -> (Netdev, Option<(String, PathBuf)>) {
         let s = self.sysfs;
-        let Some(dev) = self.netdevs.get(name) else {
-            return;
-        };
+        let name = dev.name.as_str();
         let real = dev.real.clone();
+        let mut parent_pci = None;
         let parent = s.link_target(&real.join("device"));
         let is_virtual = parent.is_none() || real.starts_with("sys/devices/virtual");
         let mut pci = None;
@@ -225,7 +257,7 @@ impl Walk<'_> {
                 let looks_pci = pci_device_name(base).is_some() && s.exists(&cur.join("class"));
                 if subsystem.as_deref() == Some("pci") || (subsystem.is_none() && looks_pci) {
                     let bdf = base.to_owned();
-                    self.add_pci(&bdf, cur.clone());
+                    parent_pci = Some((bdf.clone(), cur.clone()));
                     pci = Some(bdf);
                     break;
                 }
@@ -252,65 +284,76 @@ impl Walk<'_> {
             dev_port: s.read_i64(&real.join("dev_port")).unwrap_or(0),
             parent_driver,
             link,
-            pci: pci.clone(),
+            pci,
             real,
         };
-        if let Some(function) = pci.and_then(|bdf| self.pci.get_mut(&bdf)) {
-            function.netdevs.push(name.to_owned());
-            function.netdevs.sort();
-        }
-        self.netdevs.insert(name.to_owned(), dev);
+        (dev, parent_pci)
     }
 
     /// One candidate per PCI function (or per port netdev of it), per representor, and per
     /// netdev without a PCI function.
     fn candidates(&self) -> Vec<Candidate> {
+        let functions: Vec<&PciFn> = self.pci.values().collect();
+        let mut out: Vec<Candidate> = par_map(&functions, |f| self.function_candidates(f))
+            .into_iter()
+            .flatten()
+            .collect();
+        self.netdev_candidates(&mut out);
+        out
+    }
+
+    /// The candidates of one PCI function: the function itself or its ports, and its
+    /// representors.
+    fn function_candidates(&self, function: &PciFn) -> Vec<Candidate> {
         let mut out = Vec::new();
-        for function in self.pci.values() {
-            let kind = function.kind();
-            let (reps, ports): (Vec<&Netdev>, Vec<&Netdev>) = function
-                .netdevs
-                .iter()
-                .filter_map(|n| self.netdevs.get(n))
-                .partition(|d| d.phys_port_name.as_deref().is_some_and(is_representor_port));
-            let Some(base) = pci_device_name(&function.bdf) else {
-                tracing::warn!(bdf = %function.bdf, "not a PCI address; skipping function");
-                continue;
-            };
-            if ports.is_empty() {
-                out.push(self.pci_candidate(function, kind, base.clone(), None));
-            }
-            for port in ports {
-                let name = if port.dev_port > 0 {
-                    format!("{base}-p{}", port.dev_port)
-                } else {
-                    base.clone()
-                };
-                out.push(self.pci_candidate(function, kind, name, Some(port)));
-            }
-            for rep in reps {
-                let mut attrs = Attrs::default();
-                attrs.str("kind", DeviceKind::Representor.as_str());
-                attrs.str("pciAddress", &function.bdf);
-                self.netdev_attrs(rep, &mut attrs);
-                out.push(Candidate {
-                    device: NetDevice {
-                        name: netdev_device_name(&rep.name),
-                        kind: DeviceKind::Representor,
-                        if_name: Some(rep.name.clone()),
-                        pci_address: Some(function.bdf.clone()),
-                        attributes: attrs.finish(&rep.name),
-                    },
-                    never: Some(format!(
-                        "switchdev representor (phys_port_name {})",
-                        rep.phys_port_name.as_deref().unwrap_or_default()
-                    )),
-                    alt_names: alt_names(rep),
-                    pci_ids: None,
-                    driver: function.driver.clone(),
-                });
-            }
+        let kind = function.kind();
+        let (reps, ports): (Vec<&Netdev>, Vec<&Netdev>) = function
+            .netdevs
+            .iter()
+            .filter_map(|n| self.netdevs.get(n))
+            .partition(|d| d.phys_port_name.as_deref().is_some_and(is_representor_port));
+        let Some(base) = pci_device_name(&function.bdf) else {
+            tracing::warn!(bdf = %function.bdf, "not a PCI address; skipping function");
+            return out;
+        };
+        if ports.is_empty() {
+            out.push(self.pci_candidate(function, kind, base.clone(), None));
         }
+        for port in ports {
+            let name = if port.dev_port > 0 {
+                format!("{base}-p{}", port.dev_port)
+            } else {
+                base.clone()
+            };
+            out.push(self.pci_candidate(function, kind, name, Some(port)));
+        }
+        for rep in reps {
+            let mut attrs = Attrs::default();
+            attrs.str("kind", DeviceKind::Representor.as_str());
+            attrs.str("pciAddress", &function.bdf);
+            self.netdev_attrs(rep, &mut attrs);
+            out.push(Candidate {
+                device: NetDevice {
+                    name: netdev_device_name(&rep.name),
+                    kind: DeviceKind::Representor,
+                    if_name: Some(rep.name.clone()),
+                    pci_address: Some(function.bdf.clone()),
+                    attributes: attrs.finish(&rep.name),
+                },
+                never: Some(format!(
+                    "switchdev representor (phys_port_name {})",
+                    rep.phys_port_name.as_deref().unwrap_or_default()
+                )),
+                alt_names: alt_names(rep),
+                pci_ids: None,
+                driver: function.driver.clone(),
+            });
+        }
+        out
+    }
+
+    /// One candidate per netdev without a PCI function.
+    fn netdev_candidates(&self, out: &mut Vec<Candidate>) {
         for dev in self.netdevs.values().filter(|d| d.pci.is_none()) {
             let kind = if dev.is_loopback {
                 DeviceKind::Loopback
@@ -344,7 +387,6 @@ impl Walk<'_> {
                 driver: dev.parent_driver.clone(),
             });
         }
-        out
     }
 
     fn pci_candidate(
@@ -414,17 +456,10 @@ impl Walk<'_> {
                 attrs.int("vfIndex", index);
             }
             // Without a netdev, the PF's VF table is the only place the VF's MAC shows.
-            if let (None, Some(index), Some(pf_name)) = (port, index, &pf_name) {
-                let mac = self
-                    .sources
-                    .links
-                    .link(pf_name)
-                    .and_then(|l| l.vfs.into_iter().find(|v| i64::from(v.index) == index))
-                    .and_then(|v| v.mac)
-                    .filter(|m| !is_zero_mac(m));
-                if let Some(mac) = mac {
-                    attrs.str("mac", &mac);
-                }
+            if let (None, Some(index), Some(pf_name)) = (port, index, &pf_name)
+                && let Some(mac) = self.vf_macs(pf_name).get(&index)
+            {
+                attrs.str("mac", mac);
             }
         }
         let ib = s.list(&function.real.join("infiniband"));
@@ -450,9 +485,54 @@ impl Walk<'_> {
         }
     }
 
+    /// The MACs a PF's VF table sets (zero MACs left out), by VF number; the first entry of a
+    /// number counts, as a search of the table would find it.
+    fn vf_macs(&self, pf_name: &str) -> Arc<BTreeMap<i64, String>> {
+        let cache = || lock(&self.pfs.vf_macs);
+        if let Some(known) = cache().get(pf_name) {
+            return known.clone();
+        }
+        let mut macs = BTreeMap::new();
+        for vf in self
+            .sources
+            .links
+            .link(pf_name)
+            .into_iter()
+            .flat_map(|l| l.vfs)
+        {
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                macs.entry(i64::from(vf.index))
+            {
+                // A VF listed twice: the first entry answers, even when it has no MAC.
+                slot.insert(vf.mac);
+            }
+        }
+        let macs: BTreeMap<i64, String> = macs
+            .into_iter()
+            .filter_map(|(i, mac)| Some((i, mac.filter(|m| !is_zero_mac(m))?)))
+            .collect();
+        cache()
+            .entry(pf_name.to_owned())
+            .or_insert_with(|| Arc::new(macs))
+            .clone()
+    }
+
+    /// [`Walk::uncached_pf_netdev`] once per PF (by its resolved directory).
+    fn pf_netdev(&self, pf_link: &Path) -> Option<String> {
+        let pf_real = self.sysfs.resolve(pf_link);
+        if let Some(known) = lock(&self.pfs.netdev).get(&pf_real) {
+            return known.clone();
+        }
+        let found = self.uncached_pf_netdev(&pf_real);
+        lock(&self.pfs.netdev)
+            .entry(pf_real)
+            .or_insert(found)
+            .clone()
+    }
+
     /// The PF's own netdev: the only one under `physfn/net/`, or among several (switchdev
     /// uplink plus representors) the uplink, whose `phys_port_name` is `p<N>`.
-    fn pf_netdev(&self, pf_real: &Path) -> Option<String> {
+    fn uncached_pf_netdev(&self, pf_real: &Path) -> Option<String> {
         let dir = pf_real.join("net");
         let names = self.sysfs.list(&dir);
         if names.len() <= 1 {
@@ -609,6 +689,10 @@ impl Walk<'_> {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn new_netdev(name: &str, real: PathBuf) -> Netdev {
     Netdev {
         name: name.to_owned(),
@@ -699,94 +783,8 @@ fn pcie_root(real: &Path) -> Option<String> {
     first.starts_with("pci").then(|| first.to_owned())
 }
 
-/// `p0`, `p1`: a PF uplink port.
-fn is_uplink_port(name: &str) -> bool {
-    name.strip_prefix('p').is_some_and(all_digits)
-}
-
-/// Representor `phys_port_name`s: `pf0vf1`, `pf0sf2`, `c1pf0vf1`, `c1pf0` (host PF on a DPU),
-/// `pf0hpf`, and ice's legacy `pf0vfr1`.
-fn is_representor_port(name: &str) -> bool {
-    let mut rest = name;
-    if let Some(after_c) = rest.strip_prefix('c') {
-        let (digits, tail) = split_digits(after_c);
-        if digits.is_empty() {
-            return false;
-        }
-        rest = tail;
-    }
-    let Some(after_pf) = rest.strip_prefix("pf") else {
-        return false;
-    };
-    let (digits, tail) = split_digits(after_pf);
-    if digits.is_empty() {
-        return false;
-    }
-    if tail.is_empty() {
-        return name.starts_with('c');
-    }
-    if tail == "hpf" {
-        return true;
-    }
-    ["vfr", "vf", "sf"]
-        .iter()
-        .any(|p| tail.strip_prefix(p).is_some_and(all_digits))
-}
-
-fn split_digits(s: &str) -> (&str, &str) {
-    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    s.split_at(end)
-}
-
-fn all_digits(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
-}
-
-fn is_zero_mac(mac: &str) -> bool {
-    mac.bytes().all(|b| b == b'0' || b == b':')
-}
-
-/// Attribute map builder enforcing the ResourceSlice limits.
-#[derive(Default)]
-struct Attrs(BTreeMap<String, AttrValue>);
-
-impl Attrs {
-    fn str(&mut self, key: &str, value: &str) {
-        if value.len() > MAX_STRING_LEN {
-            tracing::warn!(
-                attribute = key,
-                value,
-                "attribute value longer than {MAX_STRING_LEN} bytes; left out"
-            );
-            return;
-        }
-        self.0
-            .insert(key.to_owned(), AttrValue::Str(value.to_owned()));
-    }
-
-    fn int(&mut self, key: &str, value: i64) {
-        self.0.insert(key.to_owned(), AttrValue::Int(value));
-    }
-
-    fn bool(&mut self, key: &str, value: bool) {
-        self.0.insert(key.to_owned(), AttrValue::Bool(value));
-    }
-
-    fn finish(self, device: &str) -> BTreeMap<String, AttrValue> {
-        let mut map = self.0;
-        if map.len() > MAX_ATTRIBUTES {
-            tracing::warn!(
-                device,
-                count = map.len(),
-                "more than {MAX_ATTRIBUTES} attributes; dropping the last by name"
-            );
-            while map.len() > MAX_ATTRIBUTES {
-                map.pop_last();
-            }
-        }
-        map
-    }
-}
-
+mod attrs;
+mod par;
+mod ports;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,7 @@
+use super::attrs::Attrs;
+use super::ports::{is_representor_port, is_uplink_port, is_zero_mac};
 use super::*;
+use crate::inventory::{MAX_ATTRIBUTES, MAX_STRING_LEN};
 
 #[test]
 fn inventory_port_names() {

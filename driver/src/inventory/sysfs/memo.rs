@@ -1,0 +1,181 @@
+//! What one discovery pass has already learnt about the tree, so no path is asked of the kernel
+//! twice.
+//!
+//! Resolving a path by hand costs one `readlink` per component, and a device's dozen attributes
+//! share every component but the last: without a memo, a VF cost hundreds of system calls.
+//! A pass therefore lists each directory it touches once (the entry types of `getdents` say
+//! which names are links, files, directories or absent), reads only the links it must and only
+//! once, and remembers which paths are already resolved. Everything it answers is what the
+//! uncached reader would have answered against the same tree; it is only ever attached to one
+//! pass ([`Sysfs::memoised`](super::Sysfs::memoised)), because a live tree changes between
+//! passes.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The type of a directory entry, as `getdents` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    File,
+    Dir,
+    Link,
+    /// A FIFO, socket or device: never read here, but it exists.
+    Other,
+}
+
+/// What a listing says about one name in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry {
+    /// Listed with this type.
+    Is(Kind),
+    /// Not in a complete listing: the name does not exist.
+    Absent,
+    /// The directory could not be listed in full (or the type is unknown): ask the kernel.
+    Unknown,
+}
+
+/// One directory's entries, sorted by name.
+#[derive(Debug)]
+pub(super) struct Listing {
+    entries: Vec<(OsString, Option<Kind>)>,
+    /// Whether every entry was read; an incomplete listing cannot prove a name absent.
+    complete: bool,
+}
+
+impl Listing {
+    fn read(dir: &Path) -> Option<Listing> {
+        let iter = match fs::read_dir(dir) {
+            Ok(iter) => iter,
+            // A missing directory has no entries: the kernel says "not found" for every name
+            // below it. (Below a file it says "not a directory", which a read reports as an
+            // error: that case is left to the kernel.)
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                return Some(Listing {
+                    entries: Vec::new(),
+                    complete: true,
+                });
+            }
+            Err(_) => return None,
+        };
+        let mut complete = true;
+        let mut entries = Vec::new();
+        for entry in iter {
+            let Ok(entry) = entry else {
+                complete = false;
+                continue;
+            };
+            let kind = entry.file_type().ok().map(|t| {
+                if t.is_symlink() {
+                    Kind::Link
+                } else if t.is_dir() {
+                    Kind::Dir
+                } else if t.is_file() {
+                    Kind::File
+                } else {
+                    Kind::Other
+                }
+            });
+            entries.push((entry.file_name(), kind));
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Some(Listing { entries, complete })
+    }
+
+    pub(super) fn entry(&self, name: &OsStr) -> Entry {
+        match self
+            .entries
+            .binary_search_by(|(n, _)| n.as_os_str().cmp(name))
+        {
+            Ok(i) => self.entries[i].1.map_or(Entry::Unknown, Entry::Is),
+            Err(_) if self.complete => Entry::Absent,
+            Err(_) => Entry::Unknown,
+        }
+    }
+
+    /// The UTF-8 names, sorted, as [`Sysfs::list`](super::Sysfs::list) returns them.
+    pub(super) fn names(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter_map(|(n, _)| n.to_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// The per-pass memo. Shared by the pass's threads, so every table sits behind a lock; each
+/// lock is held only for a lookup or an insert, never across a system call.
+#[derive(Debug, Default)]
+pub(super) struct Memo {
+    /// Listings by root-relative real directory; `None` when it could not be listed.
+    dirs: Mutex<HashMap<PathBuf, Option<Arc<Listing>>>>,
+    /// `readlink` results by root-relative path (`None`: not a link).
+    links: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
+    /// Directories listed and links read from the kernel, so tests can hold the pass to one
+    /// of each per path.
+    #[cfg(test)]
+    pub(super) asked: Mutex<(usize, usize)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Memo {
+    /// The listing of real directory `dir` (root-relative), read on first use.
+    pub(super) fn listing(&self, root: &Path, dir: &Path) -> Option<Arc<Listing>> {
+        if let Some(known) = lock(&self.dirs).get(dir) {
+            return known.clone();
+        }
+        #[cfg(test)]
+        {
+            lock(&self.asked).0 += 1;
+        }
+        let listing = Listing::read(&root.join(dir)).map(Arc::new);
+        lock(&self.dirs)
+            .entry(dir.to_path_buf())
+            .or_insert(listing)
+            .clone()
+    }
+
+    /// What the listing of `rel`'s (real) parent says about `rel`.
+    pub(super) fn entry(&self, root: &Path, rel: &Path) -> Entry {
+        let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
+            return Entry::Unknown;
+        };
+        match self.listing(root, dir) {
+            Some(listing) => listing.entry(name),
+            None => Entry::Unknown,
+        }
+    }
+
+    /// `readlink` of root-relative `rel`, whose parent is real; `None` when it is not a link.
+    pub(super) fn read_link(&self, root: &Path, rel: &Path) -> Option<PathBuf> {
+        match self.entry(root, rel) {
+            Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => return None,
+            Entry::Is(Kind::Link) | Entry::Unknown => {}
+        }
+        if let Some(known) = lock(&self.links).get(rel) {
+            return known.clone();
+        }
+        #[cfg(test)]
+        {
+            lock(&self.asked).1 += 1;
+        }
+        let target = fs::read_link(root.join(rel)).ok();
+        lock(&self.links).insert(rel.to_path_buf(), target.clone());
+        target
+    }
+
+    /// The listing of `dir` if it was already read, with `dir` as it was keyed then.
+    pub(super) fn listed(&self, dir: &Path) -> Option<(PathBuf, Arc<Listing>)> {
+        let dirs = lock(&self.dirs);
+        let (key, listing) = dirs.get_key_value(dir)?;
+        Some((key.clone(), listing.clone()?))
+    }
+}
+
+#[cfg(test)]
+mod tests;
