@@ -31,7 +31,7 @@
 #   --timeout SECONDS  wall-clock bound of the whole VM run (default 300, KNIC_VM_TIMEOUT)
 # Environment: KNIC_VM_KERNEL=<ver> picks a kernel; KNIC_VM_MEMORY (MiB, default 1024);
 # KNIC_VM_CPUS (default 2); KNIC_VM_MODULES (default: 8021q ipvlan macvlan veth dummy bridge
-# vxlan); KNIC_VM_NO_INSTALL=1 never runs apt.
+# vxlan sch_tbf); KNIC_VM_NO_INSTALL=1 never runs apt.
 #
 # Exit status: the test's own exit code; 2 for bad usage or a missing tool/kernel; 3 when the
 # VM's setup failed (a module would not load); 4 when the VM ended without reporting an exit
@@ -44,7 +44,7 @@ prog=run-in-vm
 die() { echo "$prog: error: $1" >&2; exit "${2:-2}"; }
 say() { echo "$prog: $*" >&2; }
 
-read -r -a modules <<<"${KNIC_VM_MODULES:-8021q ipvlan macvlan veth dummy bridge vxlan}"
+read -r -a modules <<<"${KNIC_VM_MODULES:-8021q ipvlan macvlan veth dummy bridge vxlan sch_tbf}"
 timeout_s=${KNIC_VM_TIMEOUT:-300}
 envs=()
 copies=()
@@ -145,6 +145,8 @@ done
 # busybox shell runs its applets before searching PATH, so a shell script in the VM calls
 # /usr/sbin/ip by path.)
 copy_exe "$(command -v ip)" /usr/sbin/ip
+# iproute2's tc, for the egress-limit trials that read qdiscs back as JSON (busybox's has no -j).
+copy_exe "$(command -v tc)" /usr/sbin/tc
 for c in "${copies[@]}"; do
   [ -x "$c" ] || die "--copy $c: not an executable"
   copy_exe "$(readlink -f "$c")" "$c"
