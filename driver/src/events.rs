@@ -86,9 +86,17 @@ impl Limiter {
     /// for (this one plus those held back since the last Event), `None` when held back.
     pub fn admit(&mut self, object: &str, reason: &str, now: Instant) -> Option<u32> {
         if self.seen.len() >= MAX_KEYS {
+            // Held counts wait for a later occurrence that never comes for a deleted claim or
+            // pod: after ten windows they are dropped (the count is lost, the memory bounded),
+            // and a map still full (a burst of distinct objects) starts afresh.
             let window = self.window;
-            self.seen
-                .retain(|_, (sent, held)| *held > 0 || now.duration_since(*sent) < window);
+            self.seen.retain(|_, (sent, held)| {
+                let age = now.duration_since(*sent);
+                age < window || (*held > 0 && age < window * 10)
+            });
+            if self.seen.len() >= MAX_KEYS {
+                self.seen.clear();
+            }
         }
         let key = (object.to_owned(), reason.to_owned());
         match self.seen.get_mut(&key) {
@@ -156,6 +164,38 @@ mod tests {
         }
         limiter.admit("late", "R", t0 + Duration::from_secs(61));
         assert_eq!(limiter.seen.len(), 1);
+    }
+
+    #[test]
+    fn held_counts_of_objects_that_never_come_back_do_not_pin_the_map() {
+        let full = |t0: Instant| {
+            let mut limiter = Limiter::new(Duration::from_secs(60));
+            for i in 0..MAX_KEYS {
+                limiter.admit(&format!("o{i}"), "R", t0);
+            }
+            // Half of them have an occurrence held back, waiting for a next one.
+            for (i, (_, held)) in limiter.seen.values_mut().enumerate() {
+                *held = u32::from(i % 2 == 0);
+            }
+            limiter
+        };
+        let t0 = Instant::now();
+        let mut soon = full(t0);
+        soon.admit("late", "R", t0 + Duration::from_secs(5 * 60));
+        assert_eq!(
+            soon.seen.len(),
+            MAX_KEYS / 2 + 1,
+            "held counts kept for ten windows"
+        );
+        let mut later = full(t0);
+        later.admit("late", "R", t0 + Duration::from_secs(11 * 60));
+        assert_eq!(later.seen.len(), 1, "then they go");
+        // A full map of fresh keys starts afresh rather than growing.
+        let mut burst = Limiter::new(Duration::from_secs(60));
+        for i in 0..=MAX_KEYS {
+            burst.admit(&format!("o{i}"), "R", t0);
+        }
+        assert!(burst.seen.len() <= MAX_KEYS);
     }
 
     #[test]

@@ -78,7 +78,10 @@ pub fn parse_quantity(text: &str) -> Result<u64> {
             .ok_or_else(too_large)?;
     }
     let fraction_digits = i64::try_from(fraction.len()).map_err(|_| garbage())?;
-    let exponent = scale.decimal - fraction_digits;
+    let exponent = scale
+        .decimal
+        .checked_sub(fraction_digits)
+        .ok_or_else(too_large)?;
     let scaled = mantissa
         .checked_mul(1u128 << scale.binary)
         .ok_or_else(too_large)?;
@@ -93,8 +96,9 @@ pub fn parse_quantity(text: &str) -> Result<u64> {
             scaled.checked_mul(factor).ok_or_else(too_large)?
         }
     } else {
-        let divisor = u32::try_from(-exponent)
-            .ok()
+        let divisor = exponent
+            .checked_neg()
+            .and_then(|e| u32::try_from(e).ok())
             .and_then(|e| 10u128.checked_pow(e));
         match divisor {
             Some(d) if scaled % d == 0 => scaled / d,
@@ -166,8 +170,8 @@ impl Scale {
                 if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                     return None;
                 }
-                // Bounded by the text's length, so this never overflows; absurd exponents
-                // are then refused as too large or not whole.
+                // Parsed within i64; the arithmetic on it is checked, so an absurd exponent
+                // (e.g. `e-9223372036854775807` with a fraction) is refused, never wraps.
                 let exponent: i64 = digits.parse().ok()?;
                 decimal(sign * exponent)
             }
@@ -249,6 +253,15 @@ mod tests {
 
     #[test]
     fn every_bad_input_names_its_rule() {
+        // Exponents at the edge of i64: checked arithmetic, a refusal, never a panic.
+        for text in [
+            "1.1e-9223372036854775807",
+            "1.11e-9223372036854775807",
+            "1e-9223372036854775808",
+            "1.5e9223372036854775807",
+        ] {
+            assert!(parse_quantity(text).is_err(), "{text}");
+        }
         assert_eq!(err(""), "must not be empty");
         assert_eq!(
             err(&"1".repeat(65)),

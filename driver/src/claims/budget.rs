@@ -44,18 +44,20 @@ pub fn keep(
             .values()
             .filter(|c| c.uid != prepared.uid)
             .filter_map(|c| {
-                let rate: u64 = c
+                let rate = c
                     .attachments
                     .iter()
                     .filter(|o| o.plan.host_ifname == port && o.plan.mode.new_child().is_some())
                     .filter_map(|o| o.plan.bandwidth.as_ref().map(|b| b.egress))
-                    .sum();
+                    .fold(0u64, u64::saturating_add);
                 (rate > 0).then_some((c, rate))
             })
             .collect();
-        let others: u64 = held.iter().map(|(_, r)| r).sum();
+        // Saturating: a rate near u64::MAX (no upper bound in the config) must be refused, not
+        // wrap into something that fits.
+        let others = held.iter().map(|(_, r)| *r).fold(0u64, u64::saturating_add);
         let ours = mine.entry(port.clone()).or_default();
-        *ours += bandwidth.egress;
+        *ours = ours.saturating_add(bandwidth.egress);
         if others.saturating_add(*ours) > policy.total {
             let holders: Vec<String> = held
                 .iter()
@@ -173,6 +175,12 @@ mod tests {
             "request nic: bandwidth.egress: 2Gbit/s on shared port ens1f0 would exceed its \
              total of 10Gbit/s: 9Gbit/s is prepared for other claims (ns/a 6Gbit/s, ns/b \
              3Gbit/s)"
+        );
+        let huge = node(&[("a", "ens1f0-s0", u64::MAX), ("b", "ens1f0-s1", u64::MAX)]);
+        let mut small = claim("c", "ens1f0-s2", Some(1));
+        assert!(
+            keep(&mut small, &huge, |_| Some(policy())).is_err(),
+            "sums saturate instead of wrapping"
         );
         let mut alone = claim("c", "ens1f0-s2", Some(20_000_000_000));
         assert_eq!(

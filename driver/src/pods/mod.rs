@@ -401,10 +401,10 @@ impl<K: Kernel> PodNetworks<K> {
                         }
                     })
                     .await?;
-                // A host VLAN this attach made for itself goes too.
+                // A host VLAN this attach made for itself goes too; the attach's own error is
+                // what the caller must see either way.
                 if let Some(up) = a.plan.mode.uplink() {
-                    let now = self.claims.snapshot().await?;
-                    uplinks::release_if_unused(&self.kernel, &now, None, &up.name).await?;
+                    self.release_uplink(&up.name).await;
                 }
                 Err(e)
             }
@@ -461,12 +461,26 @@ impl<K: Kernel> PodNetworks<K> {
                 }
             })
             .await?;
-        // The last pod out deletes the shared host VLAN.
+        // The last pod out deletes the shared host VLAN. The device is home and its record
+        // gone, so a failure here is not the detach's: a retry would find nothing to do, and
+        // the sweep deletes what is left.
         if let Some(up) = a.plan.mode.uplink() {
-            let now = self.claims.snapshot().await?;
-            uplinks::release_if_unused(&self.kernel, &now, None, &up.name).await?;
+            self.release_uplink(&up.name).await;
         }
         Ok(())
+    }
+
+    /// Deletes the host VLAN `name` unless a recorded attachment still uses it; a failure is
+    /// logged and left to [`PodNetworks::sweep_uplinks`].
+    async fn release_uplink(&self, name: &str) {
+        let released = match self.claims.snapshot().await {
+            Ok(now) => uplinks::release_if_unused(&self.kernel, &now, None, name).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = released {
+            tracing::warn!(uplink = %name, error = %e,
+                "could not delete a host VLAN no pod uses; the next sweep retries");
+        }
     }
 
     async fn detach_claims(&self, claims: Vec<PreparedClaim>, netns: Option<&Ns>) -> Result<()> {

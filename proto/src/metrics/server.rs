@@ -9,7 +9,11 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
+
+/// Connections served at once: far above what scrapers and probes open, and a bound on what
+/// anyone on the node's network can make the driver hold (it runs with the host network).
+pub const MAX_CONNECTIONS: usize = 64;
 
 use super::{Health, Registry, answer};
 
@@ -36,6 +40,7 @@ pub async fn serve(
     if let Ok(local) = listener.local_addr() {
         tracing::info!(address = %local, "HTTP server listening (/metrics, /healthz, /readyz)");
     }
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -49,8 +54,14 @@ pub async fn serve(
                 continue;
             }
         };
+        // Over the bound the connection is closed at once, unanswered.
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let health = health.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                 let a = answer(req.method().as_str(), req.uri().path(), registry, &health);
                 let head = req.method() == http::Method::HEAD;
