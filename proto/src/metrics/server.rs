@@ -86,3 +86,54 @@ pub async fn serve(
     }
     ticker.abort();
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    async fn get(address: std::net::SocketAddr) -> std::io::Result<String> {
+        let mut s = TcpStream::connect(address).await?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    /// Idle connections hold their slots; one over the bound is closed unanswered, and a
+    /// freed slot serves again.
+    #[tokio::test]
+    async fn connections_over_the_bound_are_closed_unanswered() {
+        let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let health = Arc::new(Health::new(&[], Duration::from_secs(30)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (_stop_tx, stop) = watch::channel(false);
+        tokio::spawn(serve(listener, registry, health, stop));
+        assert!(
+            get(address)
+                .await
+                .expect("served")
+                .starts_with("HTTP/1.1 200")
+        );
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(TcpStream::connect(address).await.expect("connect"));
+        }
+        // Let the server accept them all before the next one.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let over = get(address).await.unwrap_or_default();
+        assert_eq!(over, "", "the connection over the bound got an answer");
+        idle.pop();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            get(address)
+                .await
+                .expect("served")
+                .starts_with("HTTP/1.1 200")
+        );
+    }
+}
