@@ -297,6 +297,31 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// ResourceSlice writes the fake API has seen (0 on a real cluster, where they cannot be
+    /// counted).
+    pub fn slice_writes(&self) -> usize {
+        self.fake.as_ref().map_or(0, |f| {
+            f.requests()
+                .iter()
+                .filter(|r| r.path.contains("/resourceslices") && r.method != "GET")
+                .count()
+        })
+    }
+
+    /// The pool has settled: after a moment for the last sync, three seconds (three rescans at
+    /// one per second, plus any resync the driver might be looping on) see no slice write.
+    pub async fn no_more_slice_writes(&self) -> anyhow::Result<()> {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let before = self.slice_writes();
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let during = self.slice_writes() - before;
+        println!("slice writes after settling: {during}");
+        anyhow::ensure!(during == 0, "{during} slice writes after the pool settled");
+        Ok(())
+    }
+}
+
+impl Cluster {
     /// Creates another namespace for this test, with `labels`, for scenarios about which
     /// namespaces something reaches; the test deletes it (see [`Cluster::delete_namespace`]).
     pub async fn create_extra_namespace(

@@ -86,15 +86,6 @@ async fn published(env: &Env, want: &[&str]) -> anyhow::Result<Vec<ResourceSlice
     .await
 }
 
-fn slice_writes(env: &Env) -> usize {
-    env.cluster.fake.as_ref().map_or(0, |f| {
-        f.requests()
-            .iter()
-            .filter(|r| r.path.contains("/resourceslices") && r.method != "GET")
-            .count()
-    })
-}
-
 async fn publish_fixture(env: &mut Env) -> anyhow::Result<()> {
     let slices = published(env, &[PF, VF0, VF1]).await?;
     // The devices, then the PF's budget as a counter slice (see tests/pf_budgets.rs).
@@ -147,15 +138,15 @@ async fn restart_writes_nothing(env: &mut Env) -> anyhow::Result<()> {
     let before = published(env, &[PF, VF0, VF1]).await?;
     // Let the first publish settle, then restart: an unchanged node must cost no writes.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let writes = slice_writes(env);
+    let writes = env.cluster.slice_writes();
     env.driver.terminate().await?;
     env.driver = DriverProcess::start(&env.config)?;
     kubelet::register(&env.config.registry_dir).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
-        slice_writes(env) == writes,
+        env.cluster.slice_writes() == writes,
         "restart wrote {} times",
-        slice_writes(env) - writes
+        env.cluster.slice_writes() - writes
     );
     let after = env.cluster.slices().await?;
     ensure!(after == before, "slices changed across a restart");

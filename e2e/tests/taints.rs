@@ -98,15 +98,6 @@ impl Env {
         Ok(())
     }
 
-    fn slice_writes(&self) -> usize {
-        self.cluster.fake.as_ref().map_or(0, |f| {
-            f.requests()
-                .iter()
-                .filter(|r| r.path.contains("/resourceslices") && r.method != "GET")
-                .count()
-        })
-    }
-
     /// The devices of the pool once `check` accepts them.
     async fn devices_when(
         &self,
@@ -138,13 +129,7 @@ impl Env {
         if self.cluster.fake.is_none() {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let before = self.slice_writes();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let during = self.slice_writes() - before;
-        println!("slice writes after settling: {during}");
-        ensure!(during == 0, "{during} slice writes after the pool settled");
-        Ok(())
+        self.cluster.no_more_slice_writes().await
     }
 }
 
