@@ -365,7 +365,9 @@ async fn nri_plugin_answers_unknown_methods_unimplemented_and_ignored_ones_empty
         &[mux::PLUGIN_SERVICE_CONN, mux::RUNTIME_SERVICE_CONN],
     );
     let runtime_side = mux.open(mux::RUNTIME_SERVICE_CONN).unwrap();
-    tokio::spawn(async move { ttrpc::serve(runtime_side, nri::RUNTIME_SERVICE, &AcceptAll).await });
+    tokio::spawn(async move {
+        ttrpc::serve(runtime_side, nri::RUNTIME_SERVICE, Arc::new(AcceptAll)).await
+    });
     let client = Client::new(mux.open(mux::PLUGIN_SERVICE_CONN).unwrap());
     let t = Duration::from_secs(2);
 
@@ -482,7 +484,7 @@ async fn nri_test_runtime_falls_back_to_state_change_and_enforces_the_timeout() 
     let serving = {
         let conn = mux.open(mux::PLUGIN_SERVICE_CONN).unwrap();
         let old = old.clone();
-        tokio::spawn(async move { ttrpc::serve(conn, nri::PLUGIN_SERVICE, &*old).await })
+        tokio::spawn(async move { ttrpc::serve(conn, nri::PLUGIN_SERVICE, old).await })
     };
     let client = Client::new(mux.open(mux::RUNTIME_SERVICE_CONN).unwrap());
     let register = nri::register_request("old-plugin", "05").encode_to_vec();

@@ -533,7 +533,7 @@ async fn nri_mux_reassembles_split_messages_and_drops_unknown_conns() {
     let (ours, mut raw) = tokio::io::duplex(64 * 1024);
     let mut mux = Mux::new(ours, &[1, 2]);
     let conn = mux.open(1).unwrap();
-    let server = tokio::spawn(async move { ttrpc::serve(conn, "svc", &Echo).await });
+    let server = tokio::spawn(async move { ttrpc::serve(conn, "svc", Arc::new(Echo)).await });
 
     let payload: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     let req = ttrpc::request("svc", "Echo", payload.clone(), Duration::from_secs(1));

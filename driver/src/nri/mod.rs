@@ -120,9 +120,11 @@ impl PodSandbox {
 
 /// The driver's reactions to pod lifecycle events.
 ///
-/// Calls arrive one at a time, in the runtime's order, and the runtime waits for each (its
-/// request timeout, 2 s by default, is logged at Configure): a call that overruns makes the
-/// runtime drop the connection and let the pod run without knic, so keep them short.
+/// One pod's calls (same pod UID) arrive one at a time, in the runtime's order; calls for
+/// different pods may run at the same time (see [`ttrpc::serve`]; today's containerd and CRI-O
+/// send one at a time anyway); `synchronize` never overlaps a pod call. The runtime waits for
+/// each call (its request timeout, 2 s by default, is logged at Configure): a call that overruns
+/// makes the runtime drop the connection and let the pod run without knic, so keep them short.
 pub trait NriHandler: Send + Sync + 'static {
     /// Sandbox created, network namespace exists: attach. An Err fails the sandbox (the runtime
     /// tears it down, the kubelet retries); its text is what the runtime reports.
@@ -296,14 +298,10 @@ async fn serve_connection<H: NriHandler>(
         ));
     };
     let client = ttrpc::Client::new(runtime_conn);
-    let service = PluginService {
-        handler: handler.clone(),
-        sync_pods: Mutex::new(Vec::new()),
-        shutdown: AtomicBool::new(false),
-    };
+    let service = Arc::new(PluginService::new(handler.clone()));
     // Serve the Plugin side from the start: the runtime may send Configure before its
     // RegisterPlugin reply reaches us.
-    let serving = ttrpc::serve(plugin_conn, PLUGIN_SERVICE, &service);
+    let serving = ttrpc::serve(plugin_conn, PLUGIN_SERVICE, service);
     tokio::pin!(serving);
     let register = client.call(
         RUNTIME_SERVICE,
@@ -365,6 +363,28 @@ struct PluginService<H> {
     handler: Arc<H>,
     sync_pods: Mutex<Vec<PodSandbox>>,
     shutdown: AtomicBool,
+}
+
+impl<H> PluginService<H> {
+    fn new(handler: Arc<H>) -> Self {
+        PluginService {
+            handler,
+            sync_pods: Mutex::new(Vec::new()),
+            shutdown: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The key that orders one pod's events: its UID (what the handler keys its state by, and the
+/// same across sandbox re-creations), else the sandbox id, so an event without a UID is still
+/// ordered with its sandbox's others.
+fn pod_key(pod: Option<&api::PodSandbox>) -> ttrpc::Order {
+    let (uid, id) = pod.map_or(("", ""), |p| (p.uid.as_str(), p.id.as_str()));
+    if uid.is_empty() {
+        ttrpc::Order::Keyed(format!("sandbox {id}"))
+    } else {
+        ttrpc::Order::Keyed(format!("pod {uid}"))
+    }
 }
 
 /// Container and update hooks: knic never subscribes to them, but a runtime that calls one anyway
@@ -440,6 +460,35 @@ impl<H: NriHandler> PluginService<H> {
 }
 
 impl<H: NriHandler> ttrpc::Service for PluginService<H> {
+    /// Configure, Synchronize (every chunk) and Shutdown run alone: Synchronize rebuilds the
+    /// handler's view of all pods, so no pod event may overlap it, and pod events read after it
+    /// see its result. Pod events are ordered per pod; everything else only acknowledges.
+    fn order(&self, method: &str, payload: &[u8]) -> ttrpc::Order {
+        match method {
+            "RunPodSandbox" => api::RunPodSandboxRequest::decode(payload)
+                .map_or(ttrpc::Order::Free, |r| pod_key(r.pod.as_ref())),
+            "StopPodSandbox" => api::StopPodSandboxRequest::decode(payload)
+                .map_or(ttrpc::Order::Free, |r| pod_key(r.pod.as_ref())),
+            "RemovePodSandbox" => api::RemovePodSandboxRequest::decode(payload)
+                .map_or(ttrpc::Order::Free, |r| pod_key(r.pod.as_ref())),
+            "StateChange" => match api::StateChangeEvent::decode(payload) {
+                Ok(event)
+                    if [
+                        api::Event::RunPodSandbox as i32,
+                        api::Event::StopPodSandbox as i32,
+                        api::Event::RemovePodSandbox as i32,
+                    ]
+                    .contains(&event.event) =>
+                {
+                    pod_key(event.pod.as_ref())
+                }
+                _ => ttrpc::Order::Free,
+            },
+            "Configure" | "Synchronize" | "Shutdown" => ttrpc::Order::Exclusive,
+            _ => ttrpc::Order::Free,
+        }
+    }
+
     async fn call(&self, method: &str, payload: &[u8]) -> std::result::Result<Vec<u8>, Status> {
         let empty = Vec::new();
         match method {
@@ -532,6 +581,9 @@ impl<H: NriHandler> ttrpc::Service for PluginService<H> {
         self.shutdown.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod concurrency_tests;
 
 #[cfg(test)]
 mod tests {

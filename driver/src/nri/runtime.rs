@@ -5,10 +5,13 @@
 //! way), sends Configure and a chunked Synchronize (checking the plugin acknowledges every
 //! non-final chunk with `more = true`), delivers pod events through the dedicated RPCs with a
 //! fallback to StateChange on Unimplemented, only for subscribed events, each under a request
-//! timeout after which the plugin connection is closed.
+//! timeout after which the plugin connection is closed. Like containerd and CRI-O, it delivers
+//! one event at a time node-wide, however many callers ask at once ([`CallLocking::Global`]);
+//! [`CallLocking::PerPod`] models a runtime that only orders each pod's own events.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use knic_proto::nri as api;
@@ -27,6 +30,19 @@ use crate::error::{Error, Result};
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// containerd's default NRI registration timeout.
 pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the runtime lets concurrent pod events reach the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallLocking {
+    /// One event at a time node-wide, whatever the pod: containerd and CRI-O today (a mutex
+    /// around every NRI hook in their `internal/nri`, and the `containerd/nri` adaptation's own
+    /// around every plugin call). The request timeout starts once the lock is held, as there.
+    #[default]
+    Global,
+    /// One event at a time per pod UID, pods in parallel: the per-pod locker proposed for the
+    /// adaptation (containerd/nri#165), not in a released runtime.
+    PerPod,
+}
 
 /// What a plugin registered as, and what it subscribed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +90,9 @@ pub struct TestRuntime {
     sync_chunk: usize,
     sync_messages: usize,
     last_delivery: Mutex<Option<String>>,
+    locking: Mutex<CallLocking>,
+    global: tokio::sync::Mutex<()>,
+    pod_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for TestRuntime {
@@ -101,12 +120,21 @@ impl TestRuntime {
             sync_chunk: usize::MAX,
             sync_messages: 0,
             last_delivery: Mutex::new(None),
+            locking: Mutex::new(CallLocking::Global),
+            global: tokio::sync::Mutex::new(()),
+            pod_locks: Mutex::new(HashMap::new()),
         })
     }
 
     /// Behave like NRI <= 0.11: deliver events via StateChange.
     pub fn use_state_change(&mut self, yes: bool) {
         self.state_change = yes;
+    }
+
+    /// Sets how concurrent pod events are let through (default [`CallLocking::Global`], as
+    /// containerd). Takes `&self` so a runtime shared between tasks can switch between rounds.
+    pub fn set_call_locking(&self, locking: CallLocking) {
+        *lock(&self.locking) = locking;
     }
 
     /// Sets how long each plugin call may take (default 2 s, containerd's); an overrun closes
@@ -124,10 +152,7 @@ impl TestRuntime {
     /// The RPC that delivered the last pod event (`RunPodSandbox`, `StateChange`, ...), so tests
     /// can tell the dedicated RPCs from the StateChange fallback.
     pub fn last_delivery(&self) -> Option<String> {
-        self.last_delivery
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.last_delivery).clone()
     }
 
     /// How many Synchronize messages the last [`TestRuntime::accept`] needed.
@@ -165,10 +190,10 @@ impl TestRuntime {
         };
         let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
         let server = tokio::spawn(async move {
-            let service = RuntimeService {
+            let service = Arc::new(RuntimeService {
                 registrations: reg_tx,
-            };
-            if let Err(e) = ttrpc::serve(runtime_conn, RUNTIME_SERVICE, &service).await {
+            });
+            if let Err(e) = ttrpc::serve(runtime_conn, RUNTIME_SERVICE, service).await {
                 tracing::debug!(error = %e, "test runtime: Runtime service ended");
             }
         });
@@ -325,6 +350,39 @@ impl TestRuntime {
         if conn.events & bit == 0 {
             return Ok(());
         }
+        let locking = *lock(&self.locking);
+        // Held for the whole event, whichever the locking chose.
+        let _global = match locking {
+            CallLocking::Global => Some(self.global.lock().await),
+            CallLocking::PerPod => None,
+        };
+        let _pod = match locking {
+            CallLocking::PerPod => {
+                let pod_lock = lock(&self.pod_locks)
+                    .entry(pod.uid.clone())
+                    .or_default()
+                    .clone();
+                Some(pod_lock.lock_owned().await)
+            }
+            CallLocking::Global => None,
+        };
+        let delivered = self
+            .deliver_locked(conn, event, dedicated_payload, pod)
+            .await;
+        if event == api::Event::RemovePodSandbox && locking == CallLocking::PerPod {
+            // The adaptation's proposed CleanupPod: a removed pod's lock is dropped.
+            lock(&self.pod_locks).remove(&pod.uid);
+        }
+        delivered
+    }
+
+    async fn deliver_locked(
+        &self,
+        conn: &Connection,
+        event: api::Event,
+        dedicated_payload: Vec<u8>,
+        pod: &PodSandbox,
+    ) -> Result<()> {
         let method = dedicated_method(event);
         if !self.state_change {
             match self.call(conn, method, dedicated_payload).await {
@@ -351,10 +409,7 @@ impl TestRuntime {
         method: &str,
         payload: Vec<u8>,
     ) -> std::result::Result<Vec<u8>, CallError> {
-        *self
-            .last_delivery
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(method.to_owned());
+        *lock(&self.last_delivery) = Some(method.to_owned());
         conn.client
             .call(PLUGIN_SERVICE, method, payload, self.request_timeout)
             .await
@@ -397,6 +452,10 @@ impl TestRuntime {
         }
         self.listener = None;
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn dedicated_method(event: api::Event) -> &'static str {

@@ -1,5 +1,6 @@
 //! ttrpc, the RPC protocol NRI runs on each multiplexed connection: framing, a server that
-//! dispatches by method name, and a client.
+//! dispatches by method name and answers independent calls concurrently ([`serve`]), and a
+//! client.
 //!
 //! Written by hand (no `ttrpc` crate) because it is small and the NRI transport needs it to run
 //! over the multiplexer's logical connections rather than over a socket of its own. Frame =
@@ -10,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::mux::{ConnWriter, MuxConn};
+
+mod server;
+pub use server::{MAX_IN_FLIGHT, Order, serve, serve_with_limit};
 
 /// Size of a ttrpc frame header.
 pub const HEADER_LEN: usize = 10;
@@ -48,6 +51,8 @@ pub mod code {
     pub const RESOURCE_EXHAUSTED: i32 = 8;
     /// Unknown service or method; NRI >= 0.12 runtimes fall back to StateChange on it.
     pub const UNIMPLEMENTED: i32 = 12;
+    /// The handler broke (panicked) instead of answering; only that call fails.
+    pub const INTERNAL: i32 = 13;
 }
 
 /// A status with `code` and `message` and no details.
@@ -181,7 +186,7 @@ impl Decoder {
 }
 
 /// A ttrpc service implementation: one async function from method name and request payload to
-/// response payload or error status.
+/// response payload or error status, and the rule for which calls may overlap.
 pub trait Service: Send + Sync {
     /// Handles one call of `method` (the bare name, e.g. `RunPodSandbox`). Unknown methods should
     /// return [`code::UNIMPLEMENTED`], as ttrpc does, so callers can fall back.
@@ -191,91 +196,24 @@ pub trait Service: Send + Sync {
         payload: &[u8],
     ) -> impl Future<Output = Result<Vec<u8>, Status>> + Send;
 
-    /// Checked after every answered call: `true` ends [`serve`] (NRI's Shutdown).
+    /// How this request may run relative to the others on the connection, decided when it is
+    /// read. The default, [`Order::Exclusive`] for everything, answers one call at a time in
+    /// arrival order, which is what a service without its own ordering rules needs.
+    fn order(&self, method: &str, payload: &[u8]) -> Order {
+        let _ = (method, payload);
+        Order::Exclusive
+    }
+
+    /// Checked after every exclusive call: `true` ends [`serve`] (NRI's Shutdown).
     fn finished(&self) -> bool {
         false
     }
-}
-
-/// Serves `service` (fully qualified name `service_name`) on a logical connection until the
-/// connection closes or the service reports [`Service::finished`]. Calls are handled one at a
-/// time, in arrival order: NRI runtimes serialise their calls anyway, and a Stop must never
-/// overtake the Run before it.
-pub async fn serve<S: Service>(conn: MuxConn, service_name: &str, service: &S) -> io::Result<()> {
-    let (mut rx, writer) = conn.into_parts();
-    let mut decoder = Decoder::new();
-    while let Some(bytes) = rx.recv().await {
-        decoder.push(&bytes);
-        while let Some(decoded) = decoder.next_frame() {
-            let (stream_id, response) = match decoded {
-                Decoded::Oversized {
-                    stream_id,
-                    kind,
-                    length,
-                } => {
-                    if kind != TYPE_REQUEST {
-                        continue;
-                    }
-                    let message = format!(
-                        "message length {length} exceeds maximum message size of {MAX_MESSAGE}"
-                    );
-                    (stream_id, error_response(code::RESOURCE_EXHAUSTED, message))
-                }
-                Decoded::Frame(frame) if frame.kind == TYPE_REQUEST => {
-                    let response = answer(service_name, service, &frame.data).await;
-                    (frame.stream_id, response)
-                }
-                Decoded::Frame(frame) => {
-                    tracing::debug!(
-                        stream = frame.stream_id,
-                        kind = frame.kind,
-                        "ignoring non-request ttrpc frame"
-                    );
-                    continue;
-                }
-            };
-            let bytes = match encode_response(stream_id, &response) {
-                Some(bytes) => bytes,
-                None => encode_response(
-                    stream_id,
-                    &error_response(code::RESOURCE_EXHAUSTED, "response too large"),
-                )
-                .unwrap_or_default(),
-            };
-            writer.send(&bytes).await?;
-            if service.finished() {
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
 }
 
 fn error_response(code: i32, message: impl Into<String>) -> Response {
     Response {
         status: Some(status(code, message)),
         payload: Vec::new(),
-    }
-}
-
-async fn answer<S: Service>(service_name: &str, service: &S, data: &[u8]) -> Response {
-    let request = match Request::decode(data) {
-        Ok(request) => request,
-        Err(e) => return error_response(code::INVALID_ARGUMENT, format!("bad request: {e}")),
-    };
-    if request.service != service_name {
-        return error_response(code::UNIMPLEMENTED, format!("service {}", request.service));
-    }
-    match service.call(&request.method, &request.payload).await {
-        // Success carries no status at all, exactly as containerd's replies in the transcript.
-        Ok(payload) => Response {
-            status: None,
-            payload,
-        },
-        Err(status) => Response {
-            status: Some(status),
-            payload: Vec::new(),
-        },
     }
 }
 
