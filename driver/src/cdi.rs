@@ -312,7 +312,7 @@ pub async fn check_interface<K: Kernel>(
     let Some(mut session) = kernel.open(ns).await? else {
         return Err(missing("the container's network namespace is gone"));
     };
-    match session.link(ifname).await? {
+    match session.find_link(ifname).await? {
         Some(link) if link.up => Ok(()),
         Some(_) => Err(missing("it is in the pod but down")),
         None => Err(missing("it is not in the pod's network namespace")),

@@ -183,10 +183,11 @@ async fn setup_links(scratch: &Scratch) -> anyhow::Result<()> {
     host.move_link(&scratch.peer_if, &peer_ns, &LinkChange::default())
         .await?;
     let mut peer = kernel.open(&peer_ns).await?.context("peer namespace")?;
-    peer.add_address(&scratch.peer_if, "192.0.2.1/24".parse()?)
-        .await?;
-    peer.add_address(&scratch.peer_if, "2001:db8::1/64".parse()?)
-        .await?;
+    peer.add_addresses(
+        &scratch.peer_if,
+        &["192.0.2.1/24".parse()?, "2001:db8::1/64".parse()?],
+    )
+    .await?;
     peer.set_link(
         &scratch.peer_if,
         &LinkChange {

@@ -28,6 +28,8 @@ struct State {
     /// namespace or dies.
     qdiscs: BTreeMap<(Ns, String), Tbf>,
     log: Vec<String>,
+    /// Netlink requests the real kernel would have been sent (see [`FakeSession::lookup`]).
+    requests: u64,
     fail: Vec<(String, String)>,
     next_index: u32,
     /// Child link → the link it sits on: deleting a link deletes its children, as the kernel
@@ -144,6 +146,14 @@ impl FakeKernel {
         }
     }
 
+    /// Sets the link `name` in `ns` administratively down.
+    pub fn set_down(&self, ns: &Ns, name: &str) {
+        let mut s = self.lock();
+        if let Some(link) = find(&mut s, ns, name) {
+            link.up = false;
+        }
+    }
+
     /// Creates a pod namespace.
     pub fn add_namespace(&self, ns: &Ns) {
         self.lock().links.entry(ns.clone()).or_default();
@@ -170,6 +180,12 @@ impl FakeKernel {
     /// Makes the next operation whose log line starts with `prefix` fail with `message`.
     pub fn fail_on(&self, prefix: &str, message: &str) {
         self.lock().fail.push((prefix.into(), message.into()));
+    }
+
+    /// Netlink requests so far, counted as `rtnl` sends them: a read or dump is one, a
+    /// change is one per object, and the first use of a name in a session adds its lookup.
+    pub fn requests(&self) -> u64 {
+        self.lock().requests
     }
 
     /// Every operation so far, one line each.
@@ -224,6 +240,8 @@ impl FakeKernel {
 pub struct FakeSession {
     kernel: FakeKernel,
     ns: Ns,
+    /// Names whose ifindex this session has looked up, as `rtnl` caches them.
+    known: std::collections::HashSet<String>,
 }
 
 use super::mac_text;
@@ -248,6 +266,25 @@ fn describe(change: &LinkChange) -> String {
 }
 
 impl FakeSession {
+    /// Counts `n` requests.
+    fn sent(&self, n: usize) {
+        self.kernel.lock().requests += n as u64;
+    }
+
+    /// Counts the index lookup of `name` unless this session already made it (a missing
+    /// link is not remembered).
+    fn lookup(&mut self, name: &str) {
+        if self.known.contains(name) {
+            return;
+        }
+        let mut s = self.kernel.lock();
+        s.requests += 1;
+        let ns = self.ns.clone();
+        if find(&mut s, &ns, name).is_some() {
+            self.known.insert(name.to_owned());
+        }
+    }
+
     /// Logs the operation and returns the injected failure for it, if any.
     fn record(&self, line: String) -> Result<MutexGuard<'_, State>> {
         let mut s = self.kernel.lock();
@@ -302,21 +339,89 @@ impl Kernel for FakeKernel {
         Ok(Some(FakeSession {
             kernel: self.clone(),
             ns: ns.clone(),
+            known: std::collections::HashSet::new(),
         }))
     }
 }
 
+impl FakeSession {
+    fn add_address(&self, name: &str, address: Cidr) -> Result<()> {
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("addr add {address} dev {name}"))?;
+        match find(&mut s, &ns, name) {
+            Some(link) => {
+                if !link.addresses.contains(&address) {
+                    link.addresses.push(address);
+                }
+                Ok(())
+            }
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+        }
+    }
+
+    fn add_route(&self, name: &str, route: &Route) -> Result<()> {
+        let ns = self.ns.clone();
+        let via = route
+            .gateway
+            .map(|g| format!(" via {g}"))
+            .unwrap_or_default();
+        let mut s = self.record(format!("route add {}{via} dev {name}", route.destination))?;
+        let up = find(&mut s, &ns, name).map(|l| l.up);
+        match up {
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+            Some(false) => Err(Error::io(
+                format!("adding route via {name}"),
+                std::io::Error::other("Network is down"),
+            )),
+            Some(true) => {
+                s.routes.entry(ns).or_default().push((name.into(), *route));
+                Ok(())
+            }
+        }
+    }
+}
+
 impl Session for FakeSession {
-    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
+    async fn find_link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        self.known.remove(name);
+        self.lookup(name);
         let mut s = self.kernel.lock();
-        Ok(find(&mut s, &self.ns, name).cloned())
+        Ok(find(&mut s, &self.ns, name).cloned().map(|mut l| {
+            l.addresses.clear();
+            l
+        }))
+    }
+
+    async fn addresses(&mut self, index: u32) -> Result<Vec<Cidr>> {
+        self.sent(1);
+        Ok(self
+            .kernel
+            .links(&self.ns)
+            .into_iter()
+            .find(|l| l.index == index)
+            .map(|l| l.addresses)
+            .unwrap_or_default())
     }
 
     async fn links(&mut self) -> Result<Vec<LinkState>> {
-        Ok(self.kernel.links(&self.ns))
+        self.sent(1);
+        let mut links = self.kernel.links(&self.ns);
+        for l in &mut links {
+            l.addresses.clear();
+        }
+        Ok(links)
     }
 
     async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
+        self.known.remove(name);
         let ns = self.ns.clone();
         let mut s = self.record(format!("link set {name} netns {to} {}", describe(change)))?;
         let Some(pos) = s
@@ -335,7 +440,10 @@ impl Session for FakeSession {
             ));
         };
         let new_name = change.name.clone().unwrap_or_else(|| name.to_string());
-        if target.iter().any(|l| l.name == new_name) {
+        // Linux (seen on 6.18) moves the device under its current name and only then fails
+        // the rename; only a clash of that name too keeps it where it is.
+        let renamed_onto_taken = target.iter().any(|l| l.name == new_name);
+        if renamed_onto_taken && target.iter().any(|l| l.name == name) {
             return Err(Error::io(
                 format!("moving {name}"),
                 std::io::Error::other("File exists"),
@@ -349,17 +457,31 @@ impl Session for FakeSession {
         // The kernel flushes addresses and routes and closes the device on a namespace change.
         link.addresses.clear();
         link.up = false;
-        apply(&mut link, change);
+        if !renamed_onto_taken {
+            apply(&mut link, change);
+        }
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
         }
         // The kernel shuts a device's qdiscs down when it changes namespace.
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
+        if renamed_onto_taken {
+            return Err(Error::io(
+                format!("moving {name}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
         Ok(())
     }
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
+        if let Some(new) = &change.name {
+            self.known.remove(name);
+            self.known.insert(new.clone());
+        }
         let ns = self.ns.clone();
         let mut s = self.record(format!("link set {name} {}", describe(change)))?;
         let clash = change
@@ -390,45 +512,28 @@ impl Session for FakeSession {
         }
     }
 
-    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
-        let ns = self.ns.clone();
-        let mut s = self.record(format!("addr add {address} dev {name}"))?;
-        match find(&mut s, &ns, name) {
-            Some(link) => {
-                if !link.addresses.contains(&address) {
-                    link.addresses.push(address);
-                }
-                Ok(())
-            }
-            None => {
-                drop(s);
-                Err(self.missing(name))
-            }
+    async fn add_addresses(&mut self, name: &str, addresses: &[Cidr]) -> Result<()> {
+        if addresses.is_empty() {
+            return Ok(());
         }
+        self.lookup(name);
+        self.sent(addresses.len());
+        for address in addresses {
+            self.add_address(name, *address)?;
+        }
+        Ok(())
     }
 
-    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
-        let ns = self.ns.clone();
-        let via = route
-            .gateway
-            .map(|g| format!(" via {g}"))
-            .unwrap_or_default();
-        let mut s = self.record(format!("route add {}{via} dev {name}", route.destination))?;
-        let up = find(&mut s, &ns, name).map(|l| l.up);
-        match up {
-            None => {
-                drop(s);
-                Err(self.missing(name))
-            }
-            Some(false) => Err(Error::io(
-                format!("adding route via {name}"),
-                std::io::Error::other("Network is down"),
-            )),
-            Some(true) => {
-                s.routes.entry(ns).or_default().push((name.into(), *route));
-                Ok(())
-            }
+    async fn add_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        if routes.is_empty() {
+            return Ok(());
         }
+        self.lookup(name);
+        self.sent(routes.len());
+        for route in routes {
+            self.add_route(name, route)?;
+        }
+        Ok(())
     }
 
     async fn set_sysctls(
@@ -453,6 +558,8 @@ impl Session for FakeSession {
         to: &Ns,
         change: &LinkChange,
     ) -> Result<()> {
+        self.lookup(parent);
+        self.sent(1);
         let ns = self.ns.clone();
         let kind = child.kind();
         let spec = match child {
@@ -508,6 +615,8 @@ impl Session for FakeSession {
     }
 
     async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
+        self.lookup(pf);
+        self.sent(1);
         let ns = self.ns.clone();
         let mut s = self.kernel.lock();
         if find(&mut s, &ns, pf).is_none() {
@@ -518,6 +627,8 @@ impl Session for FakeSession {
     }
 
     async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
+        self.lookup(pf);
+        self.sent(1);
         let ns = self.ns.clone();
         let mut s = self.record(format!("link set {pf} vf {index} {}", describe_vf(state)))?;
         if find(&mut s, &ns, pf).is_none() {
@@ -556,6 +667,8 @@ impl Session for FakeSession {
     }
 
     async fn set_egress_limit(&mut self, name: &str, tbf: &Tbf) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
         let ns = self.ns.clone();
         let mut s = self.record(format!(
             "qdisc replace dev {name} root tbf rate {}bit burst {}b limit {}b",
@@ -572,6 +685,8 @@ impl Session for FakeSession {
     }
 
     async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
         let ns = self.ns.clone();
         let mut s = self.record(format!("qdisc del dev {name} root tbf"))?;
         if find(&mut s, &ns, name).is_none() {
@@ -583,6 +698,11 @@ impl Session for FakeSession {
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {
+        // rtnl looks the name up unless it knows it, and sends the delete only when found.
+        let present = find(&mut self.kernel.lock(), &self.ns.clone(), name).is_some();
+        let lookups = usize::from(!self.known.contains(name));
+        self.sent(lookups + usize::from(present));
+        self.known.remove(name);
         let mut s = self.record(format!("link del {name}"))?;
         let mut doomed = vec![(self.ns.clone(), name.to_owned())];
         while let Some((ns, name)) = doomed.pop() {

@@ -9,7 +9,9 @@
 //! can never lose a device: [`capture`] reads what must be restored (the caller checkpoints it)
 //! before [`attach`] changes anything, and a failing attach undoes every step it did.
 
+mod attaching;
 pub mod child;
+mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
@@ -25,6 +27,8 @@ use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use attaching::attach;
+pub use detaching::detach;
 pub use tbf::Tbf;
 pub use uplink::Uplink;
 pub use vf::{VfPlan, VfState};
@@ -161,9 +165,24 @@ pub struct LinkChange {
 /// never cached: an open netlink socket would keep a deleted pod namespace alive, and with it
 /// a physical device the kernel should hand back to the host.
 pub trait Session: Send {
-    /// The link named `name`, if present.
-    fn link(&mut self, name: &str) -> impl Future<Output = Result<Option<LinkState>>> + Send;
-    /// Every link (to find a device the kernel returned under another name).
+    /// The link named `name`, if present, without its addresses (one request; the session
+    /// remembers its index for the requests that follow).
+    fn find_link(&mut self, name: &str) -> impl Future<Output = Result<Option<LinkState>>> + Send;
+    /// The global-scope addresses of the link with ifindex `index` (one dump, so only where
+    /// they are needed: capture and a detach whose device came back by itself).
+    fn addresses(&mut self, index: u32) -> impl Future<Output = Result<Vec<Cidr>>> + Send;
+    /// The link named `name` with its addresses, if present.
+    fn link(&mut self, name: &str) -> impl Future<Output = Result<Option<LinkState>>> + Send {
+        async move {
+            let Some(mut link) = self.find_link(name).await? else {
+                return Ok(None);
+            };
+            link.addresses = self.addresses(link.index).await?;
+            Ok(Some(link))
+        }
+    }
+    /// Every link, without addresses (to find a device the kernel returned under another
+    /// name, or the host VLANs knic made).
     fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send;
     /// Moves `name` into `to` with its new name, MTU and MAC in one RTM_NEWLINK, so the device
     /// never appears in the target under a temporary name.
@@ -179,11 +198,21 @@ pub trait Session: Send {
         name: &str,
         change: &LinkChange,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// Adds an address (IPv6 without duplicate address detection, so it is usable at once).
-    fn add_address(&mut self, name: &str, address: Cidr)
-    -> impl Future<Output = Result<()>> + Send;
-    /// Adds a route through `name`.
-    fn add_route(&mut self, name: &str, route: &Route) -> impl Future<Output = Result<()>> + Send;
+    /// Adds addresses (IPv6 without duplicate address detection, so they are usable at once);
+    /// one already there is fine. Every request is sent before the first answer is read, so
+    /// they cost one round trip together.
+    fn add_addresses(
+        &mut self,
+        name: &str,
+        addresses: &[Cidr],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Adds routes through `name` (one already there is fine), pipelined like
+    /// [`Session::add_addresses`].
+    fn add_routes(
+        &mut self,
+        name: &str,
+        routes: &[Route],
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.
     fn set_sysctls(
         &mut self,
@@ -430,359 +459,6 @@ fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> boo
         // have none, and the device must still come home after an upgrade.
         && (restore.host.permanent_mac.is_none() || link.permanent_mac == restore.host.permanent_mac)
         && (restore.host.pci_address.is_none() || link.pci_address == restore.host.pci_address)
-}
-
-/// Steps attach performed, undone in reverse on failure.
-#[derive(Debug)]
-enum Done {
-    SetVf,
-    CreatedChild,
-    Moved,
-}
-
-/// Attaches per `plan` into the pod namespace `netns`. Idempotent: when the pod already has the
-/// interface (a repeated hook) nothing is done, unless `resume` says an earlier attach was cut
-/// short (a crash after the move): then the in-pod configuration is applied again (every step
-/// tolerates what is already there). On failure every step taken is
-/// undone, so the device is back on the host as [`capture`] saw it. Returns the interface as
-/// the pod sees it (its MAC goes into the claim status).
-pub async fn attach<K: Kernel>(
-    kernel: &K,
-    plan: &AttachPlan,
-    netns: &Ns,
-    restore: &Restore,
-    resume: bool,
-) -> Result<LinkState> {
-    let mut pod = open(kernel, netns).await?;
-    if let Some(existing) = pod.link(&plan.pod_ifname).await? {
-        // Same device already there (repeat) → no-op; anything else is a name clash.
-        let ours = match plan.mode {
-            AttachMode::Move => is_same_device(&existing, plan, restore),
-            AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
-                existing.kind.as_deref() == plan.mode.child_kind()
-            }
-        };
-        if ours && resume {
-            configure_in_pod(plan, netns, &mut pod).await?;
-            return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
-                Error::kernel(
-                    netns,
-                    format!("resuming {}", plan.pod_ifname),
-                    "the interface vanished from the pod",
-                )
-            });
-        }
-        if ours {
-            return Ok(existing);
-        }
-        return Err(Error::kernel(
-            netns,
-            format!("attaching {}/{}", plan.pool, plan.device),
-            format!(
-                "interface {} already exists in the pod; choose another name (interface.name)",
-                plan.pod_ifname
-            ),
-        ));
-    }
-    let mut done = Vec::new();
-    let result = attach_steps(kernel, plan, netns, restore, &mut pod, &mut done).await;
-    if let Err(e) = result {
-        tracing::warn!(device = %plan.device, error = %e, steps = done.len(), "attach failed; undoing");
-        drop(pod);
-        if let Err(undo) = undo(kernel, plan, netns, restore, done).await {
-            tracing::error!(device = %plan.device, error = %undo, "undoing a failed attach failed");
-        }
-        return Err(e);
-    }
-    pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
-        Error::kernel(
-            netns,
-            format!("attaching {}", plan.pod_ifname),
-            "the interface vanished from the pod right after attach",
-        )
-    })
-}
-
-async fn attach_steps<K: Kernel>(
-    kernel: &K,
-    plan: &AttachPlan,
-    netns: &Ns,
-    restore: &Restore,
-    pod: &mut K::Session,
-    done: &mut Vec<Done>,
-) -> Result<()> {
-    let into_pod = LinkChange {
-        name: Some(plan.pod_ifname.clone()),
-        mtu: plan.mtu,
-        mac: plan.mac,
-        up: None,
-    };
-    {
-        let mut host = open(kernel, &Ns::Host).await?;
-        // Through the PF while the VF is still on the host, so the pod never sees it
-        // unconfigured (a VF driver may reset on a MAC or trust change).
-        if let Some(vf) = &plan.vf {
-            let Some(previous) = &restore.vf else {
-                return Err(Error::kernel(
-                    Ns::Host,
-                    format!("setting VF {} of {}", vf.index, vf.pf),
-                    "its previous state was not recorded, so it could not be put back; \
-                     refusing to change it",
-                ));
-            };
-            let wanted = vf::request(&vf.settings, previous);
-            // Recorded before the call: the kernel applies the settings one by one and stops
-            // at the first the PF's driver refuses, so a failed call may have made some.
-            done.push(Done::SetVf);
-            host.set_vf(&vf.pf, vf.index, &wanted).await?;
-            crate::failpoint::hit("attach:after-set-vf");
-        }
-        match plan.mode.new_child() {
-            None => {
-                // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
-                host.move_link(&plan.host_ifname, netns, &into_pod).await?;
-                done.push(Done::Moved);
-                crate::failpoint::hit("attach:after-move");
-            }
-            Some(child) => {
-                // On a shared host VLAN, made first if this is its first pod (the caller has
-                // recorded the attachment, so a crash from here on cannot leak it).
-                let parent = match plan.mode.uplink() {
-                    Some(up) => {
-                        uplink::ensure(&mut host, &plan.host_ifname, up).await?;
-                        crate::failpoint::hit("attach:after-uplink");
-                        up.name.as_str()
-                    }
-                    None => plan.host_ifname.as_str(),
-                };
-                // Created in the pod, its parent named from the host, in one request.
-                host.add_child(parent, child, netns, &into_pod).await?;
-                done.push(Done::CreatedChild);
-            }
-        }
-    }
-    configure_in_pod(plan, netns, pod).await
-}
-
-/// Inside the pod: sysctls first (arp/ra settings must hold before the link is up), then
-/// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
-/// route needs its link up). Each step accepts what is already in place, so it can be
-/// repeated after a crash.
-async fn configure_in_pod<S: Session>(plan: &AttachPlan, netns: &Ns, pod: &mut S) -> Result<()> {
-    if !plan.sysctls.is_empty() {
-        pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
-    }
-    for address in &plan.addresses {
-        pod.add_address(&plan.pod_ifname, *address).await?;
-    }
-    if let Some(bandwidth) = &plan.bandwidth {
-        let mtu = match plan.mtu {
-            Some(mtu) => mtu,
-            None => {
-                pod.link(&plan.pod_ifname)
-                    .await?
-                    .ok_or_else(|| {
-                        Error::kernel(
-                            netns,
-                            format!("limiting the egress of {}", plan.pod_ifname),
-                            "the interface vanished from the pod",
-                        )
-                    })?
-                    .mtu
-            }
-        };
-        let tbf = Tbf::for_link(bandwidth, mtu, netns, &plan.pod_ifname)?;
-        pod.set_egress_limit(&plan.pod_ifname, &tbf).await?;
-    }
-    pod.set_link(
-        &plan.pod_ifname,
-        &LinkChange {
-            up: Some(true),
-            ..Default::default()
-        },
-    )
-    .await?;
-    for route in &plan.routes {
-        pod.add_route(&plan.pod_ifname, route).await?;
-    }
-    Ok(())
-}
-
-async fn undo<K: Kernel>(
-    kernel: &K,
-    plan: &AttachPlan,
-    netns: &Ns,
-    restore: &Restore,
-    done: Vec<Done>,
-) -> Result<()> {
-    for step in done.into_iter().rev() {
-        match step {
-            // Detach also puts the VF settings back.
-            Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
-            Done::CreatedChild => {
-                if let Some(mut pod) = kernel.open(netns).await? {
-                    pod.del_link(&plan.pod_ifname).await?;
-                }
-            }
-            Done::SetVf => restore_vf(kernel, plan, restore).await?,
-        }
-    }
-    Ok(())
-}
-
-/// Puts the node back: the device returns to the host with its original name, MTU, MAC, admin
-/// state and host addresses; a VLAN child created for the pod is deleted. Works when the pod
-/// namespace is already gone (the kernel has then returned a physical device by itself, under
-/// whatever name was free, or destroyed a virtual one). VF settings made through the PF are
-/// put back last, once the device is home, and also when the device itself is gone (the PF
-/// still holds them). Idempotent.
-pub async fn detach<K: Kernel>(
-    kernel: &K,
-    plan: &AttachPlan,
-    netns: Option<&Ns>,
-    restore: &Restore,
-) -> Result<()> {
-    detach_device(kernel, plan, netns, restore).await?;
-    restore_vf(kernel, plan, restore).await
-}
-
-/// Puts back the VF settings recorded in `restore` that the VF no longer has (none, for a
-/// repeated detach), unless the VF is gone with its PF (nothing left to put back).
-async fn restore_vf<K: Kernel>(kernel: &K, plan: &AttachPlan, restore: &Restore) -> Result<()> {
-    let (Some(vf), Some(previous)) = (&plan.vf, &restore.vf) else {
-        return Ok(());
-    };
-    if previous.is_empty() {
-        return Ok(());
-    }
-    let mut host = open(kernel, &Ns::Host).await?;
-    if host.link(&vf.pf).await?.is_none() {
-        tracing::warn!(device = %plan.device, pf = %vf.pf,
-            "the VF's PF no longer exists; its VF settings cannot be put back");
-        return Ok(());
-    }
-    match host.vf_state(&vf.pf, vf.index).await? {
-        None => {
-            tracing::warn!(device = %plan.device, pf = %vf.pf, vf = vf.index,
-                "the PF no longer has this VF; its settings cannot be put back");
-            Ok(())
-        }
-        Some(current) => {
-            let back = vf::differences(previous, &current);
-            if back.is_empty() {
-                return Ok(());
-            }
-            host.set_vf(&vf.pf, vf.index, &back).await
-        }
-    }
-}
-
-async fn detach_device<K: Kernel>(
-    kernel: &K,
-    plan: &AttachPlan,
-    netns: Option<&Ns>,
-    restore: &Restore,
-) -> Result<()> {
-    let original = &restore.host;
-    let back = LinkChange {
-        name: Some(original.name.clone()),
-        mtu: Some(original.mtu),
-        mac: original.mac,
-        up: None,
-    };
-    if let Some(kind) = plan.mode.child_kind() {
-        // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
-        // on the host by a crash of an older version (between create and move) goes too.
-        if let Some(ns) = netns
-            && let Some(mut pod) = kernel.open(ns).await?
-            && pod
-                .link(&plan.pod_ifname)
-                .await?
-                .is_some_and(|l| l.kind.as_deref() == Some(kind))
-        {
-            pod.del_link(&plan.pod_ifname).await?;
-        }
-        let mut host = open(kernel, &Ns::Host).await?;
-        if host.link(&plan.vlan_temp_name()).await?.is_some() {
-            host.del_link(&plan.vlan_temp_name()).await?;
-        }
-        return Ok(());
-    }
-
-    // Still in the pod: move it back (addresses and routes go with the namespace change).
-    if let Some(ns) = netns
-        && let Some(mut pod) = kernel.open(ns).await?
-        && let Some(link) = pod.link(&plan.pod_ifname).await?
-        && is_same_device(&link, plan, restore)
-    {
-        // The host gets its device without knic's limit. Not fatal: the kernel drops a
-        // device's qdiscs when it changes namespace anyway.
-        if plan.bandwidth.is_some()
-            && let Err(e) = pod.clear_egress_limit(&plan.pod_ifname).await
-        {
-            tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
-        }
-        pod.set_link(
-            &plan.pod_ifname,
-            &LinkChange {
-                up: Some(false),
-                ..Default::default()
-            },
-        )
-        .await?;
-        pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
-        crate::failpoint::hit("detach:after-move");
-    }
-
-    let mut host = open(kernel, &Ns::Host).await?;
-    let current = match host.link(&original.name).await? {
-        Some(l) if l.index == original.index => Some(l),
-        _ => host
-            .links()
-            .await?
-            .into_iter()
-            .find(|l| l.index == original.index && l.kind == original.kind),
-    };
-    let Some(current) = current else {
-        tracing::warn!(device = %plan.device, ifname = %original.name,
-            "the device no longer exists (a virtual device is destroyed with its pod's namespace)");
-        return Ok(());
-    };
-    if current.name != original.name
-        || current.mtu != original.mtu
-        || (original.mac.is_some() && current.mac != original.mac)
-    {
-        host.set_link(
-            &current.name,
-            &LinkChange {
-                up: Some(false),
-                ..Default::default()
-            },
-        )
-        .await?;
-        host.set_link(&current.name, &back).await?;
-    }
-    for address in &original.addresses {
-        let present = host
-            .link(&original.name)
-            .await?
-            .is_some_and(|l| l.addresses.contains(address));
-        if !present {
-            host.add_address(&original.name, *address).await?;
-        }
-    }
-    let now = host.link(&original.name).await?;
-    if now.is_some_and(|l| l.up != original.up) {
-        host.set_link(
-            &original.name,
-            &LinkChange {
-                up: Some(original.up),
-                ..Default::default()
-            },
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -5,20 +5,24 @@
 //! runs there. A session in the process's own namespace needs no switch at all. (A thread per
 //! session cost ~1–2 ms per open on a loaded node: most of knic's cost above the kernel's.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{StreamExt, TryStreamExt};
 use knic_proto::netconfig::{Cidr, Route};
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::route::RouteScope;
+use netlink_packet_route::route::{RouteMessage, RouteScope};
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
@@ -33,6 +37,9 @@ use crate::error::{Error, Result};
 pub struct Rtnl {
     host: Option<PathBuf>,
     sysctl_root: PathBuf,
+    /// Netlink requests sent by every session of this kernel (and its clones), for the
+    /// benchmark and the tests that hold the executor to its request budget.
+    requests: Arc<AtomicU64>,
 }
 
 /// Where per-interface sysctls are written unless [`Rtnl::with_sysctl_root`] says otherwise.
@@ -44,7 +51,13 @@ impl Rtnl {
         Rtnl {
             host,
             sysctl_root: PathBuf::from(DEFAULT_SYSCTL_ROOT),
+            requests: Arc::default(),
         }
+    }
+
+    /// Netlink requests sent so far by this kernel's sessions (a dump counts as one).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Writes sysctls under `root` instead of `/proc/sys/net`: an unprivileged container sees
@@ -71,6 +84,9 @@ pub struct RtnlSession {
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
     sysctl_root: PathBuf,
+    /// ifindex by name, as looked up (or renamed) in this session: one lookup per name.
+    indexes: HashMap<String, u32>,
+    requests: Arc<AtomicU64>,
 }
 
 impl Drop for RtnlSession {
@@ -148,6 +164,8 @@ impl Kernel for Rtnl {
             ns_path,
             host_path: self.host_path(),
             sysctl_root: self.sysctl_root.clone(),
+            indexes: HashMap::new(),
+            requests: Arc::clone(&self.requests),
         }))
     }
 }
@@ -210,7 +228,12 @@ const fn libc_eexist() -> i32 {
 const ENOENT: i32 = 2;
 
 impl RtnlSession {
-    async fn find(&self, name: &str) -> Result<Option<LinkMessage>> {
+    fn sent(&self, requests: u64) {
+        self.requests.fetch_add(requests, Ordering::Relaxed);
+    }
+
+    async fn find(&mut self, name: &str) -> Result<Option<LinkMessage>> {
+        self.sent(1);
         let mut links = self
             .handle
             .link()
@@ -218,14 +241,23 @@ impl RtnlSession {
             .match_name(name.to_string())
             .execute();
         match links.try_next().await {
-            Ok(link) => Ok(link),
+            Ok(link) => {
+                if let Some(l) = &link {
+                    self.indexes.insert(name.to_owned(), l.header.index);
+                }
+                Ok(link)
+            }
             // ENODEV: no such link.
             Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -19 => Ok(None),
             Err(e) => Err(nl(format!("reading link {name}"))(e)),
         }
     }
 
-    async fn index(&self, name: &str) -> Result<u32> {
+    /// The ifindex of `name`, looked up once per session.
+    async fn index(&mut self, name: &str) -> Result<u32> {
+        if let Some(index) = self.indexes.get(name) {
+            return Ok(*index);
+        }
         self.find(name)
             .await?
             .map(|l| l.header.index)
@@ -245,6 +277,7 @@ impl RtnlSession {
         request: NetlinkMessage<RouteNetlinkMessage>,
         context: &str,
     ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.sent(1);
         let mut replies = self
             .handle
             .request(request)
@@ -268,7 +301,8 @@ impl RtnlSession {
             .map_or_else(|| "host".to_string(), |p| p.display().to_string())
     }
 
-    async fn addresses(&self, index: u32) -> Result<Vec<Cidr>> {
+    async fn read_addresses(&self, index: u32) -> Result<Vec<Cidr>> {
+        self.sent(1);
         let mut out = Vec::new();
         let mut stream = self
             .handle
@@ -326,17 +360,47 @@ impl RtnlSession {
     }
 }
 
+impl RtnlSession {
+    /// Sends every request (creations: an existing object is fine) before reading the first
+    /// answer, so the kernel's acknowledgements come back in one round trip. The first
+    /// failure is returned with its request's context.
+    async fn create_all(&mut self, requests: Vec<(RouteNetlinkMessage, String)>) -> Result<()> {
+        let mut pending = Vec::with_capacity(requests.len());
+        for (message, context) in requests {
+            let mut req = NetlinkMessage::from(message);
+            req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
+            self.sent(1);
+            let replies = self.handle.request(req).map_err(nl(context.clone()))?;
+            pending.push((replies, context));
+        }
+        let mut first = None;
+        for (mut replies, context) in pending {
+            while let Some(reply) = replies.next().await {
+                if let NetlinkPayload::Error(e) = reply.payload
+                    && e.code.is_some()
+                {
+                    let e = rtnetlink::Error::NetlinkError(e);
+                    if !is_exists(&e) && first.is_none() {
+                        first = Some(nl(context.clone())(e));
+                    }
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
 impl Session for RtnlSession {
-    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
-        let Some(msg) = self.find(name).await? else {
-            return Ok(None);
-        };
-        let mut s = state(&msg);
-        s.addresses = self.addresses(s.index).await?;
-        Ok(Some(s))
+    async fn find_link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        Ok(self.find(name).await?.as_ref().map(state))
+    }
+
+    async fn addresses(&mut self, index: u32) -> Result<Vec<Cidr>> {
+        self.read_addresses(index).await
     }
 
     async fn links(&mut self) -> Result<Vec<LinkState>> {
+        self.sent(1);
         let mut out = Vec::new();
         let mut stream = self.handle.link().get().execute();
         while let Some(msg) = stream
@@ -345,9 +409,6 @@ impl Session for RtnlSession {
             .map_err(nl("listing links".into()))?
         {
             out.push(state(&msg));
-        }
-        for s in &mut out {
-            s.addresses = self.addresses(s.index).await?;
         }
         Ok(out)
     }
@@ -365,6 +426,9 @@ impl Session for RtnlSession {
         let msg = Self::change_message(index, change)
             .setns_by_fd(fd.as_raw_fd())
             .build();
+        // Gone from this namespace, also when the kernel moved it and then refused the name.
+        self.indexes.remove(name);
+        self.sent(1);
         self.handle
             .link()
             .set(msg)
@@ -376,81 +440,61 @@ impl Session for RtnlSession {
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
         let index = self.index(name).await?;
         let msg = Self::change_message(index, change).build();
+        self.sent(1);
         self.handle
             .link()
             .set(msg)
             .execute()
             .await
-            .map_err(nl(format!("changing link {name}")))
+            .map_err(nl(format!("changing link {name}")))?;
+        if let Some(new) = &change.name {
+            self.indexes.remove(name);
+            self.indexes.insert(new.clone(), index);
+        }
+        Ok(())
     }
 
-    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+    async fn add_addresses(&mut self, name: &str, addresses: &[Cidr]) -> Result<()> {
+        if addresses.is_empty() {
+            return Ok(());
+        }
         let index = self.index(name).await?;
-        let mut req = self
-            .handle
-            .address()
-            .add(index, address.addr, address.prefix_len);
-        if address.addr.is_ipv6() {
-            // No duplicate address detection: the address is usable the moment the pod starts.
-            req.message_mut()
-                .attributes
-                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        let mut requests = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            let mut req = self
+                .handle
+                .address()
+                .add(index, address.addr, address.prefix_len);
+            if address.addr.is_ipv6() {
+                // No duplicate address detection: the address is usable the moment the pod
+                // starts.
+                req.message_mut()
+                    .attributes
+                    .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
+            requests.push((
+                RouteNetlinkMessage::NewAddress(req.message_mut().clone()),
+                format!("adding address {address} to {name}"),
+            ));
         }
-        match req.execute().await {
-            Ok(()) => Ok(()),
-            Err(e) if is_exists(&e) => Ok(()),
-            Err(e) => Err(nl(format!("adding address {address} to {name}"))(e)),
-        }
+        self.create_all(requests).await
     }
 
-    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
-        let index = self.index(name).await?;
-        let context = format!("adding route {} via {name}", route.destination);
-        let message = match route.destination.addr {
-            IpAddr::V4(dst) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-                    .destination_prefix(dst, route.destination.prefix_len)
-                    .output_interface(index);
-                if let Some(IpAddr::V4(gw)) = route.gateway {
-                    b = b.gateway(gw);
-                } else {
-                    b = b.scope(RouteScope::Link);
-                }
-                if let Some(IpAddr::V4(src)) = route.source {
-                    b = b.pref_source(src);
-                }
-                if let Some(m) = route.metric {
-                    b = b.priority(m);
-                }
-                if let Some(t) = route.table {
-                    b = b.table_id(t);
-                }
-                b.build()
-            }
-            IpAddr::V6(dst) => {
-                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-                    .destination_prefix(dst, route.destination.prefix_len)
-                    .output_interface(index);
-                if let Some(IpAddr::V6(gw)) = route.gateway {
-                    b = b.gateway(gw);
-                }
-                if let Some(IpAddr::V6(src)) = route.source {
-                    b = b.pref_source(src);
-                }
-                if let Some(m) = route.metric {
-                    b = b.priority(m);
-                }
-                if let Some(t) = route.table {
-                    b = b.table_id(t);
-                }
-                b.build()
-            }
-        };
-        match self.handle.route().add(message).execute().await {
-            Ok(()) => Ok(()),
-            Err(e) if is_exists(&e) => Ok(()),
-            Err(e) => Err(nl(context)(e)),
+    async fn add_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        if routes.is_empty() {
+            return Ok(());
         }
+        let index = self.index(name).await?;
+        let requests = routes
+            .iter()
+            .map(|route| {
+                (
+                    RouteNetlinkMessage::NewRoute(route_message(index, route)),
+                    format!("adding route {} via {name}", route.destination),
+                )
+            })
+            .collect();
+        self.create_all(requests).await
     }
 
     async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
@@ -518,6 +562,7 @@ impl Session for RtnlSession {
                 other.kind(),
             ),
         };
+        self.sent(1);
         self.handle.link().add(msg).execute().await.map_err(|e| {
             let text = e.to_string();
             if text.contains("Operation not supported") || text.contains("-95") {
@@ -591,15 +636,65 @@ impl Session for RtnlSession {
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {
-        let Some(msg) = self.find(name).await? else {
-            return Ok(());
+        let index = match self.indexes.get(name) {
+            Some(index) => *index,
+            None => match self.find(name).await? {
+                Some(msg) => msg.header.index,
+                None => return Ok(()),
+            },
         };
-        self.handle
-            .link()
-            .del(msg.header.index)
-            .execute()
-            .await
-            .map_err(nl(format!("deleting link {name}")))
+        self.indexes.remove(name);
+        self.sent(1);
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            // ENODEV: gone since this session looked it up; nothing left to delete.
+            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -19 => Ok(()),
+            Err(e) => Err(nl(format!("deleting link {name}"))(e)),
+        }
+    }
+}
+
+/// The RTM_NEWROUTE of `route` through the link with ifindex `index`.
+fn route_message(index: u32, route: &Route) -> RouteMessage {
+    match route.destination.addr {
+        IpAddr::V4(dst) => {
+            let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(dst, route.destination.prefix_len)
+                .output_interface(index);
+            if let Some(IpAddr::V4(gw)) = route.gateway {
+                b = b.gateway(gw);
+            } else {
+                b = b.scope(RouteScope::Link);
+            }
+            if let Some(IpAddr::V4(src)) = route.source {
+                b = b.pref_source(src);
+            }
+            if let Some(m) = route.metric {
+                b = b.priority(m);
+            }
+            if let Some(t) = route.table {
+                b = b.table_id(t);
+            }
+            b.build()
+        }
+        IpAddr::V6(dst) => {
+            let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(dst, route.destination.prefix_len)
+                .output_interface(index);
+            if let Some(IpAddr::V6(gw)) = route.gateway {
+                b = b.gateway(gw);
+            }
+            if let Some(IpAddr::V6(src)) = route.source {
+                b = b.pref_source(src);
+            }
+            if let Some(m) = route.metric {
+                b = b.priority(m);
+            }
+            if let Some(t) = route.table {
+                b = b.table_id(t);
+            }
+            b.build()
+        }
     }
 }
 

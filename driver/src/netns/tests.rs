@@ -493,3 +493,6 @@ async fn macvlan_and_ipvlan_children_are_created_in_the_pod_and_deleted() {
         assert!(k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"));
     }
 }
+
+// Netlink requests per attach and detach (issue 14), in a file of their own.
+mod requests;

@@ -67,7 +67,7 @@ pub fn is_uplink_name(name: &str) -> bool {
 /// pod's attach may have created it already), brought up when it is down. A link of that name
 /// that is not a VLAN is refused rather than used.
 pub async fn ensure<S: Session>(host: &mut S, parent: &str, uplink: &Uplink) -> Result<()> {
-    match host.link(&uplink.name).await? {
+    match host.find_link(&uplink.name).await? {
         Some(link) if link.kind.as_deref() == Some("vlan") => {
             if !link.up {
                 host.set_link(
@@ -114,7 +114,7 @@ pub async fn ensure<S: Session>(host: &mut S, parent: &str, uplink: &Uplink) -> 
 pub async fn release<K: Kernel>(kernel: &K, name: &str) -> Result<()> {
     let mut host = open(kernel, &Ns::Host).await?;
     if host
-        .link(name)
+        .find_link(name)
         .await?
         .is_some_and(|l| l.kind.as_deref() == Some("vlan"))
     {

@@ -38,6 +38,11 @@ async fn timed<T>(spent: &Mutex<Breakdown>, op: &'static str, call: impl Future<
 }
 
 impl<K> Timed<K> {
+    /// The wrapped kernel (e.g. to read its request count).
+    pub fn inner(&self) -> &K {
+        &self.inner
+    }
+
     /// Wraps `inner`; nothing spent yet.
     pub fn new(inner: K) -> Self {
         Timed {
@@ -107,8 +112,12 @@ impl<K: Kernel> Kernel for Timed<K> {
 }
 
 impl<S: Session> Session for TimedSession<S> {
-    async fn link(&mut self, name: &str) -> Result<Option<LinkState>> {
-        timed(&self.spent, "link", self.inner.link(name)).await
+    async fn find_link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        timed(&self.spent, "find_link", self.inner.find_link(name)).await
+    }
+
+    async fn addresses(&mut self, index: u32) -> Result<Vec<Cidr>> {
+        timed(&self.spent, "addresses", self.inner.addresses(index)).await
     }
 
     async fn links(&mut self) -> Result<Vec<LinkState>> {
@@ -128,17 +137,22 @@ impl<S: Session> Session for TimedSession<S> {
         timed(&self.spent, "set_link", self.inner.set_link(name, change)).await
     }
 
-    async fn add_address(&mut self, name: &str, address: Cidr) -> Result<()> {
+    async fn add_addresses(&mut self, name: &str, addresses: &[Cidr]) -> Result<()> {
         timed(
             &self.spent,
-            "add_address",
-            self.inner.add_address(name, address),
+            "add_addresses",
+            self.inner.add_addresses(name, addresses),
         )
         .await
     }
 
-    async fn add_route(&mut self, name: &str, route: &Route) -> Result<()> {
-        timed(&self.spent, "add_route", self.inner.add_route(name, route)).await
+    async fn add_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        timed(
+            &self.spent,
+            "add_routes",
+            self.inner.add_routes(name, routes),
+        )
+        .await
     }
 
     async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
@@ -217,8 +231,11 @@ mod tests {
     }
 
     impl Session for SlowSession {
-        async fn link(&mut self, _name: &str) -> Result<Option<LinkState>> {
+        async fn find_link(&mut self, _name: &str) -> Result<Option<LinkState>> {
             Ok(None)
+        }
+        async fn addresses(&mut self, _: u32) -> Result<Vec<Cidr>> {
+            Ok(vec![])
         }
         async fn links(&mut self) -> Result<Vec<LinkState>> {
             Ok(vec![])
@@ -231,10 +248,10 @@ mod tests {
             tokio::time::sleep(SET).await;
             Ok(())
         }
-        async fn add_address(&mut self, _: &str, _: Cidr) -> Result<()> {
+        async fn add_addresses(&mut self, _: &str, _: &[Cidr]) -> Result<()> {
             Ok(())
         }
-        async fn add_route(&mut self, _: &str, _: &Route) -> Result<()> {
+        async fn add_routes(&mut self, _: &str, _: &[Route]) -> Result<()> {
             Ok(())
         }
         async fn set_sysctls(&mut self, _: &str, _: &BTreeMap<String, String>) -> Result<()> {

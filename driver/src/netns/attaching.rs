@@ -1,0 +1,213 @@
+//! Attach: the device (or a child of it) into the pod, configured, and every step undone when
+//! one fails. Requests are kept to what the plan cannot know: one index lookup per name per
+//! session, addresses and routes pipelined, no read-back of what the plan just set, no
+//! explicit link-down before a move (the move closes the device itself).
+
+use super::{
+    AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Restore, Session, Tbf, detach,
+    is_same_device, open, uplink, vf,
+};
+use crate::error::{Error, Result};
+
+/// Steps attach performed, undone in reverse on failure.
+#[derive(Debug)]
+enum Done {
+    SetVf,
+    CreatedChild,
+    Moved,
+}
+
+/// Attaches per `plan` into the pod namespace `netns`. Idempotent: when the pod already has the
+/// interface (a repeated hook) nothing is done, unless `resume` says an earlier attach was cut
+/// short (a crash after the move): then the in-pod configuration is applied again (every step
+/// tolerates what is already there). On failure every step taken is
+/// undone, so the device is back on the host as [`super::capture`] saw it. Returns the
+/// interface as the pod sees it (its MAC goes into the claim status).
+pub async fn attach<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+    resume: bool,
+) -> Result<LinkState> {
+    let mut pod = open(kernel, netns).await?;
+    let mut host = open(kernel, &Ns::Host).await?;
+    // The pod's name must be free: a move onto a taken name still moves the device and only
+    // then fails the rename (EEXIST), leaving it in the pod under its host name. Checked in
+    // the same round trip as the host lookup the move needs (the session keeps its index).
+    let existing = match plan.mode {
+        AttachMode::Move => {
+            let (in_pod, _) = futures::join!(
+                pod.find_link(&plan.pod_ifname),
+                host.find_link(&plan.host_ifname)
+            );
+            in_pod?
+        }
+        AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
+            pod.find_link(&plan.pod_ifname).await?
+        }
+    };
+    if let Some(mut existing) = existing {
+        // Same device already there (repeat) → no-op; anything else is a name clash.
+        let ours = match plan.mode {
+            AttachMode::Move => is_same_device(&existing, plan, restore),
+            AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
+                existing.kind.as_deref() == plan.mode.child_kind()
+            }
+        };
+        if ours && resume {
+            configure_in_pod(plan, netns, &mut pod).await?;
+            return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
+                Error::kernel(
+                    netns,
+                    format!("resuming {}", plan.pod_ifname),
+                    "the interface vanished from the pod",
+                )
+            });
+        }
+        if ours {
+            existing.addresses = pod.addresses(existing.index).await?;
+            return Ok(existing);
+        }
+        return Err(Error::kernel(
+            netns,
+            format!("attaching {}/{}", plan.pool, plan.device),
+            format!(
+                "interface {} already exists in the pod; choose another name (interface.name)",
+                plan.pod_ifname
+            ),
+        ));
+    }
+    let mut done = Vec::new();
+    let result = attach_steps(plan, netns, restore, &mut host, &mut pod, &mut done).await;
+    match result {
+        Ok(link) => Ok(link),
+        Err(e) => {
+            tracing::warn!(device = %plan.device, error = %e, steps = done.len(), "attach failed; undoing");
+            drop(pod);
+            drop(host);
+            if let Err(undo) = undo(kernel, plan, netns, restore, done).await {
+                tracing::error!(device = %plan.device, error = %undo, "undoing a failed attach failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn attach_steps<S: Session>(
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+    host: &mut S,
+    pod: &mut S,
+    done: &mut Vec<Done>,
+) -> Result<LinkState> {
+    let into_pod = LinkChange {
+        name: Some(plan.pod_ifname.clone()),
+        mtu: plan.mtu,
+        mac: plan.mac,
+        up: None,
+    };
+    // Through the PF while the VF is still on the host, so the pod never sees it
+    // unconfigured (a VF driver may reset on a MAC or trust change).
+    if let Some(vf) = &plan.vf {
+        let Some(previous) = &restore.vf else {
+            return Err(Error::kernel(
+                Ns::Host,
+                format!("setting VF {} of {}", vf.index, vf.pf),
+                "its previous state was not recorded, so it could not be put back; \
+                 refusing to change it",
+            ));
+        };
+        let wanted = vf::request(&vf.settings, previous);
+        // Recorded before the call: the kernel applies the settings one by one and stops
+        // at the first the PF's driver refuses, so a failed call may have made some.
+        done.push(Done::SetVf);
+        host.set_vf(&vf.pf, vf.index, &wanted).await?;
+        crate::failpoint::hit("attach:after-set-vf");
+    }
+    match plan.mode.new_child() {
+        None => {
+            // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
+            host.move_link(&plan.host_ifname, netns, &into_pod).await?;
+            done.push(Done::Moved);
+            crate::failpoint::hit("attach:after-move");
+        }
+        Some(child) => {
+            // On a shared host VLAN, made first if this is its first pod (the caller has
+            // recorded the attachment, so a crash from here on cannot leak it).
+            let parent = match plan.mode.uplink() {
+                Some(up) => {
+                    uplink::ensure(host, &plan.host_ifname, up).await?;
+                    crate::failpoint::hit("attach:after-uplink");
+                    up.name.as_str()
+                }
+                None => plan.host_ifname.as_str(),
+            };
+            // Created in the pod, its parent named from the host, in one request.
+            host.add_child(parent, child, netns, &into_pod).await?;
+            done.push(Done::CreatedChild);
+        }
+    }
+    configure_in_pod(plan, netns, pod).await
+}
+
+/// Inside the pod: sysctls first (arp/ra settings must hold before the link is up), then
+/// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
+/// route needs its link up). Each step accepts what is already in place, so it can be
+/// repeated after a crash. Returns the link as it now is: read once before the changes (the
+/// lookup the later requests need anyway), with what they changed filled in (after a move
+/// the device has exactly the plan's global addresses: the kernel flushed the others).
+async fn configure_in_pod<S: Session>(
+    plan: &AttachPlan,
+    netns: &Ns,
+    pod: &mut S,
+) -> Result<LinkState> {
+    let vanished = |what: String| Error::kernel(netns, what, "the interface vanished from the pod");
+    if !plan.sysctls.is_empty() {
+        pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
+    }
+    let mut link = pod
+        .find_link(&plan.pod_ifname)
+        .await?
+        .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?;
+    pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
+    if let Some(bandwidth) = &plan.bandwidth {
+        let tbf = Tbf::for_link(bandwidth, link.mtu, netns, &plan.pod_ifname)?;
+        pod.set_egress_limit(&plan.pod_ifname, &tbf).await?;
+    }
+    pod.set_link(
+        &plan.pod_ifname,
+        &LinkChange {
+            up: Some(true),
+            ..Default::default()
+        },
+    )
+    .await?;
+    pod.add_routes(&plan.pod_ifname, &plan.routes).await?;
+    link.up = true;
+    link.addresses = plan.addresses.clone();
+    Ok(link)
+}
+
+async fn undo<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+    done: Vec<Done>,
+) -> Result<()> {
+    for step in done.into_iter().rev() {
+        match step {
+            // Detach also puts the VF settings back.
+            Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
+            Done::CreatedChild => {
+                if let Some(mut pod) = kernel.open(netns).await? {
+                    pod.del_link(&plan.pod_ifname).await?;
+                }
+            }
+            Done::SetVf => super::detaching::restore_vf(kernel, plan, restore).await?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Detach: the device back on the host as it was, a child deleted, VF settings put back. After
+//! a move back the device's state is known without reading it (the move itself named, sized
+//! and addressed it, and closed it, flushing its addresses); only a device the kernel returned
+//! by itself, with its pod namespace, is looked up and has its addresses read.
+
+use super::{
+    AttachPlan, Kernel, LinkChange, LinkState, Ns, Restore, Session, is_same_device, open, vf,
+};
+use crate::error::Result;
+
+/// Puts the node back: the device returns to the host with its original name, MTU, MAC, admin
+/// state and host addresses; a VLAN child created for the pod is deleted. Works when the pod
+/// namespace is already gone (the kernel has then returned a physical device by itself, under
+/// whatever name was free, or destroyed a virtual one). VF settings made through the PF are
+/// put back last, once the device is home, and also when the device itself is gone (the PF
+/// still holds them). Idempotent.
+pub async fn detach<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: Option<&Ns>,
+    restore: &Restore,
+) -> Result<()> {
+    detach_device(kernel, plan, netns, restore).await?;
+    restore_vf(kernel, plan, restore).await
+}
+
+/// Puts back the VF settings recorded in `restore` that the VF no longer has (none, for a
+/// repeated detach), unless the VF is gone with its PF (nothing left to put back).
+pub(super) async fn restore_vf<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    restore: &Restore,
+) -> Result<()> {
+    let (Some(vf), Some(previous)) = (&plan.vf, &restore.vf) else {
+        return Ok(());
+    };
+    if previous.is_empty() {
+        return Ok(());
+    }
+    let mut host = open(kernel, &Ns::Host).await?;
+    if host.find_link(&vf.pf).await?.is_none() {
+        tracing::warn!(device = %plan.device, pf = %vf.pf,
+            "the VF's PF no longer exists; its VF settings cannot be put back");
+        return Ok(());
+    }
+    match host.vf_state(&vf.pf, vf.index).await? {
+        None => {
+            tracing::warn!(device = %plan.device, pf = %vf.pf, vf = vf.index,
+                "the PF no longer has this VF; its settings cannot be put back");
+            Ok(())
+        }
+        Some(current) => {
+            let back = vf::differences(previous, &current);
+            if back.is_empty() {
+                return Ok(());
+            }
+            host.set_vf(&vf.pf, vf.index, &back).await
+        }
+    }
+}
+
+async fn detach_device<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: Option<&Ns>,
+    restore: &Restore,
+) -> Result<()> {
+    let original = &restore.host;
+    let back = LinkChange {
+        name: Some(original.name.clone()),
+        mtu: Some(original.mtu),
+        mac: original.mac,
+        up: None,
+    };
+    if let Some(kind) = plan.mode.child_kind() {
+        // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
+        // on the host by a crash of an older version (between create and move) goes too.
+        if let Some(ns) = netns
+            && let Some(mut pod) = kernel.open(ns).await?
+            && pod
+                .find_link(&plan.pod_ifname)
+                .await?
+                .is_some_and(|l| l.kind.as_deref() == Some(kind))
+        {
+            pod.del_link(&plan.pod_ifname).await?;
+        }
+        let mut host = open(kernel, &Ns::Host).await?;
+        if host.find_link(&plan.vlan_temp_name()).await?.is_some() {
+            host.del_link(&plan.vlan_temp_name()).await?;
+        }
+        return Ok(());
+    }
+
+    // Still in the pod: move it back (addresses and routes go with the namespace change, and
+    // the move closes the device: no link-down first).
+    let mut moved = false;
+    if let Some(ns) = netns
+        && let Some(mut pod) = kernel.open(ns).await?
+        && let Some(link) = pod.find_link(&plan.pod_ifname).await?
+        && is_same_device(&link, plan, restore)
+    {
+        // The host gets its device without knic's limit. Not fatal: the kernel drops a
+        // device's qdiscs when it changes namespace anyway.
+        if plan.bandwidth.is_some()
+            && let Err(e) = pod.clear_egress_limit(&plan.pod_ifname).await
+        {
+            tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
+        }
+        pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
+        moved = true;
+        crate::failpoint::hit("detach:after-move");
+    }
+
+    if moved {
+        // Home under its name, MTU and MAC (the move set them or failed), down, no addresses.
+        if original.addresses.is_empty() && !original.up {
+            return Ok(());
+        }
+        let mut host = open(kernel, &Ns::Host).await?;
+        host.add_addresses(&original.name, &original.addresses)
+            .await?;
+        if original.up {
+            set_up(&mut host, &original.name, true).await?;
+        }
+        return Ok(());
+    }
+
+    let mut host = open(kernel, &Ns::Host).await?;
+    let current = match host.find_link(&original.name).await? {
+        Some(l) if l.index == original.index => Some(l),
+        _ => host
+            .links()
+            .await?
+            .into_iter()
+            .find(|l| l.index == original.index && l.kind == original.kind),
+    };
+    let Some(current) = current else {
+        tracing::warn!(device = %plan.device, ifname = %original.name,
+            "the device no longer exists (a virtual device is destroyed with its pod's namespace)");
+        return Ok(());
+    };
+    restore_returned(&mut host, original, current, &back).await
+}
+
+/// A device the kernel returned by itself (its pod namespace died), possibly under another
+/// name: renamed back (down, as a rename needs), its missing addresses added, its admin state
+/// put back.
+async fn restore_returned<S: Session>(
+    host: &mut S,
+    original: &LinkState,
+    current: LinkState,
+    back: &LinkChange,
+) -> Result<()> {
+    let mut up = current.up;
+    if current.name != original.name
+        || current.mtu != original.mtu
+        || (original.mac.is_some() && current.mac != original.mac)
+    {
+        set_up(host, &current.name, false).await?;
+        host.set_link(&current.name, back).await?;
+        up = false;
+    }
+    if !original.addresses.is_empty() {
+        let present = host.addresses(current.index).await?;
+        let missing: Vec<_> = original
+            .addresses
+            .iter()
+            .filter(|a| !present.contains(a))
+            .copied()
+            .collect();
+        host.add_addresses(&original.name, &missing).await?;
+    }
+    if up != original.up {
+        set_up(host, &original.name, original.up).await?;
+    }
+    Ok(())
+}
+
+async fn set_up<S: Session>(host: &mut S, name: &str, up: bool) -> Result<()> {
+    host.set_link(
+        name,
+        &LinkChange {
+            up: Some(up),
+            ..Default::default()
+        },
+    )
+    .await
+}

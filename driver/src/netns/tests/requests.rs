@@ -1,0 +1,146 @@
+//! The executor's request budget (issue 14), counted the way `rtnl` sends requests: one index
+//! lookup per name per session, addresses only where detach needs them, addresses and routes
+//! pipelined, no read-backs, no link-down before a move. The real kernel is held to the same
+//! figures by `e2e/tests/kernel_netns/requests.rs`.
+
+use super::*;
+
+/// Requests made on `k` since `before`, which moves on to now.
+fn since(k: &FakeKernel, before: &mut u64) -> u64 {
+    let now = k.requests();
+    let spent = now - *before;
+    *before = now;
+    spent
+}
+
+/// The attach bench's device: a physical device, down, without host addresses, into the pod
+/// with two addresses and a route (no sysctls, MTU or MAC change).
+fn bench_plan() -> AttachPlan {
+    AttachPlan {
+        mtu: None,
+        mac: None,
+        sysctls: BTreeMap::new(),
+        ..plan(AttachMode::Move)
+    }
+}
+
+fn bench_kernel() -> FakeKernel {
+    let k = FakeKernel::new();
+    k.add_link(
+        &Ns::Host,
+        "ens1f0v0",
+        1500,
+        [0xaa, 0, 0, 0, 0, 1],
+        None,
+        &[],
+    );
+    k.add_namespace(&pod());
+    // Down, as the bench's device is on the host.
+    k.set_down(&Ns::Host, "ens1f0v0");
+    k
+}
+
+#[tokio::test]
+async fn a_physical_cycle_makes_twelve_requests() {
+    let k = bench_kernel();
+    let p = bench_plan();
+    let mut count = 0;
+    let restore = capture(&k, &p).await.unwrap();
+    // The link and its address dump.
+    assert_eq!(since(&k, &mut count), 2);
+    let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    assert!(link.up);
+    assert_eq!(link.addresses, p.addresses);
+    // Pod name check and host lookup (one round), the move, the pod lookup, two addresses
+    // (one round), up, the route.
+    assert_eq!(since(&k, &mut count), 8);
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    // The pod lookup and the move back: the move restored name, MTU and MAC, and the device
+    // was down without addresses on the host, as it is now.
+    assert_eq!(since(&k, &mut count), 2);
+    assert_eq!(
+        k.log(),
+        vec![
+            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1",
+            "/var/run/netns/cni-1: addr add 192.0.2.10/24 dev net1",
+            "/var/run/netns/cni-1: addr add 2001:db8::10/64 dev net1",
+            "/var/run/netns/cni-1: link set net1 up",
+            "/var/run/netns/cni-1: route add 203.0.113.0/24 via 192.0.2.1 dev net1",
+            "/var/run/netns/cni-1: link set net1 netns host name ens1f0v0 mtu 1500 address aa:00:00:00:00:01",
+        ]
+    );
+    let home = k.links(&Ns::Host);
+    assert_eq!(
+        (home[0].name.as_str(), home[0].up, home[0].addresses.len()),
+        ("ens1f0v0", false, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_device_with_a_host_address_costs_three_more_to_restore() {
+    // Up with 198.51.100.5/24 on the host.
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    assert_eq!(k.requests(), 10);
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    // + the host lookup and the address, + up.
+    assert_eq!(k.requests(), 15);
+    let log = k.log();
+    assert_eq!(
+        log[log.len() - 3..],
+        [
+            "/var/run/netns/cni-1: link set net1 netns host name ens1f0v0 mtu 1500 address aa:00:00:00:00:01",
+            "host: addr add 198.51.100.5/24 dev ens1f0v0",
+            "host: link set ens1f0v0 up",
+        ]
+    );
+    let home = k.links(&Ns::Host);
+    let dev = home.iter().find(|l| l.name == "ens1f0v0").unwrap();
+    assert!(dev.up);
+    assert_eq!(dev.addresses, vec![cidr("198.51.100.5/24")]);
+}
+
+#[tokio::test]
+async fn a_child_cycle_makes_thirteen_requests() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Child {
+        child: ChildKind::Macvlan("bridge".into()),
+        uplink: None,
+    });
+    let mut count = 0;
+    let restore = capture(&k, &p).await.unwrap();
+    assert_eq!(since(&k, &mut count), 2);
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    // Pod name check, parent lookup, the creation, the pod lookup, two addresses, up, route.
+    assert_eq!(since(&k, &mut count), 8);
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    // The pod lookup, the delete (index known), the check for an old version's leftover.
+    assert_eq!(since(&k, &mut count), 3);
+}
+
+#[tokio::test]
+async fn a_move_onto_a_taken_name_moves_the_device_and_fails_like_the_kernel() {
+    let k = bench_kernel();
+    k.add_link(
+        &pod(),
+        "net1",
+        1500,
+        [0xcc, 0, 0, 0, 0, 1],
+        Some("veth"),
+        &[],
+    );
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    let change = LinkChange {
+        name: Some("net1".into()),
+        ..Default::default()
+    };
+    let err = host
+        .move_link("ens1f0v0", &pod(), &change)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("File exists"), "{err}");
+    let names: Vec<_> = k.links(&pod()).into_iter().map(|l| l.name).collect();
+    assert_eq!(names, ["net1", "ens1f0v0"]);
+}
