@@ -368,6 +368,8 @@ fn main() -> anyhow::Result<()> {
     let mut floor = Samples::default();
     let mut above = AboveMoves::default();
     let mut requests = Breakdown::new();
+    // Netlink requests knic sent in the measured cycles (the floor's moves not included).
+    let mut netlink_requests = 0u64;
 
     runtime.block_on(async {
         for i in 0..run.warmup {
@@ -379,7 +381,9 @@ fn main() -> anyhow::Result<()> {
         }
         for i in 0..run.cycles {
             let last = i + 1 == run.cycles;
+            let sent_before = timed.inner().requests();
             let (k, made) = knic_cycle(&timed, &plan, &pod, last).await?;
+            netlink_requests += timed.inner().requests() - sent_before;
             above
                 .knic
                 .push((k.0 + k.1).saturating_sub(spent_in(&made, "move_link")));
@@ -418,6 +422,11 @@ fn main() -> anyhow::Result<()> {
     for line in timed::per_round(&requests, run.cycles) {
         println!("  {line}");
     }
+    println!(
+        "knic's netlink requests per cycle: {:.1} (a lookup or dump counts one, a change one \
+         per object; capture + attach + detach)",
+        netlink_requests as f64 / run.cycles.max(1) as f64
+    );
     println!();
     if run.smoke {
         println!(

@@ -27,6 +27,10 @@ use libtest_mimic::Failed;
 mod bandwidth;
 use bandwidth::{egress_limit_on_a_macvlan_child, egress_limit_on_a_moved_veth, has_tc};
 
+// Netlink requests per cycle against the real kernel (issue 14).
+#[path = "kernel_netns/requests.rs"]
+mod requests;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -691,6 +695,12 @@ fn main() {
         (
             "kernel/veth_attach_detach_ipv4_ipv6_routes_mtu_mac_rename",
             |k| Box::pin(veth_attach_detach(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/requests_per_attach_detach_cycle",
+            |k| Box::pin(requests::requests_per_cycle(k)),
             unisolated.clone(),
             false,
         ),
