@@ -29,13 +29,14 @@ async fn cycle(host_ifname: &str, pod: &Netns) -> anyhow::Result<[u64; 3]> {
     ensure!(link.up && link.addresses == p.addresses, "{link:?}");
     let attached = k.requests();
     detach(&k, &p, Some(&ns), &restore).await?;
+    let detached = k.requests() - attached;
     let back = host_link(&k, host_ifname).await?;
     ensure!(
         back.as_ref() == Some(&restore.host),
         "{back:?} != {:?}",
         restore.host
     );
-    Ok([captured, attached - captured, k.requests() - attached])
+    Ok([captured, attached - captured, detached])
 }
 
 /// The attach bench's case (a device down on the host, without addresses): 12 requests; one
