@@ -1,7 +1,8 @@
 //! A recording fake kernel: namespaces with links, addresses, routes and sysctls in memory,
 //! every operation logged as a line, and failures injectable. It models the kernel behaviour
-//! the executor relies on (a move flushes addresses and routes and brings the link down; a name
-//! clash in the target fails; a deleted namespace hands physical devices back to the host under
+//! the executor relies on (a move flushes addresses and routes and brings the link down; a move
+//! onto a name taken in the target moves the device anyway and then fails the rename, as Linux
+//! does; a deleted namespace hands physical devices back to the host under
 //! a free name and destroys virtual ones), so attach/detach/undo logic is tested without root,
 //! and what this kernel cannot do (VLAN without 8021q) is asserted at the message level.
 
