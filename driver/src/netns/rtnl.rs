@@ -79,7 +79,9 @@ impl Rtnl {
 /// One rtnetlink socket in one namespace.
 pub struct RtnlSession {
     handle: Handle,
-    task: tokio::task::JoinHandle<()>,
+    /// The connection task this session owns (a pod's), aborted with it; `None` for a host
+    /// session, whose connection is shared (see [`host_connection`]).
+    task: Option<tokio::task::JoinHandle<()>>,
     /// The namespace file, for sysctl writes (`None`: the process's own).
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
@@ -91,7 +93,9 @@ pub struct RtnlSession {
 
 impl Drop for RtnlSession {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -138,6 +142,45 @@ impl Drop for Return {
     }
 }
 
+/// A new rtnetlink socket in the namespace at `path` (`None`: the thread's own), its
+/// connection driven by a task of the current runtime.
+fn connect(path: Option<&Path>) -> std::io::Result<(Handle, tokio::task::JoinHandle<()>)> {
+    let runtime = tokio::runtime::Handle::current();
+    let (connection, handle, _) = in_namespace(path, || {
+        let _entered = runtime.enter();
+        rtnetlink::new_connection()
+    })?;
+    Ok((handle, tokio::spawn(connection)))
+}
+
+/// Host connections of this thread, by host namespace path: (path, handle, connection task).
+type HostConnections = Vec<(Option<PathBuf>, Handle, tokio::task::JoinHandle<()>)>;
+
+thread_local! {
+    static HOST_CONNECTIONS: std::cell::RefCell<HostConnections> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The host namespace's rtnetlink socket, opened once and shared by every host session (a
+/// netlink connection multiplexes concurrent requests by sequence number), so a host session
+/// costs no socket, task or first-request set-up. Kept per thread: the connection task runs
+/// on the runtime that opened it, and a thread runs one runtime at a time (tests and
+/// benchmarks build a runtime per case); a connection whose runtime is gone (its task
+/// finished) is replaced. The host socket keeps no pod namespace alive, unlike a pod's.
+fn host_connection(path: Option<&Path>) -> Result<Handle> {
+    HOST_CONNECTIONS.with(|cell| {
+        let mut connections = cell.borrow_mut();
+        connections.retain(|(_, _, task)| !task.is_finished());
+        if let Some((_, handle, _)) = connections.iter().find(|(p, _, _)| p.as_deref() == path) {
+            return Ok(handle.clone());
+        }
+        let (handle, task) =
+            connect(path).map_err(io("opening rtnetlink in namespace host".to_owned()))?;
+        connections.push((path.map(Path::to_path_buf), handle.clone(), task));
+        Ok(handle)
+    })
+}
+
 impl Kernel for Rtnl {
     type Session = RtnlSession;
 
@@ -151,13 +194,14 @@ impl Kernel for Rtnl {
                 Some(p.clone())
             }
         };
-        let runtime = tokio::runtime::Handle::current();
-        let (connection, handle, _) = in_namespace(ns_path.as_deref(), || {
-            let _entered = runtime.enter();
-            rtnetlink::new_connection()
-        })
-        .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
-        let task = tokio::spawn(connection);
+        let (handle, task) = match ns {
+            Ns::Host => (host_connection(ns_path.as_deref())?, None),
+            Ns::Pod(_) => {
+                let (handle, task) = connect(ns_path.as_deref())
+                    .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
+                (handle, Some(task))
+            }
+        };
         Ok(Some(RtnlSession {
             handle,
             task,
