@@ -1,5 +1,6 @@
-//! The kernel, through rtnetlink. Each session owns one netlink socket created inside its
-//! namespace: a socket stays bound to the namespace it was created in, so the calling thread
+//! The kernel, through rtnetlink. Each pod session owns one netlink socket created inside its
+//! namespace (host sessions share one, see [`host_connection`]): a socket stays bound to the
+//! namespace it was created in, so the calling thread
 //! `setns`es into the pod's namespace only for the synchronous call that creates the socket
 //! (or opens sysctl files) and straight back, with no await in between, so no other task ever
 //! runs there. A session in the process's own namespace needs no switch at all. (A thread per
