@@ -36,6 +36,10 @@ use vf::{sriov_pf, vf_requests_on_a_device_without_vfs, vf_settings_on_sriov_har
 #[path = "kernel_netns/requests.rs"]
 mod requests;
 
+// IPv4 sysctls as attributes of the move (issue 14).
+#[path = "kernel_netns/sysctl.rs"]
+mod sysctl;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -208,7 +212,8 @@ async fn name_clash(k: &Rtnl) -> anyhow::Result<()> {
 }
 
 /// Sysctls written through the host's `/proc/sys/net` mounted elsewhere (what the chart does
-/// for an unprivileged driver) land in the pod's namespace.
+/// for an unprivileged driver) land in the pod's namespace. IPv6 ones, as IPv4 devconf ones
+/// go with the move, not through the files.
 async fn sysctls_through_a_mounted_proc_sys_net(_: &Rtnl) -> anyhow::Result<()> {
     let pod = Netns::new("knt-pod-s")?;
     let _links = Links(vec!["knt-s0"]);
@@ -225,14 +230,15 @@ async fn sysctls_through_a_mounted_proc_sys_net(_: &Rtnl) -> anyhow::Result<()> 
         None::<&str>,
     )?;
     let k = Rtnl::new(None).with_sysctl_root(&mount);
-    let p = plan("knt-s0", AttachMode::Move);
+    let mut p = plan("knt-s0", AttachMode::Move);
+    p.sysctls = BTreeMap::from([("ipv6.accept_ra".to_owned(), "0".to_owned())]);
     let outcome = async {
         let restore = capture(&k, &p).await?;
         attach(&k, &p, &Ns::Pod(pod.path()), &restore, false).await?;
-        let arp = in_netns(&pod.path(), || {
-            std::fs::read_to_string("/proc/sys/net/ipv4/conf/net1/arp_ignore")
+        let ra = in_netns(&pod.path(), || {
+            std::fs::read_to_string("/proc/sys/net/ipv6/conf/net1/accept_ra")
         })??;
-        ensure!(arp.trim() == "1", "arp_ignore {arp}");
+        ensure!(ra.trim() == "0", "accept_ra {ra}");
         detach(&k, &p, Some(&Ns::Pod(pod.path())), &restore).await?;
         anyhow::Ok(())
     }
@@ -638,6 +644,12 @@ fn main() {
         (
             "kernel/requests_per_attach_detach_cycle",
             |k| Box::pin(requests::requests_per_cycle(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ipv4_sysctls_ride_on_the_move",
+            |k| Box::pin(sysctl::ipv4_sysctls_ride_on_the_move(k)),
             unisolated.clone(),
             false,
         ),

@@ -5,7 +5,7 @@
 
 use super::{
     AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Restore, Session, Tbf, detach,
-    is_same_device, open, uplink, vf,
+    is_same_device, open, sysctl, uplink, vf,
 };
 use crate::error::{Error, Result};
 
@@ -56,7 +56,8 @@ pub async fn attach<K: Kernel>(
             }
         };
         if ours && resume {
-            configure_in_pod(plan, netns, &mut pod).await?;
+            // Every sysctl as a file: the cut-short attach may not have set any.
+            configure_in_pod(plan, &plan.sysctls, netns, &mut pod).await?;
             return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
                 Error::kernel(
                     netns,
@@ -102,11 +103,22 @@ async fn attach_steps<S: Session>(
     pod: &mut S,
     done: &mut Vec<Done>,
 ) -> Result<LinkState> {
-    let into_pod = LinkChange {
+    let mut into_pod = LinkChange {
         name: Some(plan.pod_ifname.clone()),
         mtu: plan.mtu,
         mac: plan.mac,
         up: None,
+        ipv4_conf: Vec::new(),
+    };
+    // A move carries the IPv4 devconf sysctls; a creation would ignore them, so a child
+    // gets them all as files.
+    let files = match plan.mode.new_child() {
+        None => {
+            let split = sysctl::split(&plan.sysctls);
+            into_pod.ipv4_conf = split.ipv4_conf;
+            split.files
+        }
+        Some(_) => plan.sysctls.clone(),
     };
     // Through the PF while the VF is still on the host, so the pod never sees it
     // unconfigured (a VF driver may reset on a MAC or trust change).
@@ -128,7 +140,7 @@ async fn attach_steps<S: Session>(
     }
     match plan.mode.new_child() {
         None => {
-            // One RTM_NEWLINK: namespace, final name, MTU and MAC together.
+            // One RTM_NEWLINK: namespace, final name, MTU, MAC and IPv4 sysctls together.
             host.move_link(&plan.host_ifname, netns, &into_pod).await?;
             done.push(Done::Moved);
             crate::failpoint::hit("attach:after-move");
@@ -149,10 +161,11 @@ async fn attach_steps<S: Session>(
             done.push(Done::CreatedChild);
         }
     }
-    configure_in_pod(plan, netns, pod).await
+    configure_in_pod(plan, &files, netns, pod).await
 }
 
-/// Inside the pod: sysctls first (arp/ra settings must hold before the link is up), then
+/// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
+/// up; IPv4 ones a move carried are already set), then
 /// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
 /// route needs its link up). Each step accepts what is already in place, so it can be
 /// repeated after a crash. Returns the link as it now is: read once before the changes (the
@@ -160,12 +173,13 @@ async fn attach_steps<S: Session>(
 /// the device has exactly the plan's global addresses: the kernel flushed the others).
 async fn configure_in_pod<S: Session>(
     plan: &AttachPlan,
+    files: &std::collections::BTreeMap<String, String>,
     netns: &Ns,
     pod: &mut S,
 ) -> Result<LinkState> {
     let vanished = |what: String| Error::kernel(netns, what, "the interface vanished from the pod");
-    if !plan.sysctls.is_empty() {
-        pod.set_sysctls(&plan.pod_ifname, &plan.sysctls).await?;
+    if !files.is_empty() {
+        pod.set_sysctls(&plan.pod_ifname, files).await?;
     }
     let mut link = pod
         .find_link(&plan.pod_ifname)

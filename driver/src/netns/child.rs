@@ -107,6 +107,7 @@ mod tests {
             mtu: Some(9000),
             mac: Some([2, 0, 0, 0, 0, 0x10]),
             up: None,
+            ipv4_conf: Vec::new(),
         };
         let message = new_link_message(
             "net1",

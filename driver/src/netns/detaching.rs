@@ -71,6 +71,7 @@ async fn detach_device<K: Kernel>(
         mtu: Some(original.mtu),
         mac: original.mac,
         up: None,
+        ipv4_conf: Vec::new(),
     };
     if let Some(kind) = plan.mode.child_kind() {
         // The child dies with the pod namespace; otherwise delete it there. A VLAN child left

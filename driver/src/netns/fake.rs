@@ -263,7 +263,33 @@ fn describe(change: &LinkChange) -> String {
         Some(false) => parts.push("down".into()),
         None => {}
     }
+    if !change.ipv4_conf.is_empty() {
+        let conf: Vec<String> = change
+            .ipv4_conf
+            .iter()
+            .map(|(id, v)| format!("{}={}", devconf_key(*id), v.cast_signed()))
+            .collect();
+        parts.push(format!("ipv4conf {}", conf.join(",")));
+    }
     parts.join(" ")
+}
+
+/// The sysctl key a devconf id is recorded under (as a plan spells it).
+fn devconf_key(id: u16) -> String {
+    match super::sysctl::devconf_name(id) {
+        Some(name) => format!("ipv4.{name}"),
+        None => format!("ipv4.devconf{id}"),
+    }
+}
+
+/// Records the IPv4 sysctls a link request carried, as a sysctl file write would.
+fn set_ipv4_conf(s: &mut State, ns: &Ns, ifname: &str, change: &LinkChange) {
+    for (id, value) in &change.ipv4_conf {
+        s.sysctls.insert(
+            (ns.clone(), ifname.to_owned(), devconf_key(*id)),
+            value.cast_signed().to_string(),
+        );
+    }
 }
 
 impl FakeSession {
@@ -460,6 +486,8 @@ impl Session for FakeSession {
         link.up = false;
         if !renamed_onto_taken {
             apply(&mut link, change);
+            // Applied last, to the device as the pod now has it.
+            set_ipv4_conf(&mut s, to, &link.name, change);
         }
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
@@ -498,6 +526,8 @@ impl Session for FakeSession {
         match find(&mut s, &ns, name) {
             Some(link) => {
                 apply(link, change);
+                let now = link.name.clone();
+                set_ipv4_conf(&mut s, &ns, &now, change);
                 // A qdisc belongs to the device, whatever it is called.
                 if let Some(new) = &change.name
                     && let Some(tbf) = s.qdiscs.remove(&(ns.clone(), name.to_owned()))

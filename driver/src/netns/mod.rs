@@ -15,6 +15,7 @@ mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod rtnl;
+pub mod sysctl;
 pub mod tbf;
 pub mod uplink;
 pub mod vf;
@@ -159,6 +160,10 @@ pub struct LinkChange {
     pub mac: Option<[u8; 6]>,
     /// Admin state.
     pub up: Option<bool>,
+    /// IPv4 per-interface sysctls as (`IPV4_DEVCONF_*` id, value), see [`sysctl`]. The
+    /// kernel applies them after the admin state, so a change that has them must not set
+    /// `up`; only a move sends them (a creation ignores `IFLA_AF_SPEC`).
+    pub ipv4_conf: Vec<(u16, u32)>,
 }
 
 /// Operations inside one namespace. A session is opened per attach/detach and dropped after,

@@ -406,6 +406,17 @@ impl RtnlSession {
 }
 
 impl RtnlSession {
+    /// `IFLA_AF_SPEC` with the change's IPv4 sysctls, if it has any (raw: the crate's
+    /// `DevConfRequest` leaves out every zero value, so it cannot set one to 0).
+    fn add_ipv4_conf(msg: &mut LinkMessage, change: &LinkChange) {
+        if !change.ipv4_conf.is_empty() {
+            msg.attributes
+                .push(LinkAttribute::AfSpecUnknown(super::sysctl::af_spec(
+                    &change.ipv4_conf,
+                )));
+        }
+    }
+
     /// Sends every request (creations: an existing object is fine) before reading the first
     /// answer, so the kernel's acknowledgements come back in one round trip. The first
     /// failure is returned with its request's context.
@@ -466,11 +477,13 @@ impl Session for RtnlSession {
         };
         let fd =
             File::open(&target).map_err(io(format!("opening namespace {}", target.display())))?;
-        // IFLA_NET_NS_FD plus IFLA_IFNAME/IFLA_MTU/IFLA_ADDRESS in one RTM_NEWLINK: the kernel
-        // moves first, then applies the rest inside the target namespace.
-        let msg = Self::change_message(index, change)
+        // IFLA_NET_NS_FD plus IFLA_IFNAME/IFLA_MTU/IFLA_ADDRESS/IFLA_AF_SPEC in one
+        // RTM_NEWLINK: the kernel moves first, then applies the rest inside the target
+        // namespace (the IPv4 sysctls to the device's new in_device).
+        let mut msg = Self::change_message(index, change)
             .setns_by_fd(fd.as_raw_fd())
             .build();
+        Self::add_ipv4_conf(&mut msg, change);
         // Gone from this namespace, also when the kernel moved it and then refused the name.
         self.indexes.remove(name);
         self.sent(1);
@@ -484,7 +497,8 @@ impl Session for RtnlSession {
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
         let index = self.index(name).await?;
-        let msg = Self::change_message(index, change).build();
+        let mut msg = Self::change_message(index, change).build();
+        Self::add_ipv4_conf(&mut msg, change);
         self.sent(1);
         self.handle
             .link()

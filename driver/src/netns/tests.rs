@@ -70,8 +70,7 @@ async fn attach_moves_with_one_message_and_configures_in_order() {
     assert_eq!(
         k.log(),
         vec![
-            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1 mtu 9000 address 02:00:00:00:00:10",
-            "/var/run/netns/cni-1: sysctl net1 ipv4.arp_ignore=1",
+            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1 mtu 9000 address 02:00:00:00:00:10 ipv4conf ipv4.arp_ignore=1",
             "/var/run/netns/cni-1: addr add 192.0.2.10/24 dev net1",
             "/var/run/netns/cni-1: addr add 2001:db8::10/64 dev net1",
             "/var/run/netns/cni-1: link set net1 up",
@@ -105,6 +104,7 @@ async fn resuming_a_cut_short_attach_completes_the_configuration() {
             mtu: Some(9000),
             mac: p.mac,
             up: None,
+            ipv4_conf: vec![(19, 1)],
         },
     )
     .await

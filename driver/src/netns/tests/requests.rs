@@ -144,3 +144,54 @@ async fn a_move_onto_a_taken_name_moves_the_device_and_fails_like_the_kernel() {
     let names: Vec<_> = k.links(&pod()).into_iter().map(|l| l.name).collect();
     assert_eq!(names, ["net1", "ens1f0v0"]);
 }
+
+#[tokio::test]
+async fn ipv4_sysctls_ride_on_the_move_and_cost_no_request() {
+    let k = bench_kernel();
+    let sysctls: BTreeMap<String, String> = [
+        ("ipv4.arp_ignore", "1"),
+        ("net.ipv4.conf.net1.rp_filter", "0"),
+        ("ipv4.forwarding", "1"),
+        ("ipv6.accept_ra", "0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let p = AttachPlan {
+        sysctls,
+        ..bench_plan()
+    };
+    let restore = capture(&k, &p).await.unwrap();
+    let mut count = k.requests();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    // As many as without sysctls.
+    assert_eq!(since(&k, &mut count), 8);
+    // Both devconf ones in the move (rp_filter as 0: a zero is sent too); forwarding (its
+    // proc handler has side effects) and IPv6 stay files, written before the link goes up.
+    assert_eq!(
+        k.log()[..3],
+        [
+            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1 ipv4conf ipv4.rp_filter=0,ipv4.arp_ignore=1",
+            "/var/run/netns/cni-1: sysctl net1 ipv4.forwarding=1 ipv6.accept_ra=0",
+            "/var/run/netns/cni-1: addr add 192.0.2.10/24 dev net1",
+        ]
+    );
+    assert_eq!(
+        k.sysctl(&pod(), "net1", "ipv4.rp_filter").as_deref(),
+        Some("0")
+    );
+}
+
+#[tokio::test]
+async fn a_child_gets_its_sysctls_as_files_as_a_creation_ignores_them() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Vlan { id: 100 });
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    let log = k.log();
+    assert!(!log[0].contains("ipv4conf"), "{log:?}");
+    assert_eq!(
+        log[1],
+        "/var/run/netns/cni-1: sysctl net1 ipv4.arp_ignore=1"
+    );
+}
