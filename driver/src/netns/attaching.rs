@@ -110,8 +110,8 @@ async fn attach_steps<S: Session>(
         up: None,
         ipv4_conf: Vec::new(),
     };
-    // A move carries the IPv4 devconf sysctls; a creation would ignore them, so a child
-    // gets them all as files.
+    // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT, seen
+    // on 6.18), so a child gets them all as files.
     let files = match plan.mode.new_child() {
         None => {
             let split = sysctl::split(&plan.sysctls);

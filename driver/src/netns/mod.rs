@@ -162,7 +162,8 @@ pub struct LinkChange {
     pub up: Option<bool>,
     /// IPv4 per-interface sysctls as (`IPV4_DEVCONF_*` id, value), see [`sysctl`]. The
     /// kernel applies them after the admin state, so a change that has them must not set
-    /// `up`; only a move sends them (a creation ignores `IFLA_AF_SPEC`).
+    /// `up`; only a move and a change send them (a creation with `IFLA_AF_SPEC` fails with
+    /// EAFNOSUPPORT).
     pub ipv4_conf: Vec<(u16, u32)>,
 }
 

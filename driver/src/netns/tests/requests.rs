@@ -183,7 +183,7 @@ async fn ipv4_sysctls_ride_on_the_move_and_cost_no_request() {
 }
 
 #[tokio::test]
-async fn a_child_gets_its_sysctls_as_files_as_a_creation_ignores_them() {
+async fn a_child_gets_its_sysctls_as_files_as_a_creation_refuses_them() {
     let (k, _) = kernel();
     let p = plan(AttachMode::Vlan { id: 100 });
     let restore = capture(&k, &p).await.unwrap();
