@@ -111,14 +111,17 @@ async fn attach_steps<S: Session>(
         ipv4_conf: Vec::new(),
     };
     // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT, seen
-    // on 6.18), so a child gets them all as files.
+    // on 6.18), so a child gets them all as files. So does a move to an MTU too small for
+    // IPv4: the kernel drops the device's in_device at that MTU change, after the move and
+    // before the sysctls, so the request would fail with the device already in the pod,
+    // where no undo looks for it; as files they fail after the move is recorded, and undo.
     let files = match plan.mode.new_child() {
-        None => {
+        None if plan.mtu.is_none_or(|m| m >= sysctl::MIN_IPV4_MTU) => {
             let split = sysctl::split(&plan.sysctls);
             into_pod.ipv4_conf = split.ipv4_conf;
             split.files
         }
-        Some(_) => plan.sysctls.clone(),
+        _ => plan.sysctls.clone(),
     };
     // Through the PF while the VF is still on the host, so the pod never sees it
     // unconfigured (a VF driver may reset on a MAC or trust change).

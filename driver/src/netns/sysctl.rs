@@ -21,6 +21,10 @@
 
 use std::collections::BTreeMap;
 
+/// The smallest MTU at which a device keeps IPv4 (and its devconf): the kernel's
+/// `inetdev_valid_mtu`.
+pub const MIN_IPV4_MTU: u32 = 68;
+
 /// `IFLA_INET_CONF` inside the `AF_INET` entry of `IFLA_AF_SPEC`.
 const IFLA_INET_CONF: u16 = 1;
 /// `AF_INET`: the entry's type inside `IFLA_AF_SPEC`.

@@ -195,3 +195,22 @@ async fn a_child_gets_its_sysctls_as_files_as_a_creation_refuses_them() {
         "/var/run/netns/cni-1: sysctl net1 ipv4.arp_ignore=1"
     );
 }
+
+#[tokio::test]
+async fn below_the_ipv4_mtu_the_sysctls_stay_files_so_a_failure_is_undone() {
+    let k = bench_kernel();
+    let p = AttachPlan {
+        mtu: Some(60),
+        sysctls: BTreeMap::from([("ipv4.arp_ignore".to_owned(), "1".to_owned())]),
+        ..bench_plan()
+    };
+    let restore = capture(&k, &p).await.unwrap();
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    assert_eq!(
+        k.log()[..2],
+        [
+            "host: link set ens1f0v0 netns /var/run/netns/cni-1 name net1 mtu 60",
+            "/var/run/netns/cni-1: sysctl net1 ipv4.arp_ignore=1",
+        ]
+    );
+}
