@@ -110,8 +110,8 @@ async fn attach_steps<S: Session>(
         up: None,
         ipv4_conf: Vec::new(),
     };
-    // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT, seen
-    // on 6.18), so a child gets them all as files. So does a move to an MTU too small for
+    // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT on 6.1
+    // and 6.18), so a child gets them all as files. So does a move to an MTU too small for
     // IPv4: the kernel drops the device's in_device at that MTU change, after the move and
     // before the sysctls, so the request would fail with the device already in the pod,
     // where no undo looks for it; as files they fail after the move is recorded, and undo.

@@ -1,8 +1,8 @@
 //! IPv4 per-interface sysctls sent as netlink attributes: `IFLA_AF_SPEC` → `AF_INET` →
 //! `IFLA_INET_CONF`, a nested list of (`IPV4_DEVCONF_*` id, u32 value), carried by the move
 //! request itself, so a plan's IPv4 sysctls cost no request and no file write in the pod.
-//! Only a move: a child's creation with `IFLA_AF_SPEC` fails (EAFNOSUPPORT, seen on 6.18),
-//! so a child keeps file writes.
+//! Only a move: a child's creation with `IFLA_AF_SPEC` fails (EAFNOSUPPORT on 6.1 and
+//! 6.18), so a child keeps file writes.
 //!
 //! The kernel applies `IFLA_AF_SPEC` last in `do_setlink`: after the namespace change (so to
 //! the device's new `in_device`, whose defaults the move reset to the pod's) and after the
