@@ -12,7 +12,7 @@
 //! is not on disk except [`ClaimStore::note`]s, which are in-memory by design.
 
 use std::sync::Mutex as StdMutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{Mutex, MutexGuard, oneshot, watch};
 
@@ -48,6 +48,8 @@ pub struct ClaimStore {
     queue: StdMutex<Queue>,
     /// Checkpoint files written by this store, for tests and benchmarks.
     writes: AtomicU64,
+    /// Notes applied to the state since the last write: the file lags behind memory.
+    noted: AtomicBool,
     /// Bumped after every change to the prepared set, so the publisher re-merges retained
     /// devices.
     changes: watch::Sender<u64>,
@@ -85,6 +87,7 @@ impl ClaimStore {
             state: Mutex::new(checkpoint),
             queue: StdMutex::default(),
             writes: AtomicU64::new(0),
+            noted: AtomicBool::new(false),
             changes: watch::channel(0).0,
         }
     }
@@ -103,8 +106,11 @@ impl ClaimStore {
             state: self.state.lock().await,
         };
         let notes = std::mem::take(&mut self.queue().notes);
-        if let Ok(checkpoint) = locked.state.as_mut() {
+        if let Ok(checkpoint) = locked.state.as_mut()
+            && !notes.is_empty()
+        {
             apply(checkpoint, notes);
+            self.noted.store(true, Ordering::Relaxed);
         }
         locked
     }
@@ -197,6 +203,17 @@ impl ClaimStore {
         queue.notes.push((uid.to_owned(), Box::new(change)));
     }
 
+    /// Writes the notes no durable write has carried yet (at a clean shutdown, so a restart
+    /// trusts them instead of re-checking the kernel); nothing when there are none.
+    pub async fn flush(&self) -> Result<()> {
+        let mut locked = self.lock().await;
+        if !self.noted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let next = locked.checkpoint()?.clone();
+        locked.write(next, false).await
+    }
+
     /// How many checkpoint files this store has written since it was opened.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
@@ -278,6 +295,8 @@ impl Locked<'_> {
             .await
             .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))??;
         self.store.writes.fetch_add(1, Ordering::Relaxed);
+        // The state written includes every note applied so far (under this lock).
+        self.store.noted.store(false, Ordering::Relaxed);
         *self.state = Ok(next);
         if membership {
             self.store.changes.send_modify(|n| *n += 1);

@@ -119,6 +119,21 @@ async fn a_note_is_read_at_once_and_reaches_the_disk_with_the_next_write() {
 }
 
 #[tokio::test]
+async fn flush_writes_pending_notes_once_and_nothing_without_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(dir.path(), 1).await;
+    let before = store.writes();
+    store.flush().await.expect("flush");
+    assert_eq!(store.writes(), before, "nothing noted, nothing written");
+    store.note("c0", |c| c.prepared_at = 3);
+    store.flush().await.expect("flush");
+    assert_eq!(store.writes() - before, 1);
+    assert_eq!(on_disk(dir.path()).claims["c0"].prepared_at, 3);
+    store.flush().await.expect("again");
+    assert_eq!(store.writes() - before, 1, "already on disk");
+}
+
+#[tokio::test]
 async fn a_failed_write_fails_every_caller_it_carried_and_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     drop(store(dir.path(), 2).await);
