@@ -591,7 +591,10 @@ impl Env {
 
 /// `kill -9` (an abort at a failpoint) after the checkpoint, mid-attach and mid-detach, each
 /// followed by a restart: Synchronize plus the checkpoint converge, no interface is lost, nothing
-/// is attached twice, and the host gets back its address and state.
+/// is attached twice, and the host gets back its address and state. `attach:after-checkpoint`
+/// fires once per pod, after the one durable write that records all its devices; after
+/// `attach:after-move` the "attached" mark was never written (it is only noted in memory), so
+/// the restart must find the device in the pod and finish it, not trust or repeat the move.
 async fn crash_at_every_step_converges(env: &mut Env) -> anyhow::Result<()> {
     ip(&["addr", "add", "192.0.2.99/32", "dev", &env.dev(0)])?;
     let before = (
