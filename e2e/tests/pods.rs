@@ -659,6 +659,24 @@ async fn crash_at_every_step_converges(env: &mut Env) -> anyhow::Result<()> {
             ip(&["-n", &ns.0, "-o", "link"])?.lines().count() == 2,
             "lo and net1 only"
         );
+        // kill -9 with the attach finished: its "attached" mark was only in memory, so the
+        // restart finds a recorded, unmarked device, checks the kernel and leaves it as it is.
+        env.driver.kill9().await?;
+        env.restart_driver(None, vec![pod.clone()]).await?;
+        let addr = ip(&["-n", &ns.0, "addr", "show", "net1"])
+            .with_context(|| format!("{failpoint}: net1 missing after kill -9"))?;
+        ensure!(
+            addr.contains("192.0.2.10/24") && addr.contains("UP"),
+            "{failpoint}, after kill -9: {addr}"
+        );
+        ensure!(
+            ip(&["-n", &ns.0, "route", "show", "203.0.113.0/24"])?.contains("via 192.0.2.1"),
+            "{failpoint}, after kill -9: route"
+        );
+        ensure!(
+            ip(&["-n", &ns.0, "-o", "link"])?.lines().count() == 2,
+            "{failpoint}, after kill -9: lo and net1 only"
+        );
 
         // The driver dies mid-detach: the device is back on the host but not yet restored.
         env.restart_driver(Some("detach:after-move"), vec![pod.clone()])
