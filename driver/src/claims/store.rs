@@ -26,6 +26,8 @@ pub type Change = (String, Box<dyn FnOnce(&mut PreparedClaim) + Send>);
 struct Waiting {
     id: u64,
     changes: Vec<Change>,
+    /// A newly prepared claim to add (a change to the set of claims).
+    insert: Option<PreparedClaim>,
     done: oneshot::Sender<Result<()>>,
 }
 
@@ -158,14 +160,41 @@ impl ClaimStore {
         if changes.is_empty() {
             return Ok(());
         }
-        let (done, mut outcome) = oneshot::channel();
-        let id = {
-            let mut queue = self.queue();
-            let id = queue.next_id;
-            queue.next_id += 1;
-            queue.durable.push(Waiting { id, changes, done });
-            id
-        };
+        self.queue_and_write(changes, None).await
+    }
+
+    /// Queues a durable change and waits for the write that carries it: the caller's own,
+    /// or an earlier writer's that took it along.
+    async fn queue_and_write(
+        &self,
+        changes: Vec<Change>,
+        insert: Option<PreparedClaim>,
+    ) -> Result<()> {
+        let (id, outcome) = self.enqueue(changes, insert);
+        self.written(id, outcome).await
+    }
+
+    fn enqueue(
+        &self,
+        changes: Vec<Change>,
+        insert: Option<PreparedClaim>,
+    ) -> (u64, oneshot::Receiver<Result<()>>) {
+        let (done, outcome) = oneshot::channel();
+        let mut queue = self.queue();
+        let id = queue.next_id;
+        queue.next_id += 1;
+        queue.durable.push(Waiting {
+            id,
+            changes,
+            insert,
+            done,
+        });
+        (id, outcome)
+    }
+
+    /// Waits until queued change `id` is written (or its write failed), writing it if no
+    /// earlier writer took it along.
+    async fn written(&self, id: u64, mut outcome: oneshot::Receiver<Result<()>>) -> Result<()> {
         let mut unqueue = Unqueue {
             store: self,
             id,
@@ -177,22 +206,18 @@ impl ClaimStore {
         unqueue.armed = false;
         match outcome.try_recv() {
             Ok(result) => return result,
-            Err(oneshot::error::TryRecvError::Closed) => {
-                return Err(Error::io(
-                    "writing the checkpoint",
-                    std::io::Error::other("the write carrying this change was abandoned"),
-                ));
-            }
+            Err(oneshot::error::TryRecvError::Closed) => return Err(abandoned()),
             Err(oneshot::error::TryRecvError::Empty) => {}
         }
-        let next = locked.checkpoint()?.clone();
+        let next = match locked.checkpoint() {
+            Ok(now) => now.clone(),
+            Err(e) => {
+                self.queue().durable.retain(|w| w.id != id);
+                return Err(e);
+            }
+        };
         locked.commit(next, false).await?;
-        outcome.await.unwrap_or_else(|_| {
-            Err(Error::io(
-                "writing the checkpoint",
-                std::io::Error::other("the write carrying this change was abandoned"),
-            ))
-        })
+        outcome.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
     /// Changes one prepared claim in memory only: the change is seen by every later reader
@@ -225,6 +250,13 @@ impl ClaimStore {
     }
 }
 
+fn abandoned() -> Error {
+    Error::io(
+        "writing the checkpoint",
+        std::io::Error::other("the write carrying this change was abandoned"),
+    )
+}
+
 /// Applies changes to the claims they name; a claim that is gone is left alone.
 fn apply(checkpoint: &mut Checkpoint, changes: Vec<Change>) {
     for (uid, change) in changes {
@@ -252,6 +284,29 @@ impl Locked<'_> {
             .map_err(|e| Error::CheckpointUnreadable(e.to_string()))
     }
 
+    /// The checkpoint plus the claims queued to be added by the next write ([`Locked::add`]):
+    /// what a prepare checks a new claim against, since any of them may be on disk soon.
+    pub fn with_queued(&mut self) -> Result<Checkpoint> {
+        let mut view = self.checkpoint()?.clone();
+        for waiting in &self.store.queue().durable {
+            if let Some(claim) = &waiting.insert {
+                view.claims.insert(claim.uid.clone(), claim.clone());
+            }
+        }
+        Ok(view)
+    }
+
+    /// Adds a newly prepared claim durably, giving up the lock while the write is pending,
+    /// so prepares at once share writes; returns once the claim is on disk. Until then only
+    /// [`Locked::with_queued`] sees it; if the write fails it is not added at all.
+    pub async fn add(self, claim: PreparedClaim) -> Result<()> {
+        let store = self.store;
+        // Queued before the lock goes, so the next holder's checks see the claim.
+        let (id, outcome) = store.enqueue(Vec::new(), Some(claim));
+        drop(self);
+        store.written(id, outcome).await
+    }
+
     /// Writes `next` durably and makes it current; `membership` says the set of claims changed
     /// (subscribers are told). Durable changes other callers queued ride along.
     pub async fn save(&mut self, next: Checkpoint, membership: bool) -> Result<()> {
@@ -263,8 +318,13 @@ impl Locked<'_> {
     async fn commit(&mut self, mut next: Checkpoint, membership: bool) -> Result<()> {
         let batch = std::mem::take(&mut self.store.queue().durable);
         let mut answers = Vec::with_capacity(batch.len());
+        let mut membership = membership;
         for waiting in batch {
             apply(&mut next, waiting.changes);
+            if let Some(claim) = waiting.insert {
+                next.claims.insert(claim.uid.clone(), claim);
+                membership = true;
+            }
             answers.push(waiting.done);
         }
         let unchanged = matches!(&*self.state, Ok(now) if *now == next);

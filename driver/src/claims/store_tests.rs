@@ -201,3 +201,35 @@ async fn a_caller_that_gives_up_before_its_write_changes_nothing_later() {
     assert_eq!(disk.claims["c0"].prepared_at, 0);
     assert_eq!(disk.claims["c1"].prepared_at, 1);
 }
+
+#[tokio::test]
+async fn added_claims_share_writes_and_the_next_lock_holder_sees_them_queued() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(store(dir.path(), 0).await);
+    let before = store.writes();
+    let held = store.lock().await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut locked = store.lock().await;
+            let seen = locked.with_queued().expect("view").claims.len();
+            locked.add(claim(&format!("n{i}"))).await.expect("add");
+            seen
+        }));
+    }
+    // Everyone waits behind the held lock; then each checks and queues in turn.
+    tokio::task::yield_now().await;
+    drop(held);
+    let mut seen = Vec::new();
+    for task in tasks {
+        seen.push(task.await.expect("task"));
+    }
+    seen.sort_unstable();
+    // Each prepare's checks saw every claim queued or written before it.
+    assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    let writes = store.writes() - before;
+    assert!(writes < 8, "8 adds took {writes} writes");
+    assert_eq!(on_disk(dir.path()).claims.len(), 8);
+    assert_eq!(store.snapshot().await.expect("snapshot").claims.len(), 8);
+}
