@@ -604,6 +604,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    // Attach marks kept in memory reach the disk, so the next start need not re-check them.
+    if let Err(e) = wired.claims.flush().await {
+        tracing::warn!(error = %e, "could not write the last attach marks; the next start re-checks those devices");
+    }
     let _ = http_stop.send(true);
     if let Some(serving) = serving {
         let _ = serving.await;

@@ -591,7 +591,10 @@ impl Env {
 
 /// `kill -9` (an abort at a failpoint) after the checkpoint, mid-attach and mid-detach, each
 /// followed by a restart: Synchronize plus the checkpoint converge, no interface is lost, nothing
-/// is attached twice, and the host gets back its address and state.
+/// is attached twice, and the host gets back its address and state. `attach:after-checkpoint`
+/// fires once per pod, after the one durable write that records all its devices; after
+/// `attach:after-move` the "attached" mark was never written (it is only noted in memory), so
+/// the restart must find the device in the pod and finish it, not trust or repeat the move.
 async fn crash_at_every_step_converges(env: &mut Env) -> anyhow::Result<()> {
     ip(&["addr", "add", "192.0.2.99/32", "dev", &env.dev(0)])?;
     let before = (
@@ -655,6 +658,24 @@ async fn crash_at_every_step_converges(env: &mut Env) -> anyhow::Result<()> {
         ensure!(
             ip(&["-n", &ns.0, "-o", "link"])?.lines().count() == 2,
             "lo and net1 only"
+        );
+        // kill -9 with the attach finished: its "attached" mark was only in memory, so the
+        // restart finds a recorded, unmarked device, checks the kernel and leaves it as it is.
+        env.driver.kill9().await?;
+        env.restart_driver(None, vec![pod.clone()]).await?;
+        let addr = ip(&["-n", &ns.0, "addr", "show", "net1"])
+            .with_context(|| format!("{failpoint}: net1 missing after kill -9"))?;
+        ensure!(
+            addr.contains("192.0.2.10/24") && addr.contains("UP"),
+            "{failpoint}, after kill -9: {addr}"
+        );
+        ensure!(
+            ip(&["-n", &ns.0, "route", "show", "203.0.113.0/24"])?.contains("via 192.0.2.1"),
+            "{failpoint}, after kill -9: route"
+        );
+        ensure!(
+            ip(&["-n", &ns.0, "-o", "link"])?.lines().count() == 2,
+            "{failpoint}, after kill -9: lo and net1 only"
         );
 
         // The driver dies mid-detach: the device is back on the host but not yet restored.

@@ -207,7 +207,7 @@ impl CheckpointStore {
     }
 
     #[cfg(test)]
-    fn with_limit(mut self, limit: u64) -> Self {
+    pub(crate) fn with_limit(mut self, limit: u64) -> Self {
         self.limit = limit;
         self
     }

@@ -29,7 +29,7 @@ pub mod ipam;
 pub mod plan;
 mod store;
 
-pub use store::{ClaimStore, Locked};
+pub use store::{Change, ClaimStore, Locked};
 
 use crate::BoxFuture;
 use crate::cdi::CdiSpecs;
@@ -534,7 +534,9 @@ impl Preparer {
             reason,
         };
         let mut locked = self.claims.lock().await;
-        let checkpoint = locked.checkpoint()?;
+        // With the claims other prepares have queued for the next write: any of them may be
+        // on disk before this one.
+        let checkpoint = &locked.with_queued()?;
         // A concurrent call for the same claim may have won the race while we read the API.
         if let Some(done) = checkpoint.claims.get(&wanted.uid) {
             // The winner wrote the spec; a failure here must not release addresses the
@@ -590,14 +592,25 @@ impl Preparer {
             })
             .map_err(claim_error)?;
         }
-        let mut next = checkpoint.clone();
-        next.claims.insert(wanted.uid.clone(), prepared.clone());
         // The spec goes first: a spec without its claim only holds back containers of a pod
         // that has no claim yet, while a failed write after the save would fail prepare with
         // the claim (and its addresses) recorded.
         if let Some(specs) = &self.cdi {
             specs.write(&prepared)?;
         }
+        if prepared.functions.iter().all(|f| f.vfio.is_none()) {
+            // Nothing to bind under the lock: the write is shared with prepares at once.
+            locked.add(prepared.clone()).await?;
+            tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
+                devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
+            let answer = match &self.cdi {
+                Some(_) => answer_with_cdi(&prepared),
+                None => answer(&prepared),
+            };
+            return Ok((answer, prepared.allocations));
+        }
+        let mut next = locked.checkpoint()?.clone();
+        next.claims.insert(wanted.uid.clone(), prepared.clone());
         locked.save(next, true).await?;
         // Recorded first: a crash from here on leaves what unprepare needs to give them back.
         if let Err(e) = functions::bind_all(&self.pci, &prepared.functions).await {

@@ -1,9 +1,11 @@
 //! Pod networks: what happens when the runtime creates, stops and removes a pod sandbox.
 //!
-//! The NRI hooks land here. Attach executes the plans made at prepare time, recording the
-//! host state in the checkpoint *before* the first change, so a crash at any step leaves enough
-//! to put the node back; a failing attach undoes everything this hook did and fails the sandbox
-//! (the runtime tears it down and the kubelet retries). Detach puts devices back. Synchronize
+//! The NRI hooks land here. Attach ([`attach`]) executes the plans made at prepare time,
+//! recording the host state of all the pod's devices in one durable checkpoint write *before*
+//! the first change, so a crash at any step leaves enough to put the node back; a failing
+//! attach undoes everything this hook did and fails the sandbox (the runtime tears it down and
+//! the kubelet retries). Detach puts devices back and forgets their records in one write per
+//! pod. Synchronize
 //! after a (re)connect converges: devices of running pods are (re)attached, devices of pods that
 //! are gone are returned. The claim status write happens after the hook has answered.
 
@@ -20,10 +22,11 @@ use crate::claims::{ClaimStore, Release};
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NoEvents, PodRef, Warning};
 use crate::metrics::metrics;
-use crate::netns::{self, Kernel, LinkState, Ns};
+use crate::netns::{self, Kernel, Ns};
 use crate::nri::{NriHandler, PodSandbox};
 use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
 
+mod attach;
 mod uplinks;
 
 /// One device's line in a claim's `status.devices`.
@@ -244,230 +247,23 @@ impl<K: Kernel> PodNetworks<K> {
         });
     }
 
-    /// Attaches every device of the pod's claims into `netns`; all or nothing.
-    pub async fn attach_pod(&self, pod_uid: &str, pod_name: &str, netns: PathBuf) -> Result<()> {
-        let claims = self.claims.claims_for_pod(pod_uid).await?;
-        let target = Ns::Pod(netns.clone());
-        let mut done: Vec<(PreparedClaim, usize)> = Vec::new();
-        let mut statuses: Vec<(PreparedClaim, Vec<DeviceStatus>)> = Vec::new();
-        for claim in claims {
-            let mut entries = Vec::new();
-            for (i, a) in claim.attachments.iter().enumerate() {
-                match self.attach_one(&claim, i, &netns).await {
-                    Ok(link) => {
-                        done.push((claim.clone(), i));
-                        entries.push(DeviceStatus {
-                            pool: a.plan.pool.clone(),
-                            device: a.plan.device.clone(),
-                            ready: true,
-                            reason: "InterfaceConfigured".into(),
-                            message: format!("{} configured in pod {pod_name}", a.plan.pod_ifname),
-                            interface_name: Some(a.plan.pod_ifname.clone()),
-                            ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
-                            hardware_address: link.mac.as_ref().map(netns::mac_text),
-                            data: attached_data(&claim, &a.plan),
-                        });
-                    }
-                    Err(e) => {
-                        let failure = Error::Claim {
-                            namespace: claim.namespace.clone(),
-                            name: claim.name.clone(),
-                            reason: format!("device {}/{}: {e}", a.plan.pool, a.plan.device),
-                        };
-                        tracing::error!(pod = %pod_name, error = %failure, "attach failed; undoing this pod's devices");
-                        for (c, j) in done.iter().rev() {
-                            if let Err(undo) = self.detach_one(c, *j, Some(&target)).await {
-                                tracing::error!(error = %undo, "undo after failed attach failed");
-                            }
-                        }
-                        let reason = match &e {
-                            Error::DeviceMismatch { .. } => "DeviceMismatch",
-                            _ => "AttachFailed",
-                        };
-                        let short_name = pod_name.rsplit_once('/').map_or(pod_name, |(_, n)| n);
-                        self.warn(&claim, (short_name, pod_uid), reason, e.to_string());
-                        let failed = DeviceStatus {
-                            pool: a.plan.pool.clone(),
-                            device: a.plan.device.clone(),
-                            ready: false,
-                            reason: reason.into(),
-                            message: e.to_string(),
-                            interface_name: None,
-                            ips: vec![],
-                            hardware_address: None,
-                            data: None,
-                        };
-                        self.publish_status(claim.clone(), vec![failed]);
-                        return Err(failure);
-                    }
-                }
-            }
-            entries.extend(vfio_statuses(&claim, pod_name));
-            statuses.push((claim, entries));
-        }
-        for (claim, entries) in statuses {
-            if !entries.is_empty() {
-                self.publish_status(claim, entries);
-            }
-        }
-        Ok(())
-    }
-
-    async fn attach_one(
+    /// Brings one recorded device home from the pod (its RDMA device first).
+    async fn detach_device(
         &self,
         claim: &PreparedClaim,
-        i: usize,
-        path: &PathBuf,
-    ) -> Result<LinkState> {
-        let started = std::time::Instant::now();
-        let outcome = self.attach_one_timed(claim, i, path).await;
-        let m = metrics();
-        m.attaches.inc([crate::metrics::result(&outcome)]);
-        m.attach_duration.observe_since([], started);
-        outcome
-    }
-
-    async fn attach_one_timed(
-        &self,
-        claim: &PreparedClaim,
-        i: usize,
-        path: &PathBuf,
-    ) -> Result<LinkState> {
-        let a = &claim.attachments[i];
-        let _uplinks = match a.plan.mode.uplink() {
-            Some(_) => Some(self.uplinks.lock().await),
-            None => None,
-        };
-        let target = &Ns::Pod(path.clone());
-        // A sandbox recreated with a new namespace: first bring the device back from the old.
-        if let (Some(restore), Some(old)) = (&a.restore, &a.netns)
-            && old != path
-        {
-            netns::detach(&self.kernel, &a.plan, Some(&Ns::Pod(old.clone())), restore).await?;
-        }
-        let restore = match &a.restore {
-            Some(r) => r.clone(),
-            None => netns::capture(&self.kernel, &a.plan).await?,
-        };
-        // Durable before the first change: a crash from here on knows what to put back.
-        let resume = a.restore.is_some() && !a.attached;
-        let (r, p) = (restore.clone(), path.clone());
-        self.claims
-            .update(&claim.uid, move |c| {
-                if let Some(a) = c.attachments.get_mut(i) {
-                    a.restore = Some(r);
-                    a.netns = Some(p);
-                }
-            })
-            .await?;
-        crate::failpoint::hit("attach:after-checkpoint");
-        let attached = match netns::attach(&self.kernel, &a.plan, target, &restore, resume).await {
-            // In exclusive mode the RDMA device follows the netdev, or the attach is undone.
-            Ok(link) => match self
-                .rdma_follow(claim, &a.plan.device, None, Some(path))
-                .await
-            {
-                Ok(()) => Ok(link),
-                Err(e) => {
-                    if let Err(undo) =
-                        netns::detach(&self.kernel, &a.plan, Some(target), &restore).await
-                    {
-                        tracing::error!(error = %undo, "undoing an attach whose RDMA device could not follow failed");
-                    }
-                    Err(e)
-                }
-            },
-            Err(e) => Err(e),
-        };
-        match attached {
-            Ok(link) => {
-                self.claims
-                    .update(&claim.uid, move |c| {
-                        if let Some(a) = c.attachments.get_mut(i) {
-                            a.attached = true;
-                        }
-                    })
-                    .await?;
-                Ok(link)
-            }
-            Err(e) => {
-                // attach undid its own steps: the device is home again.
-                self.claims
-                    .update(&claim.uid, move |c| {
-                        if let Some(a) = c.attachments.get_mut(i) {
-                            a.restore = None;
-                            a.netns = None;
-                            a.attached = false;
-                        }
-                    })
-                    .await?;
-                // A host VLAN this attach made for itself goes too; the attach's own error is
-                // what the caller must see either way.
-                if let Some(up) = a.plan.mode.uplink() {
-                    self.release_uplink(&up.name).await;
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn detach_one(&self, claim: &PreparedClaim, i: usize, netns: Option<&Ns>) -> Result<()> {
-        // Always from the checkpoint: callers' copies may predate the restore record.
-        let Some(claim) = self.claims.claim(&claim.uid).await? else {
-            return Ok(());
-        };
-        let Some(a) = claim.attachments.get(i) else {
-            return Ok(());
-        };
-        let Some(restore) = &a.restore else {
-            return Ok(());
-        };
-        let started = std::time::Instant::now();
-        let outcome = self.detach_recorded(&claim, i, a, restore, netns).await;
-        let m = metrics();
-        m.detaches.inc([crate::metrics::result(&outcome)]);
-        m.detach_duration.observe_since([], started);
-        outcome
-    }
-
-    async fn detach_recorded(
-        &self,
-        claim: &PreparedClaim,
-        i: usize,
         a: &crate::claims::checkpoint::Attachment,
         restore: &crate::netns::Restore,
         netns: Option<&Ns>,
     ) -> Result<()> {
-        let _uplinks = match a.plan.mode.uplink() {
-            Some(_) => Some(self.uplinks.lock().await),
-            None => None,
-        };
         let recorded = a.netns.clone().map(Ns::Pod);
-        let pod = a.netns.clone();
         if let Err(e) = self
-            .rdma_follow(claim, &a.plan.device, pod.as_deref(), None)
+            .rdma_follow(claim, &a.plan.device, a.netns.as_deref(), None)
             .await
         {
             // The kernel returns it to the host when the pod's namespace goes away.
             tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
         }
-        netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await?;
-        self.claims
-            .update(&claim.uid, move |c| {
-                if let Some(a) = c.attachments.get_mut(i) {
-                    a.restore = None;
-                    a.netns = None;
-                    a.attached = false;
-                }
-            })
-            .await?;
-        // The last pod out deletes the shared host VLAN. The device is home and its record
-        // gone, so a failure here is not the detach's: a retry would find nothing to do, and
-        // the sweep deletes what is left.
-        if let Some(up) = a.plan.mode.uplink() {
-            self.release_uplink(&up.name).await;
-        }
-        Ok(())
+        netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await
     }
 
     /// Deletes the host VLAN `name` unless a recorded attachment still uses it; a failure is
@@ -483,19 +279,61 @@ impl<K: Kernel> PodNetworks<K> {
         }
     }
 
+    /// Brings every recorded device of `claims` home, then forgets their records in one
+    /// durable write. A crash in between leaves records of devices already home, which a
+    /// retried detach puts back again (detach is idempotent), as a crash mid-device would.
     async fn detach_claims(&self, claims: Vec<PreparedClaim>, netns: Option<&Ns>) -> Result<()> {
+        let uses_uplink = claims
+            .iter()
+            .flat_map(|c| &c.attachments)
+            .any(|a| a.restore.is_some() && a.plan.mode.uplink().is_some());
+        // "Forget the record, then delete the host VLAN nobody records" must not interleave
+        // with an attach recording a new user of it.
+        let _uplinks = match uses_uplink {
+            true => Some(self.uplinks.lock().await),
+            false => None,
+        };
         let mut errors = Vec::new();
-        for claim in claims {
-            // The caller's copy may be older than the checkpoint after earlier steps.
-            for i in 0..claim.attachments.len() {
-                if let Err(e) = self.detach_one(&claim, i, netns).await {
-                    errors.push(Error::Claim {
+        let mut home: Vec<crate::claims::Change> = Vec::new();
+        let mut uplinks: Vec<&str> = Vec::new();
+        for claim in &claims {
+            for (i, a) in claim.attachments.iter().enumerate() {
+                let Some(restore) = &a.restore else {
+                    continue;
+                };
+                let started = std::time::Instant::now();
+                let outcome = self.detach_device(claim, a, restore, netns).await;
+                let m = metrics();
+                m.detaches.inc([crate::metrics::result(&outcome)]);
+                m.detach_duration.observe_since([], started);
+                match outcome {
+                    Ok(()) => {
+                        let forget = move |c: &mut PreparedClaim| {
+                            if let Some(a) = c.attachments.get_mut(i) {
+                                a.restore = None;
+                                a.netns = None;
+                                a.attached = false;
+                            }
+                        };
+                        home.push((claim.uid.clone(), Box::new(forget)));
+                        uplinks.extend(a.plan.mode.uplink().map(|up| up.name.as_str()));
+                    }
+                    Err(e) => errors.push(Error::Claim {
                         namespace: claim.namespace.clone(),
                         name: claim.name.clone(),
                         reason: e.to_string(),
-                    });
+                    }),
                 }
             }
+        }
+        self.claims.update_each(home).await?;
+        // The last pod out deletes the shared host VLAN. The devices are home and their
+        // records gone, so a failure here is not the detach's: a retry would find nothing to
+        // do, and the sweep deletes what is left.
+        uplinks.sort_unstable();
+        uplinks.dedup();
+        for name in uplinks {
+            self.release_uplink(name).await;
         }
         match errors.len() {
             0 => Ok(()),
@@ -724,3 +562,6 @@ mod tests;
 
 #[cfg(test)]
 mod uplink_tests;
+
+#[cfg(test)]
+mod write_tests;

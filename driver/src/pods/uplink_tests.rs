@@ -10,7 +10,7 @@ use knic_proto::netconfig::ChildKind;
 use super::*;
 use crate::claims::checkpoint::{Attachment, CheckpointStore};
 use crate::netns::fake::{FakeKernel, plan};
-use crate::netns::{AttachMode, Uplink};
+use crate::netns::{AttachMode, LinkState, Uplink};
 
 const PARENT: &str = "ens1f0";
 

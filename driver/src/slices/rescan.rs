@@ -57,8 +57,9 @@ impl Discovery {
             return None;
         }
         let mut locked = claims.lock().await;
-        let held = match locked.checkpoint() {
-            Ok(checkpoint) => Held::from_checkpoint(checkpoint),
+        // Claims queued by prepares count too: they may be on disk before the kernel is done.
+        let held = match locked.with_queued() {
+            Ok(checkpoint) => Held::from_checkpoint(&checkpoint),
             Err(e) => {
                 // Without the prepared set nothing is known safe to change.
                 tracing::warn!(error = %e, "no checkpoint; SR-IOV policy not applied this time");

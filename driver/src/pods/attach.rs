@@ -1,0 +1,272 @@
+//! Attach: a pod's devices recorded in ONE durable checkpoint write, then moved.
+//!
+//! Every device's restore record (host state, target namespace) is written in a single
+//! fsync'd write before the first kernel change, so a crash at any later step knows what to
+//! put back. The per-device "attached" mark is only noted in memory and reaches the disk with
+//! the next durable write: a crash may lose it, and recovery treats a recorded, unmarked
+//! device as "possibly attached" — [`netns::attach`] with `resume` checks the kernel and
+//! finishes or redoes the work idempotently — so losing the mark loses nothing.
+
+use std::path::{Path, PathBuf};
+
+use crate::claims::Change;
+use crate::claims::checkpoint::{Attachment, PreparedClaim};
+use crate::error::{Error, Result};
+use crate::metrics::metrics;
+use crate::netns::{self, Kernel, LinkState, Ns, Restore};
+
+use super::{DeviceStatus, PodNetworks, attached_data, vfio_statuses};
+
+/// One device of the pod, ready to be moved.
+struct Step {
+    /// Index into the pod's claims.
+    claim: usize,
+    /// Index into the claim's attachments.
+    index: usize,
+    restore: Restore,
+    /// An earlier attach into this namespace was cut short (recorded, not marked attached).
+    resume: bool,
+    /// The device may be in the pod already (recorded for this namespace before this call),
+    /// so a failed attach of another device must not forget its record unless it undid it.
+    was_away: bool,
+}
+
+impl<K: Kernel> PodNetworks<K> {
+    /// Attaches every device of the pod's claims into `netns`; all or nothing.
+    pub async fn attach_pod(&self, pod_uid: &str, pod_name: &str, netns: PathBuf) -> Result<()> {
+        let claims = self.claims.claims_for_pod(pod_uid).await?;
+        // Held from the record to the last move when a device uses a shared host VLAN: no
+        // detach may see "nobody records it" and delete it in between (see `uplinks`).
+        let uses_uplink = claims
+            .iter()
+            .flat_map(|c| &c.attachments)
+            .any(|a| a.plan.mode.uplink().is_some());
+        let _uplinks = match uses_uplink {
+            true => Some(self.uplinks.lock().await),
+            false => None,
+        };
+        let mut steps = Vec::new();
+        for (c, claim) in claims.iter().enumerate() {
+            for (index, a) in claim.attachments.iter().enumerate() {
+                match self.ready(a, &netns).await {
+                    Ok(step) => steps.push(Step {
+                        claim: c,
+                        index,
+                        ..step
+                    }),
+                    Err(e) => {
+                        metrics()
+                            .attaches
+                            .inc([crate::metrics::result(&Err::<(), _>(&e))]);
+                        return Err(self.attach_failed(claim, a, pod_name, pod_uid, e));
+                    }
+                }
+            }
+        }
+        // Durable before the first change: a crash from here on knows what to put back.
+        let record: Vec<Change> = steps
+            .iter()
+            .map(|s| {
+                let (index, restore, path) = (s.index, s.restore.clone(), netns.clone());
+                let fresh = !s.was_away;
+                let change = move |c: &mut PreparedClaim| {
+                    if let Some(a) = c.attachments.get_mut(index) {
+                        a.restore = Some(restore);
+                        a.netns = Some(path);
+                        // Home now (never attached, or brought back from an old sandbox).
+                        if fresh {
+                            a.attached = false;
+                        }
+                    }
+                };
+                (claims[s.claim].uid.clone(), Box::new(change) as _)
+            })
+            .collect();
+        self.claims.update_each(record).await?;
+        if !steps.is_empty() {
+            crate::failpoint::hit("attach:after-checkpoint");
+        }
+        let mut entries: Vec<Vec<DeviceStatus>> = vec![Vec::new(); claims.len()];
+        for (k, s) in steps.iter().enumerate() {
+            let claim = &claims[s.claim];
+            let a = &claim.attachments[s.index];
+            let started = std::time::Instant::now();
+            let outcome = self
+                .attach_device(claim, a, &netns, &s.restore, s.resume)
+                .await;
+            let m = metrics();
+            m.attaches.inc([crate::metrics::result(&outcome)]);
+            m.attach_duration.observe_since([], started);
+            match outcome {
+                Ok(link) => entries[s.claim].push(DeviceStatus {
+                    pool: a.plan.pool.clone(),
+                    device: a.plan.device.clone(),
+                    ready: true,
+                    reason: "InterfaceConfigured".into(),
+                    message: format!("{} configured in pod {pod_name}", a.plan.pod_ifname),
+                    interface_name: Some(a.plan.pod_ifname.clone()),
+                    ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
+                    hardware_address: link.mac.as_ref().map(netns::mac_text),
+                    data: attached_data(claim, &a.plan),
+                }),
+                Err(e) => {
+                    tracing::error!(pod = %pod_name, device = %a.plan.device, error = %e,
+                        "attach failed; undoing this pod's devices");
+                    self.undo(&claims, &steps, k, &netns).await;
+                    return Err(self.attach_failed(claim, a, pod_name, pod_uid, e));
+                }
+            }
+        }
+        // In memory only: a crash before the next durable write leaves these devices recorded
+        // and unmarked, which recovery resumes (checks the kernel) instead of trusting.
+        for s in &steps {
+            let index = s.index;
+            self.claims.note(&claims[s.claim].uid, move |c| {
+                if let Some(a) = c.attachments.get_mut(index) {
+                    a.attached = true;
+                }
+            });
+        }
+        for (claim, mut entries) in claims.into_iter().zip(entries) {
+            entries.extend(vfio_statuses(&claim, pod_name));
+            if !entries.is_empty() {
+                self.publish_status(claim, entries);
+            }
+        }
+        Ok(())
+    }
+
+    /// What attaching `a` into `path` needs: a sandbox recreated with a new namespace first
+    /// gets the device back from the old one; a device not recorded yet has its host state
+    /// captured.
+    async fn ready(&self, a: &Attachment, path: &PathBuf) -> Result<Step> {
+        let moved = match (&a.restore, &a.netns) {
+            (Some(restore), Some(old)) if old != path => {
+                netns::detach(&self.kernel, &a.plan, Some(&Ns::Pod(old.clone())), restore).await?;
+                true
+            }
+            _ => false,
+        };
+        let restore = match &a.restore {
+            Some(r) => r.clone(),
+            None => netns::capture(&self.kernel, &a.plan).await?,
+        };
+        Ok(Step {
+            claim: 0,
+            index: 0,
+            restore,
+            resume: a.restore.is_some() && !a.attached,
+            was_away: a.restore.is_some() && !moved,
+        })
+    }
+
+    /// Moves one recorded device into the pod; in exclusive RDMA mode its RDMA device
+    /// follows, or the attach is undone. On error the device is home again.
+    async fn attach_device(
+        &self,
+        claim: &PreparedClaim,
+        a: &Attachment,
+        path: &Path,
+        restore: &Restore,
+        resume: bool,
+    ) -> Result<LinkState> {
+        let target = Ns::Pod(path.to_path_buf());
+        let link = netns::attach(&self.kernel, &a.plan, &target, restore, resume).await?;
+        if let Err(e) = self
+            .rdma_follow(claim, &a.plan.device, None, Some(path))
+            .await
+        {
+            if let Err(undo) = netns::detach(&self.kernel, &a.plan, Some(&target), restore).await {
+                tracing::error!(error = %undo, "undoing an attach whose RDMA device could not follow failed");
+            }
+            return Err(e);
+        }
+        Ok(link)
+    }
+
+    /// A device of the pod failed at `steps[failed]` (it undid itself): the ones attached
+    /// before it go home, and one durable write forgets every record that no longer stands
+    /// for a device away from the host. Host VLANs nobody records any more go too.
+    async fn undo(&self, claims: &[PreparedClaim], steps: &[Step], failed: usize, path: &Path) {
+        let target = Ns::Pod(path.to_path_buf());
+        let mut forget: Vec<&Step> = vec![&steps[failed]];
+        for s in steps[..failed].iter().rev() {
+            let claim = &claims[s.claim];
+            let a = &claim.attachments[s.index];
+            if let Err(e) = self
+                .rdma_follow(claim, &a.plan.device, Some(path), None)
+                .await
+            {
+                tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
+            }
+            match netns::detach(&self.kernel, &a.plan, Some(&target), &s.restore).await {
+                Ok(()) => forget.push(s),
+                Err(e) => {
+                    tracing::error!(device = %a.plan.device, error = %e, "undo after failed attach failed; the record stays for detach to retry");
+                }
+            }
+        }
+        forget.extend(steps[failed + 1..].iter().filter(|s| !s.was_away));
+        let changes: Vec<Change> = forget
+            .iter()
+            .map(|s| {
+                let index = s.index;
+                let change = move |c: &mut PreparedClaim| {
+                    if let Some(a) = c.attachments.get_mut(index) {
+                        a.restore = None;
+                        a.netns = None;
+                        a.attached = false;
+                    }
+                };
+                (claims[s.claim].uid.clone(), Box::new(change) as _)
+            })
+            .collect();
+        if let Err(e) = self.claims.update_each(changes).await {
+            tracing::error!(error = %e, "could not forget the records of an undone attach; detach finds the devices home");
+        }
+        let mut uplinks: Vec<&str> = forget
+            .iter()
+            .filter_map(|s| claims[s.claim].attachments[s.index].plan.mode.uplink())
+            .map(|up| up.name.as_str())
+            .collect();
+        uplinks.sort_unstable();
+        uplinks.dedup();
+        for name in uplinks {
+            self.release_uplink(name).await;
+        }
+    }
+
+    /// The error a failed attach answers with, after an Event and a failed status for it.
+    fn attach_failed(
+        &self,
+        claim: &PreparedClaim,
+        a: &Attachment,
+        pod_name: &str,
+        pod_uid: &str,
+        e: Error,
+    ) -> Error {
+        let reason = match &e {
+            Error::DeviceMismatch { .. } => "DeviceMismatch",
+            _ => "AttachFailed",
+        };
+        let short_name = pod_name.rsplit_once('/').map_or(pod_name, |(_, n)| n);
+        self.warn(claim, (short_name, pod_uid), reason, e.to_string());
+        let failed = DeviceStatus {
+            pool: a.plan.pool.clone(),
+            device: a.plan.device.clone(),
+            ready: false,
+            reason: reason.into(),
+            message: e.to_string(),
+            interface_name: None,
+            ips: vec![],
+            hardware_address: None,
+            data: None,
+        };
+        self.publish_status(claim.clone(), vec![failed]);
+        Error::Claim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            reason: format!("device {}/{}: {e}", a.plan.pool, a.plan.device),
+        }
+    }
+}
