@@ -99,10 +99,32 @@ pub fn read_regular(path: &Path, limit: u64, links: Links) -> io::Result<Vec<u8>
 /// than asked only at its end, which saves the extra `read(2)` that only says "end".
 pub fn read_listed_regular(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_NOFOLLOW;
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(flags.bits())
         .open(path)?;
+    read_opened_regular(file, limit)
+}
+
+/// [`read_listed_regular`] of the entry `name` of the open directory `dir`: the kernel looks up
+/// one component instead of walking the whole path again, which is most of what a sysfs read
+/// costs when a device's dozen attributes share a long directory path.
+pub fn read_listed_regular_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    limit: u64,
+) -> io::Result<Vec<u8>> {
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::openat(dir, name, flags, nix::sys::stat::Mode::empty())?;
+    read_opened_regular(File::from(fd), limit)
+}
+
+/// The checks and the read after a listed regular file was opened non-blocking.
+fn read_opened_regular(mut file: File, limit: u64) -> io::Result<Vec<u8>> {
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(not_regular(meta.file_type()));

@@ -53,12 +53,7 @@ impl Listing {
             // A missing directory has no entries: the kernel says "not found" for every name
             // below it. (Below a file it says "not a directory", which a read reports as an
             // error: that case is left to the kernel.)
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Some(Listing {
-                    entries: Vec::new(),
-                    complete: true,
-                });
-            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Some(Listing::missing()),
             Err(_) => return None,
         };
         let mut complete = true;
@@ -83,6 +78,43 @@ impl Listing {
         }
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Some(Listing { entries, complete })
+    }
+
+    /// The entries of a directory already open (see [`Sysfs::dir`](super::Sysfs::dir)), so
+    /// the descriptor that lists it also serves its reads.
+    pub(super) fn from_dir(dir: &mut nix::dir::Dir) -> Listing {
+        use nix::dir::Type;
+        use std::os::unix::ffi::OsStrExt;
+        let mut complete = true;
+        let mut entries = Vec::new();
+        for entry in dir.iter() {
+            // readdir keeps failing once it failed: stop there, as `fs::read_dir` does.
+            let Ok(entry) = entry else {
+                complete = false;
+                break;
+            };
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let kind = entry.file_type().map(|t| match t {
+                Type::Symlink => Kind::Link,
+                Type::Directory => Kind::Dir,
+                Type::File => Kind::File,
+                _ => Kind::Other,
+            });
+            entries.push((OsStr::from_bytes(name).to_owned(), kind));
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Listing { entries, complete }
+    }
+
+    /// The listing of a directory that does not exist: every name in it is absent.
+    pub(super) fn missing() -> Listing {
+        Listing {
+            entries: Vec::new(),
+            complete: true,
+        }
     }
 
     pub(super) fn entry(&self, name: &OsStr) -> Entry {
@@ -129,6 +161,18 @@ impl Memo {
         if let Some(known) = lock(&self.dirs).get(dir) {
             return known.clone();
         }
+        // The parent's listing, when already read, may say there is no directory here: a
+        // missing name lists as empty (as ENOENT would), a file or FIFO not at all (ENOTDIR);
+        // asking the kernel would only repeat that.
+        if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name())
+            && let Some(Some(up)) = lock(&self.dirs).get(parent)
+        {
+            match up.entry(name) {
+                Entry::Absent => return Some(Arc::new(Listing::missing())),
+                Entry::Is(Kind::File | Kind::Other) => return None,
+                Entry::Is(Kind::Dir | Kind::Link) | Entry::Unknown => {}
+            }
+        }
         #[cfg(test)]
         {
             lock(&self.asked).0 += 1;
@@ -137,6 +181,24 @@ impl Memo {
         lock(&self.dirs)
             .entry(dir.to_path_buf())
             .or_insert(listing)
+            .clone()
+    }
+
+    /// The listing of `dir` if it was asked for already (`Some(None)`: it could not be listed).
+    pub(super) fn known(&self, dir: &Path) -> Option<Option<Arc<Listing>>> {
+        lock(&self.dirs).get(dir).cloned()
+    }
+
+    /// Records the listing of `dir` read through an open descriptor (`None`: unlistable); the
+    /// first one recorded wins, as with [`Memo::listing`].
+    pub(super) fn record(&self, dir: &Path, listing: Option<Listing>) -> Option<Arc<Listing>> {
+        #[cfg(test)]
+        {
+            lock(&self.asked).0 += 1;
+        }
+        lock(&self.dirs)
+            .entry(dir.to_path_buf())
+            .or_insert(listing.map(Arc::new))
             .clone()
     }
 
@@ -157,6 +219,16 @@ impl Memo {
             Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => return None,
             Entry::Is(Kind::Link) | Entry::Unknown => {}
         }
+        self.read_link_with(rel, || fs::read_link(root.join(rel)).ok())
+    }
+
+    /// The remembered `readlink` of `rel`, or `read`'s answer remembered: the caller has
+    /// already checked the listing and may read through a directory descriptor.
+    pub(super) fn read_link_with(
+        &self,
+        rel: &Path,
+        read: impl FnOnce() -> Option<PathBuf>,
+    ) -> Option<PathBuf> {
         if let Some(known) = lock(&self.links).get(rel) {
             return known.clone();
         }
@@ -164,7 +236,7 @@ impl Memo {
         {
             lock(&self.asked).1 += 1;
         }
-        let target = fs::read_link(root.join(rel)).ok();
+        let target = read();
         lock(&self.links).insert(rel.to_path_buf(), target.clone());
         target
     }
