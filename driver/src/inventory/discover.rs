@@ -262,7 +262,8 @@ impl Walk<'_> {
         let name = dev.name.as_str();
         let real = dev.real.clone();
         let mut parent_pci = None;
-        let parent = s.link_target(&real.join("device"));
+        let dir = s.dir(&real);
+        let parent = dir.link_target("device");
         let is_virtual = parent.is_none() || real.starts_with("sys/devices/virtual");
         let mut pci = None;
         let mut parent_driver = None;
@@ -287,7 +288,6 @@ impl Walk<'_> {
                 }
             }
         }
-        let dir = s.dir(&real);
         let type_ = dir.read_i64("type");
         let flags = dir.read_hex("flags");
         let link = self.sources.links.link(name);

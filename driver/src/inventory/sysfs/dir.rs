@@ -141,26 +141,42 @@ impl Dir<'_> {
         parse_hex(&self.read(name)?)
     }
 
+    /// The text of the link `dir/name` (`path`), read through the descriptor and remembered
+    /// in the memo; `None` when it is not a link.
+    fn read_link(&self, handle: &Handle, name: &str, path: &Path) -> Option<PathBuf> {
+        match self.entry(name) {
+            Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => None,
+            Entry::Is(Kind::Link) | Entry::Unknown => {
+                let memo = self.sysfs.memo.as_ref()?;
+                memo.read_link_with(path, || {
+                    match nix::fcntl::readlinkat(handle.fd(), OsStr::new(name)) {
+                        Ok(text) => Some(PathBuf::from(text)),
+                        Err(Errno::EINTR) => std::fs::read_link(self.sysfs.root.join(path)).ok(),
+                        Err(_) => None,
+                    }
+                })
+            }
+        }
+    }
+
     /// [`Sysfs::link_name`] of `dir/name`.
     pub fn link_name(&self, name: &str) -> Option<String> {
         let path = self.path(name)?;
         let Some((handle, _)) = &self.open else {
             return self.sysfs.link_name(&path);
         };
-        match self.entry(name) {
-            Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => None,
-            Entry::Is(Kind::Link) | Entry::Unknown => {
-                let memo = self.sysfs.memo.as_ref()?;
-                let target = memo.read_link_with(&path, || {
-                    match nix::fcntl::readlinkat(handle.fd(), OsStr::new(name)) {
-                        Ok(text) => Some(PathBuf::from(text)),
-                        Err(Errno::EINTR) => std::fs::read_link(self.sysfs.root.join(&path)).ok(),
-                        Err(_) => None,
-                    }
-                })?;
-                Some(target.file_name()?.to_str()?.to_owned())
-            }
+        let target = self.read_link(handle, name, &path)?;
+        Some(target.file_name()?.to_str()?.to_owned())
+    }
+
+    /// [`Sysfs::link_target`] of `dir/name`.
+    pub fn link_target(&self, name: &str) -> Option<PathBuf> {
+        let path = self.path(name)?;
+        if let Some((handle, _)) = &self.open {
+            // Read through the descriptor into the memo, where the resolution finds it.
+            self.read_link(handle, name, &path)?;
         }
+        self.sysfs.link_target(&path)
     }
 
     /// [`Sysfs::exists`] of `dir/name`.

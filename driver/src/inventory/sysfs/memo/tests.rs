@@ -169,11 +169,12 @@ fn inventory_sysfs_memoised_asks_the_kernel_once_per_path() {
 fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let opened = sysfs.dir(Path::new(dir));
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
         opened.read(name),
         opened.read_i64(name),
         opened.read_hex(name),
         opened.link_name(name),
+        opened.link_target(name),
         opened.list(name),
         opened.is_dir(name),
         opened.exists(name),
@@ -184,11 +185,12 @@ fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
 fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let rel = Path::new(dir).join(name);
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
         sysfs.read(&rel),
         sysfs.read_i64(&rel),
         sysfs.read_hex(&rel),
         sysfs.link_name(&rel),
+        sysfs.link_target(&rel),
         sysfs.list(&rel),
         sysfs.is_dir(&rel),
         sysfs.exists(&rel),
