@@ -11,9 +11,10 @@
 //! passes.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -38,12 +39,49 @@ pub(super) enum Entry {
     Unknown,
 }
 
-/// One directory's entries, sorted by name.
+/// One directory's entries, sorted by name. The names share one buffer: a pass keeps a
+/// listing of every directory it met, some thousands of directories of some forty entries, and
+/// one allocation per name was most of the memo's allocations and memory.
 #[derive(Debug)]
 pub(super) struct Listing {
-    entries: Vec<(OsString, Option<Kind>)>,
+    /// Every name, back to back.
+    names: Box<[u8]>,
+    /// `(start, end)` of each name in `names`, and its type; sorted by name.
+    entries: Box<[(u32, u32, Option<Kind>)]>,
     /// Whether every entry was read; an incomplete listing cannot prove a name absent.
     complete: bool,
+}
+
+/// Collects a listing's entries in the order the kernel gives them.
+#[derive(Default)]
+struct Builder {
+    names: Vec<u8>,
+    entries: Vec<(u32, u32, Option<Kind>)>,
+}
+
+impl Builder {
+    fn push(&mut self, name: &[u8], kind: Option<Kind>) {
+        // Names are at most 255 bytes; a buffer past 4 GiB is not a directory listing.
+        let (Ok(start), Ok(end)) = (
+            u32::try_from(self.names.len()),
+            u32::try_from(self.names.len() + name.len()),
+        ) else {
+            return;
+        };
+        self.names.extend_from_slice(name);
+        self.entries.push((start, end, kind));
+    }
+
+    fn finish(self, complete: bool) -> Listing {
+        let Builder { names, mut entries } = self;
+        let name = |e: &(u32, u32, Option<Kind>)| &names[e.0 as usize..e.1 as usize];
+        entries.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        Listing {
+            names: names.into_boxed_slice(),
+            entries: entries.into_boxed_slice(),
+            complete,
+        }
+    }
 }
 
 impl Listing {
@@ -57,7 +95,7 @@ impl Listing {
             Err(_) => return None,
         };
         let mut complete = true;
-        let mut entries = Vec::new();
+        let mut entries = Builder::default();
         for entry in iter {
             let Ok(entry) = entry else {
                 complete = false;
@@ -74,19 +112,17 @@ impl Listing {
                     Kind::Other
                 }
             });
-            entries.push((entry.file_name(), kind));
+            entries.push(entry.file_name().as_bytes(), kind);
         }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Some(Listing { entries, complete })
+        Some(entries.finish(complete))
     }
 
     /// The entries of a directory already open (see [`Sysfs::dir`](super::Sysfs::dir)), so
     /// the descriptor that lists it also serves its reads.
     pub(super) fn from_dir(dir: &mut nix::dir::Dir) -> Listing {
         use nix::dir::Type;
-        use std::os::unix::ffi::OsStrExt;
         let mut complete = true;
-        let mut entries = Vec::new();
+        let mut entries = Builder::default();
         for entry in dir.iter() {
             // readdir keeps failing once it failed: stop there, as `fs::read_dir` does.
             let Ok(entry) = entry else {
@@ -103,26 +139,24 @@ impl Listing {
                 Type::File => Kind::File,
                 _ => Kind::Other,
             });
-            entries.push((OsStr::from_bytes(name).to_owned(), kind));
+            entries.push(name, kind);
         }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Listing { entries, complete }
+        entries.finish(complete)
     }
 
     /// The listing of a directory that does not exist: every name in it is absent.
     pub(super) fn missing() -> Listing {
-        Listing {
-            entries: Vec::new(),
-            complete: true,
-        }
+        Builder::default().finish(true)
+    }
+
+    fn name(&self, entry: &(u32, u32, Option<Kind>)) -> &[u8] {
+        &self.names[entry.0 as usize..entry.1 as usize]
     }
 
     pub(super) fn entry(&self, name: &OsStr) -> Entry {
-        match self
-            .entries
-            .binary_search_by(|(n, _)| n.as_os_str().cmp(name))
-        {
-            Ok(i) => self.entries[i].1.map_or(Entry::Unknown, Entry::Is),
+        let name = name.as_bytes();
+        match self.entries.binary_search_by(|e| self.name(e).cmp(name)) {
+            Ok(i) => self.entries[i].2.map_or(Entry::Unknown, Entry::Is),
             Err(_) if self.complete => Entry::Absent,
             Err(_) => Entry::Unknown,
         }
@@ -132,7 +166,7 @@ impl Listing {
     pub(super) fn names(&self) -> Vec<String> {
         self.entries
             .iter()
-            .filter_map(|(n, _)| n.to_str().map(str::to_owned))
+            .filter_map(|e| std::str::from_utf8(self.name(e)).ok().map(str::to_owned))
             .collect()
     }
 }
