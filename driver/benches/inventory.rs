@@ -8,7 +8,8 @@
 //! does what `knic-driver run` does on its first publish (a tokio runtime, [`Discovery::scan`],
 //! the slice layout and plan, the objects serialised), in a process holding nothing else.
 //!
-//! Run: `cargo bench -p knic-driver --bench inventory`.
+//! Run: `cargo bench -p knic-driver --bench inventory`. To profile one child on its own, write
+//! a tree with `--write-tree DIR 4 256`, then run `--measure DIR` under `strace -f -c` or perf.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -141,6 +142,17 @@ fn verdict(met: bool) -> &'static str {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    // `--write-tree DIR PFS VFS`: only write a tree, to profile `--measure DIR` on its own
+    // (strace -f -c, perf).
+    if let [_, flag, dir, pfs, vfs] = args.as_slice()
+        && flag == "--write-tree"
+    {
+        fixture::materialise(
+            &fixture::synthetic_sriov(pfs.parse()?, vfs.parse()?),
+            Path::new(dir),
+        )?;
+        return Ok(());
+    }
     for (flag, f) in [
         ("--measure", measure as fn(&Path) -> anyhow::Result<()>),
         ("--run-like", run_like),
