@@ -8,7 +8,8 @@
 //! does what `knic-driver run` does on its first publish (a tokio runtime, [`Discovery::scan`],
 //! the slice layout and plan, the objects serialised), in a process holding nothing else.
 //!
-//! Run: `cargo bench -p knic-driver --bench inventory`.
+//! Run: `cargo bench -p knic-driver --bench inventory`. To profile one child on its own, write
+//! a tree with `--write-tree DIR 4 256`, then run `--measure DIR` under `strace -f -c` or perf.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -37,8 +38,27 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) of this process so far, its finished threads included, in µs.
+fn cpu_us() -> u64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return 0;
+    };
+    let us = |t: nix::sys::time::TimeVal| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec()).unwrap_or(0)
+    };
+    us(usage.user_time()) + us(usage.system_time())
+}
+
+/// The 1, 5 and 15 minute load averages: wall times on a shared VM mean little without them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 /// Child: discover the tree at `root` RUNS times; print `devices median_us p95_us rss_kib
-/// slices`.
+/// slices cpu_us_per_pass`.
 fn measure(root: &Path) -> anyhow::Result<()> {
     let sources = Sources::sysfs_only();
     let routes = BTreeSet::new();
@@ -46,6 +66,7 @@ fn measure(root: &Path) -> anyhow::Result<()> {
     let mut times = Vec::with_capacity(RUNS);
     let mut devices = 0;
     let mut slice_count = 0;
+    let cpu_start = cpu_us();
     for _ in 0..RUNS {
         let start = Instant::now();
         let inv = inventory::discover(root, &sources, &routes, &filter);
@@ -54,11 +75,12 @@ fn measure(root: &Path) -> anyhow::Result<()> {
         devices = inv.devices.len();
         slice_count = desired.len();
     }
+    let cpu_per_pass = (cpu_us() - cpu_start) / RUNS as u64;
     times.sort();
     let median = times[RUNS / 2];
     let p95 = times[(RUNS * 95 / 100).min(RUNS - 1)];
     println!(
-        "{devices} {} {} {} {slice_count}",
+        "{devices} {} {} {} {slice_count} {cpu_per_pass}",
         median.as_micros(),
         p95.as_micros(),
         peak_rss_kib()
@@ -83,22 +105,25 @@ fn run_like(root: &Path) -> anyhow::Result<()> {
             node_name: "bench-node".to_owned(),
             node_uid: "00000000-0000-0000-0000-000000000000".to_owned(),
         };
-        let layout = slices::layout(
-            &discovery.devices(&inventory, &[]),
-            slices::Mode::Partitionable,
-        );
-        let plan = slices::plan(knic_proto::DRIVER_NAME, &owner, &[], &layout, &[]);
+        let count = inventory.devices.len();
+        let devices = discovery.devices(&inventory, &[]);
+        // As `run` does: the inventory is dropped once its devices are in API form.
+        drop(inventory);
+        let layout = slices::layout_owned(devices, slices::Mode::Partitionable);
+        let plan = slices::plan_owned(knic_proto::DRIVER_NAME, &owner, &[], layout, &[]);
         let bytes = serde_json::to_vec(&plan.creates)?;
-        anyhow::Ok((inventory.devices.len(), bytes.len()))
+        anyhow::Ok((count, bytes.len()))
     })?;
     anyhow::ensure!(bytes > 0, "nothing serialised");
     println!("{devices} {}", peak_rss_kib());
     Ok(())
 }
 
-fn child(args: &[&str]) -> anyhow::Result<Vec<u64>> {
+/// Runs this benchmark as a child with `args`, and `env` set on top of ours.
+fn child(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Vec<u64>> {
     let out = std::process::Command::new(std::env::current_exe()?)
         .args(args)
+        .envs(env.iter().copied())
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -117,6 +142,17 @@ fn verdict(met: bool) -> &'static str {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    // `--write-tree DIR PFS VFS`: only write a tree, to profile `--measure DIR` on its own
+    // (strace -f -c, perf).
+    if let [_, flag, dir, pfs, vfs] = args.as_slice()
+        && flag == "--write-tree"
+    {
+        fixture::materialise(
+            &fixture::synthetic_sriov(pfs.parse()?, vfs.parse()?),
+            Path::new(dir),
+        )?;
+        return Ok(());
+    }
     for (flag, f) in [
         ("--measure", measure as fn(&Path) -> anyhow::Result<()>),
         ("--run-like", run_like),
@@ -128,8 +164,13 @@ fn main() -> anyhow::Result<()> {
     }
     println!("inventory benchmark: discovery + slice build, sysfs-only sources, {RUNS} runs each");
     println!(
-        "{:>10} {:>8} {:>7} {:>12} {:>12} {:>14} {:>10}",
-        "tree", "devices", "slices", "median", "p95", "per device", "peak RSS"
+        "load average at start: {} ({} CPUs)",
+        load_average(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "{:>10} {:>8} {:>7} {:>12} {:>12} {:>14} {:>12} {:>10}",
+        "tree", "devices", "slices", "median", "p95", "per device", "CPU/pass", "peak RSS"
     );
     let mut per_device = Vec::new();
     let mut run_rss = None;
@@ -137,23 +178,30 @@ fn main() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         fixture::materialise(&fixture::synthetic_sriov(pfs, vfs), dir.path())?;
         let root = dir.path().to_string_lossy().into_owned();
-        let f = child(&["--measure", &root])?;
-        anyhow::ensure!(f.len() == 5, "unexpected child output {f:?}");
-        let (devices, median, p95, rss, slice_count) = (f[0], f[1], f[2], f[3], f[4]);
+        let f = child(&["--measure", &root], &[])?;
+        anyhow::ensure!(f.len() == 6, "unexpected child output {f:?}");
+        let (devices, median, p95, rss, slice_count, cpu) = (f[0], f[1], f[2], f[3], f[4], f[5]);
         let each = median as f64 / devices as f64;
         per_device.push(each);
         println!(
-            "{:>10} {devices:>8} {slice_count:>7} {:>10.2}ms {:>10.2}ms {:>12.1}µs {:>8.1}MiB",
+            "{:>10} {devices:>8} {slice_count:>7} {:>10.2}ms {:>10.2}ms {:>12.1}µs {:>10.1}ms {:>8.1}MiB",
             format!("{pfs}x{vfs}"),
             median as f64 / 1000.0,
             p95 as f64 / 1000.0,
             each,
+            cpu as f64 / 1000.0,
             rss as f64 / 1024.0
         );
         if vfs == 256 {
-            let r = child(&["--run-like", &root])?;
-            anyhow::ensure!(r.len() == 2, "unexpected child output {r:?}");
-            run_rss = Some((r[0], r[1] as f64 / 1024.0));
+            // Once as the process starts by default, once with the arena limit the chart's
+            // DaemonSet sets (glibc reads it at start, so only the environment can set it).
+            let mut rss = Vec::new();
+            for env in [&[][..], &[("MALLOC_ARENA_MAX", "1")][..]] {
+                let r = child(&["--run-like", &root], env)?;
+                anyhow::ensure!(r.len() == 2, "unexpected child output {r:?}");
+                rss.push((r[0], r[1] as f64 / 1024.0));
+            }
+            run_rss = Some(rss);
         }
     }
     let growth = per_device[2] / per_device[0];
@@ -166,11 +214,18 @@ fn main() -> anyhow::Result<()> {
         per_device[2],
         verdict(total <= GOAL_MS_PER_1024)
     );
-    if let Some((devices, rss)) = run_rss {
+    for (label, (devices, rss)) in [
+        "default malloc",
+        "MALLOC_ARENA_MAX=1 (as the chart runs it)",
+    ]
+    .iter()
+    .zip(run_rss.into_iter().flatten())
+    {
         println!(
-            "run-like first publish of {devices} devices: peak RSS {rss:.1}MiB; goal ≤ {GOAL_RSS_MIB:.0}MiB: {}",
+            "run-like first publish of {devices} devices, {label}: peak RSS {rss:.1}MiB; goal ≤ {GOAL_RSS_MIB:.0}MiB: {}",
             verdict(rss <= GOAL_RSS_MIB)
         );
     }
+    println!("load average at end: {}", load_average());
     Ok(())
 }

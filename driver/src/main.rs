@@ -363,14 +363,13 @@ async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
         node_name: node.clone(),
         node_uid: String::new(),
     };
-    let plan = slices::plan(
+    let devices = discovery.devices(&inventory, &[]);
+    drop(inventory);
+    let plan = slices::plan_owned(
         knic_proto::DRIVER_NAME,
         &owner,
         &[],
-        &slices::layout(
-            &discovery.devices(&inventory, &[]),
-            slices::Mode::Partitionable,
-        ),
+        slices::layout_owned(devices, slices::Mode::Partitionable),
         &[],
     );
     let items: Vec<serde_json::Value> = plan
@@ -527,10 +526,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let first = discovery.scan().await;
     let retained = rescan::retained(&wired.claims, &args.node_name).await;
-    devices_tx.send_replace(discovery.devices(&first, &retained));
+    let (offered, not_offered) = (first.devices.len(), first.excluded.len());
+    let devices = discovery.devices(&first, &retained);
+    // The inventory's copy of the devices is not needed once they are in API form: freed
+    // before the publish makes its own, so two full copies are never alive at once.
+    drop(first);
+    devices_tx.send_replace(devices);
     tracing::info!(
-        offered = first.devices.len(),
-        not_offered = first.excluded.len(),
+        offered,
+        not_offered,
         retained = retained.len(),
         "initial discovery finished"
     );

@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::error::Result;
 use crate::sharing::{self, ShareMode};
-use crate::slices::{Mode, PoolOwner, layout, plan};
+use crate::slices::{Mode, PoolOwner, layout_owned, plan_owned};
 
 /// Timing knobs; tests shorten them.
 #[derive(Debug, Clone)]
@@ -251,11 +251,12 @@ impl Publisher {
             .slices
             .list(&ListParams::default().fields(&selector(&self.driver, &self.node)))
             .await?;
-        let plan = plan(
+        // Each step moves the devices on: one copy of them alive at a time.
+        let plan = plan_owned(
             &self.driver,
             &owner,
             &existing.items,
-            &layout(&self.shaped(devices), self.mode),
+            layout_owned(self.shaped(devices), self.mode),
             &self.accepted,
         );
         let mut report = SyncReport {

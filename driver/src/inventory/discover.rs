@@ -6,15 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use attrs::Attrs;
+use decide::decide;
 use par::par_map;
 use ports::{is_representor_port, is_uplink_port, is_zero_mac};
 
-use super::filter::{Filter, Subject};
+use super::filter::Filter;
 use super::names::{netdev_device_name, pci_device_name};
 use super::pciids::PciNames;
 use super::sources::{LinkInfo, Sources};
+use super::sysfs::Dir;
 use super::sysfs::Sysfs;
-use super::{ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, DeviceKind, ExcludedDevice, Inventory, NetDevice};
+use super::{ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, DeviceKind, Inventory, NetDevice};
 
 /// ARPHRD_LOOPBACK.
 const ARPHRD_LOOPBACK: i64 = 772;
@@ -41,6 +43,19 @@ struct Netdev {
     /// Driver of a non-PCI parent device (USB, auxiliary, …).
     parent_driver: Option<String>,
     link: Option<LinkInfo>,
+    /// The attributes every netdev candidate carries, read with the classification facts so
+    /// the netdev's directory is opened once per pass.
+    facts: NetdevFacts,
+}
+
+/// A netdev's own attribute files.
+#[derive(Debug, Default)]
+struct NetdevFacts {
+    address: Option<String>,
+    mtu: Option<i64>,
+    operstate: Option<String>,
+    flags: Option<u32>,
+    speed: Option<i64>,
 }
 
 /// Sysfs facts about one PCI network function.
@@ -148,36 +163,40 @@ impl Walk<'_> {
         let bus = Path::new("sys/bus/pci/devices");
         let found = par_map(&self.sysfs.list(bus), |bdf| {
             let real = self.sysfs.resolve(&bus.join(bdf));
-            let class = self.sysfs.read_hex(&real.join("class"));
+            let dir = self.sysfs.dir(&real);
+            let class = dir.read_hex("class");
             class
                 .is_some_and(|c| c >> 16 == 0x02)
-                .then(|| self.read_pci(bdf, real))
+                .then(|| self.read_pci(bdf, real, &dir))
         });
         for function in found.into_iter().flatten() {
             self.pci.entry(function.bdf.clone()).or_insert(function);
         }
-        let functions: Vec<(String, PathBuf)> = self
-            .pci
-            .values()
-            .map(|f| (f.bdf.clone(), f.real.clone()))
-            .collect();
-        for (_, real) in functions {
+        let functions: Vec<&Path> = self.pci.values().map(|f| f.real.as_path()).collect();
+        // One listing per function (a thousand VFs, a thousand `net/` directories): in
+        // parallel, then merged in order.
+        let found = par_map(&functions, |real| {
             let mut dirs = vec![real.join("net")];
             dirs.extend(
                 self.sysfs
-                    .list(&real)
+                    .list(real)
                     .into_iter()
                     .filter(|e| e.starts_with("virtio"))
                     .map(|e| real.join(e).join("net")),
             );
+            let mut netdevs = Vec::new();
             for dir in dirs {
                 for name in self.sysfs.list(&dir) {
                     let real = self.sysfs.resolve(&dir.join(&name));
-                    self.netdevs
-                        .entry(name.clone())
-                        .or_insert_with(|| new_netdev(&name, real));
+                    netdevs.push((name, real));
                 }
             }
+            netdevs
+        });
+        for (name, real) in found.into_iter().flatten() {
+            self.netdevs
+                .entry(name.clone())
+                .or_insert_with(|| new_netdev(&name, real));
         }
         let names: Vec<String> = self.netdevs.keys().cloned().collect();
         let classified = par_map(&names, |name| {
@@ -187,7 +206,7 @@ impl Walk<'_> {
             if let Some((bdf, real)) = parent
                 && !self.pci.contains_key(&bdf)
             {
-                let function = self.read_pci(&bdf, real);
+                let function = self.read_pci(&bdf, real.clone(), &self.sysfs.dir(&real));
                 self.pci.insert(bdf, function);
             }
             if let Some(function) = dev.pci.as_ref().and_then(|bdf| self.pci.get_mut(bdf)) {
@@ -201,38 +220,35 @@ impl Walk<'_> {
     fn index_vfs(&mut self) {
         let s = self.sysfs;
         for pf in self.pci.values().filter(|f| f.total_vfs.unwrap_or(0) > 0) {
-            for entry in s.list(&pf.real) {
+            let dir = s.dir(&pf.real);
+            for entry in dir.names() {
                 let Some(n) = entry
                     .strip_prefix("virtfn")
                     .and_then(|n| n.parse::<i64>().ok())
                 else {
                     continue;
                 };
-                if let Some(vf) = s.link_name(&pf.real.join(&entry)) {
+                if let Some(vf) = dir.link_name(&entry) {
                     self.vf_index.insert(vf, n);
                 }
             }
         }
     }
 
-    /// The sysfs facts of the PCI function `bdf` at `real`.
-    fn read_pci(&self, bdf: &str, real: PathBuf) -> PciFn {
-        let s = self.sysfs;
-        let hex16 = |file: &str| {
-            s.read_hex(&real.join(file))
-                .and_then(|v| u16::try_from(v).ok())
-        };
+    /// The sysfs facts of the PCI function `bdf` at `real`, opened as `dir`.
+    fn read_pci(&self, bdf: &str, real: PathBuf, dir: &Dir<'_>) -> PciFn {
+        let hex16 = |file: &str| dir.read_hex(file).and_then(|v| u16::try_from(v).ok());
         PciFn {
             bdf: bdf.to_owned(),
             vendor: hex16("vendor"),
             device: hex16("device"),
             sub_vendor: hex16("subsystem_vendor"),
             sub_device: hex16("subsystem_device"),
-            driver: s.link_name(&real.join("driver")),
-            numa: s.read_i64(&real.join("numa_node")).filter(|n| *n >= 0),
-            total_vfs: s.read_i64(&real.join("sriov_totalvfs")),
-            num_vfs: s.read_i64(&real.join("sriov_numvfs")),
-            physfn: s.link_name(&real.join("physfn")),
+            driver: dir.link_name("driver"),
+            numa: dir.read_i64("numa_node").filter(|n| *n >= 0),
+            total_vfs: dir.read_i64("sriov_totalvfs"),
+            num_vfs: dir.read_i64("sriov_numvfs"),
+            physfn: dir.link_name("physfn"),
             netdevs: Vec::new(),
             real,
         }
@@ -246,7 +262,8 @@ impl Walk<'_> {
         let name = dev.name.as_str();
         let real = dev.real.clone();
         let mut parent_pci = None;
-        let parent = s.link_target(&real.join("device"));
+        let dir = s.dir(&real);
+        let parent = dir.link_target("device");
         let is_virtual = parent.is_none() || real.starts_with("sys/devices/virtual");
         let mut pci = None;
         let mut parent_driver = None;
@@ -271,20 +288,26 @@ impl Walk<'_> {
                 }
             }
         }
-        let type_ = s.read_i64(&real.join("type"));
-        let flags = s
-            .read_hex(&real.join("flags"))
-            .is_some_and(|f| f & IFF_LOOPBACK != 0);
+        let type_ = dir.read_i64("type");
+        let flags = dir.read_hex("flags");
         let link = self.sources.links.link(name);
         let dev = Netdev {
             name: name.to_owned(),
             is_virtual,
-            is_loopback: type_ == Some(ARPHRD_LOOPBACK) || flags,
-            phys_port_name: s.read(&real.join("phys_port_name")),
-            dev_port: s.read_i64(&real.join("dev_port")).unwrap_or(0),
+            is_loopback: type_ == Some(ARPHRD_LOOPBACK)
+                || flags.is_some_and(|f| f & IFF_LOOPBACK != 0),
+            phys_port_name: dir.read("phys_port_name"),
+            dev_port: dir.read_i64("dev_port").unwrap_or(0),
             parent_driver,
             link,
             pci,
+            facts: NetdevFacts {
+                address: dir.read("address"),
+                mtu: dir.read_i64("mtu"),
+                operstate: dir.read("operstate"),
+                flags,
+                speed: dir.read_i64("speed"),
+            },
             real,
         };
         (dev, parent_pci)
@@ -546,32 +569,28 @@ impl Walk<'_> {
     }
 
     fn netdev_attrs(&self, dev: &Netdev, attrs: &mut Attrs) {
-        let s = self.sysfs;
+        let facts = &dev.facts;
         attrs.str("ifName", &dev.name);
-        if let Some(mac) = s
-            .read(&dev.real.join("address"))
-            .filter(|m| !is_zero_mac(m))
-        {
-            attrs.str("mac", &mac);
+        if let Some(mac) = facts.address.as_deref().filter(|m| !is_zero_mac(m)) {
+            attrs.str("mac", mac);
         }
-        if let Some(mtu) = s.read_i64(&dev.real.join("mtu")).filter(|m| *m > 0) {
+        if let Some(mtu) = facts.mtu.filter(|m| *m > 0) {
             attrs.int("mtu", mtu);
         }
-        let state = s
-            .read(&dev.real.join("operstate"))
-            .or_else(|| dev.link.as_ref().and_then(|l| l.oper_state.clone()))
-            .filter(|st| st != "unknown");
+        let state = facts
+            .operstate
+            .as_deref()
+            .or_else(|| dev.link.as_ref().and_then(|l| l.oper_state.as_deref()))
+            .filter(|st| *st != "unknown");
         if let Some(state) = state {
-            attrs.str("state", &state);
+            attrs.str("state", state);
         }
         // An interface nobody set up reads `down` whatever its cable: said apart (only then, so
         // the usual attribute set stays as it is), so it is not taken for a broken link.
-        if s.read_hex(&dev.real.join("flags"))
-            .is_some_and(|f| f & IFF_UP == 0)
-        {
+        if facts.flags.is_some_and(|f| f & IFF_UP == 0) {
             attrs.bool("adminDown", true);
         }
-        if let Some(speed) = s.read_i64(&dev.real.join("speed")).filter(|v| *v > 0) {
+        if let Some(speed) = facts.speed.filter(|v| *v > 0) {
             attrs.int("speed", speed);
         }
         if let Some(features) = self.sources.ethtool.active_features(&dev.name) {
@@ -704,6 +723,7 @@ fn new_netdev(name: &str, real: PathBuf) -> Netdev {
         dev_port: 0,
         parent_driver: None,
         link: None,
+        facts: NetdevFacts::default(),
     }
 }
 
@@ -712,67 +732,6 @@ fn alt_names(dev: &Netdev) -> Vec<String> {
         .as_ref()
         .map(|l| l.alt_names.clone())
         .unwrap_or_default()
-}
-
-/// Applies the never-offer rules, the route closure and the filter.
-fn decide(
-    candidates: Vec<Candidate>,
-    route_reasons: &BTreeMap<String, String>,
-    filter: &Filter,
-) -> Inventory {
-    let mut inventory = Inventory::default();
-    let mut taken = BTreeSet::new();
-    for candidate in candidates {
-        let device = &candidate.device;
-        let route = device.if_name.as_ref().and_then(|n| route_reasons.get(n));
-        let mut names: Vec<&str> = device.if_name.iter().map(String::as_str).collect();
-        names.extend(candidate.alt_names.iter().map(String::as_str));
-        let subject = Subject {
-            names,
-            pci: candidate.pci_ids,
-            driver: candidate.driver.as_deref(),
-            kind: Some(device.kind),
-        };
-        let default_route = route.is_some() && candidate.never.is_none();
-        let reason = if let Some(never) = candidate.never {
-            Some(never)
-        } else if let Some(route) = route {
-            Some(route.clone())
-        } else if let Some((i, rule)) = filter.excluded_by(&subject) {
-            Some(format!("matches filter exclude[{i}] {:?}", rule.text()))
-        } else if filter.has_include() {
-            filter
-                .included_by(&subject)
-                .is_none()
-                .then(|| "matches no filter include entry".to_owned())
-        } else if device.kind == DeviceKind::Virtual {
-            Some(
-                "virtual interface: offered only when a filter include entry matches it".to_owned(),
-            )
-        } else {
-            None
-        };
-        let reason = match reason {
-            None if !taken.insert(device.name.clone()) => {
-                tracing::warn!(name = %device.name, "duplicate device name; keeping the first");
-                Some("duplicate device name".to_owned())
-            }
-            other => other,
-        };
-        match reason {
-            Some(reason) => inventory.excluded.push(ExcludedDevice {
-                device: candidate.device,
-                default_route,
-                reason,
-            }),
-            None => inventory.devices.push(candidate.device),
-        }
-    }
-    inventory.devices.sort_by(|a, b| a.name.cmp(&b.name));
-    inventory
-        .excluded
-        .sort_by(|a, b| a.device.name.cmp(&b.device.name));
-    inventory
 }
 
 /// The root complex of a PCI function from its real path: the `pci<domain>:<bus>` directory
@@ -784,6 +743,7 @@ fn pcie_root(real: &Path) -> Option<String> {
 }
 
 mod attrs;
+mod decide;
 mod par;
 mod ports;
 #[cfg(test)]

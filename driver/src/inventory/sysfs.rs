@@ -11,7 +11,10 @@
 //! [`MAX_ATTRIBUTE_BYTES`] long, so a FIFO or a huge file planted in a tree cannot hang or
 //! flood discovery.
 
+mod dir;
 mod memo;
+
+pub use dir::Dir;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -217,13 +220,7 @@ impl Sysfs {
             (None, _) => read_regular(&path, MAX_ATTRIBUTE_BYTES, Links::Refuse),
         };
         match result {
-            Ok(bytes) => {
-                let Ok(text) = String::from_utf8(bytes) else {
-                    return Ok(None);
-                };
-                let text = text.trim();
-                Ok((!text.is_empty()).then(|| text.to_owned()))
-            }
+            Ok(bytes) => Ok(text_of(bytes)),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(err) => Err(Error::io(format!("reading sysfs {}", path.display()), err)),
         }
@@ -237,12 +234,7 @@ impl Sysfs {
 
     /// A `0x%x` attribute (vendor, device, class); the `0x` is optional, as in `sriov_vf_device`.
     pub fn read_hex(&self, rel: &Path) -> Option<u32> {
-        let text = self.read(rel)?;
-        let digits = text
-            .strip_prefix("0x")
-            .or_else(|| text.strip_prefix("0X"))
-            .unwrap_or(&text);
-        u32::from_str_radix(digits, 16).ok()
+        parse_hex(&self.read(rel)?)
     }
 
     /// Sorted entry names of the directory at `rel` (after resolving it); empty when it is
@@ -297,6 +289,28 @@ impl Sysfs {
             Entry::Unknown => fs::symlink_metadata(self.root.join(here)).is_ok(),
         }
     }
+}
+
+/// An attribute's bytes as trimmed text; `None` when not UTF-8 or blank.
+fn text_of(bytes: Vec<u8>) -> Option<String> {
+    let text = String::from_utf8(bytes).ok()?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        None
+    } else if trimmed.len() == text.len() {
+        Some(text)
+    } else {
+        Some(trimmed.to_owned())
+    }
+}
+
+/// A `0x%x` number, the `0x` optional.
+fn parse_hex(text: &str) -> Option<u32> {
+    let digits = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    u32::from_str_radix(digits, 16).ok()
 }
 
 /// The normal components of `path` as owned strings, dropping `/` and `.` so that absolute

@@ -141,6 +141,12 @@ pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
 /// the order is stable), and always at least one slice: an empty pool and no pool mean
 /// different things to the scheduler.
 pub fn split(devices: &[Device]) -> Vec<Vec<Device>> {
+    split_owned(devices.to_vec())
+}
+
+/// [`split`], moving the devices into the slices instead of copying them: with a thousand
+/// devices each copy is megabytes of peak memory.
+pub fn split_owned(devices: Vec<Device>) -> Vec<Vec<Device>> {
     let per_slice = if devices.iter().any(uses_advanced_features) {
         MAX_DEVICES_PER_SLICE_ADVANCED
     } else {
@@ -149,7 +155,12 @@ pub fn split(devices: &[Device]) -> Vec<Vec<Device>> {
     if devices.is_empty() {
         return vec![Vec::new()];
     }
-    devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
+    let mut out = Vec::with_capacity(devices.len().div_ceil(per_slice));
+    let mut rest = devices.into_iter().peekable();
+    while rest.peek().is_some() {
+        out.push(rest.by_ref().take(per_slice).collect());
+    }
+    out
 }
 
 /// What the apiserver takes: whether `DRAPartitionableDevices` is on.
@@ -185,22 +196,27 @@ impl From<Vec<Device>> for DesiredSlice {
 /// counter sets the devices consume, at most 8 per slice. In [`Mode::Plain`] the devices lose
 /// their `consumesCounters`, so the pool never names a set it does not publish.
 pub fn layout(devices: &[Device], mode: Mode) -> Vec<DesiredSlice> {
+    layout_owned(devices.to_vec(), mode)
+}
+
+/// [`layout`], moving the devices into the slices instead of copying them.
+pub fn layout_owned(mut devices: Vec<Device>, mode: Mode) -> Vec<DesiredSlice> {
     match mode {
         Mode::Plain => {
-            let plain: Vec<Device> = devices
-                .iter()
-                .cloned()
-                .map(|mut d| {
-                    d.consumes_counters = None;
-                    d
-                })
-                .collect();
-            split(&plain).into_iter().map(DesiredSlice::from).collect()
+            for d in &mut devices {
+                d.consumes_counters = None;
+            }
+            split_owned(devices)
+                .into_iter()
+                .map(DesiredSlice::from)
+                .collect()
         }
         Mode::Partitionable => {
-            let mut out: Vec<DesiredSlice> =
-                split(devices).into_iter().map(DesiredSlice::from).collect();
-            let sets = counters::counter_sets(devices);
+            let sets = counters::counter_sets(&devices);
+            let mut out: Vec<DesiredSlice> = split_owned(devices)
+                .into_iter()
+                .map(DesiredSlice::from)
+                .collect();
             out.extend(
                 sets.chunks(counters::MAX_COUNTER_SETS_PER_SLICE)
                     .map(|chunk| DesiredSlice {
@@ -215,7 +231,7 @@ pub fn layout(devices: &[Device], mode: Mode) -> Vec<DesiredSlice> {
 
 /// The node's desired slices for an inventory with nothing retained, counters published.
 pub fn desired(inventory: &Inventory) -> Vec<DesiredSlice> {
-    layout(&devices(inventory, &[]), Mode::Partitionable)
+    layout_owned(devices(inventory, &[]), Mode::Partitionable)
 }
 
 /// The writes that bring the API to the desired state, in the order they must happen.
@@ -258,7 +274,7 @@ fn spec(
     node: &str,
     generation: i64,
     count: usize,
-    slice: &DesiredSlice,
+    slice: DesiredSlice,
 ) -> ResourceSliceSpec {
     ResourceSliceSpec {
         driver: driver.into(),
@@ -268,8 +284,8 @@ fn spec(
             generation,
             resource_slice_count: count as i64,
         },
-        devices: (!slice.devices.is_empty()).then(|| slice.devices.clone()),
-        shared_counters: (!slice.shared_counters.is_empty()).then(|| slice.shared_counters.clone()),
+        devices: (!slice.devices.is_empty()).then_some(slice.devices),
+        shared_counters: (!slice.shared_counters.is_empty()).then_some(slice.shared_counters),
         ..Default::default()
     }
 }
@@ -365,6 +381,17 @@ pub fn plan(
     desired: &[DesiredSlice],
     accepted: &Accepted,
 ) -> Plan {
+    plan_owned(driver, owner, existing, desired.to_vec(), accepted)
+}
+
+/// [`plan`], moving the desired slices into the written ones instead of copying them.
+pub fn plan_owned(
+    driver: &str,
+    owner: &PoolOwner,
+    existing: &[ResourceSlice],
+    desired: Vec<DesiredSlice>,
+    accepted: &Accepted,
+) -> Plan {
     let node = owner.node_name.as_str();
     let ours: Vec<&ResourceSlice> = existing
         .iter()
@@ -402,7 +429,7 @@ pub fn plan(
             matched[i].is_some_and(|s| {
                 !unchanged(
                     &s.spec,
-                    &spec(driver, node, keep_generation, count, &desired[i]),
+                    &spec(driver, node, keep_generation, count, desired[i].clone()),
                     accepted,
                 )
             })
@@ -415,7 +442,7 @@ pub fn plan(
     let stored = stored_taints(ours.iter().map(|s| &s.spec));
     let mut updates = Vec::new();
     let mut creates = Vec::new();
-    for (i, slice) in desired.iter().enumerate() {
+    for (i, slice) in desired.into_iter().enumerate() {
         let mut want = spec(driver, node, generation, count, slice);
         carry_time_added(&mut want, &stored, true);
         match matched[i] {

@@ -11,9 +11,10 @@
 //! passes.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -38,12 +39,49 @@ pub(super) enum Entry {
     Unknown,
 }
 
-/// One directory's entries, sorted by name.
+/// One directory's entries, sorted by name. The names share one buffer: a pass keeps a
+/// listing of every directory it met, some thousands of directories of some forty entries, and
+/// one allocation per name was most of the memo's allocations and memory.
 #[derive(Debug)]
 pub(super) struct Listing {
-    entries: Vec<(OsString, Option<Kind>)>,
+    /// Every name, back to back.
+    names: Box<[u8]>,
+    /// `(start, end)` of each name in `names`, and its type; sorted by name.
+    entries: Box<[(u32, u32, Option<Kind>)]>,
     /// Whether every entry was read; an incomplete listing cannot prove a name absent.
     complete: bool,
+}
+
+/// Collects a listing's entries in the order the kernel gives them.
+#[derive(Default)]
+struct Builder {
+    names: Vec<u8>,
+    entries: Vec<(u32, u32, Option<Kind>)>,
+}
+
+impl Builder {
+    fn push(&mut self, name: &[u8], kind: Option<Kind>) {
+        // Names are at most 255 bytes; a buffer past 4 GiB is not a directory listing.
+        let (Ok(start), Ok(end)) = (
+            u32::try_from(self.names.len()),
+            u32::try_from(self.names.len() + name.len()),
+        ) else {
+            return;
+        };
+        self.names.extend_from_slice(name);
+        self.entries.push((start, end, kind));
+    }
+
+    fn finish(self, complete: bool) -> Listing {
+        let Builder { names, mut entries } = self;
+        let name = |e: &(u32, u32, Option<Kind>)| &names[e.0 as usize..e.1 as usize];
+        entries.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        Listing {
+            names: names.into_boxed_slice(),
+            entries: entries.into_boxed_slice(),
+            complete,
+        }
+    }
 }
 
 impl Listing {
@@ -53,16 +91,11 @@ impl Listing {
             // A missing directory has no entries: the kernel says "not found" for every name
             // below it. (Below a file it says "not a directory", which a read reports as an
             // error: that case is left to the kernel.)
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Some(Listing {
-                    entries: Vec::new(),
-                    complete: true,
-                });
-            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Some(Listing::missing()),
             Err(_) => return None,
         };
         let mut complete = true;
-        let mut entries = Vec::new();
+        let mut entries = Builder::default();
         for entry in iter {
             let Ok(entry) = entry else {
                 complete = false;
@@ -79,18 +112,51 @@ impl Listing {
                     Kind::Other
                 }
             });
-            entries.push((entry.file_name(), kind));
+            entries.push(entry.file_name().as_bytes(), kind);
         }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Some(Listing { entries, complete })
+        Some(entries.finish(complete))
+    }
+
+    /// The entries of a directory already open (see [`Sysfs::dir`](super::Sysfs::dir)), so
+    /// the descriptor that lists it also serves its reads.
+    pub(super) fn from_dir(dir: &mut nix::dir::Dir) -> Listing {
+        use nix::dir::Type;
+        let mut complete = true;
+        let mut entries = Builder::default();
+        for entry in dir.iter() {
+            // readdir keeps failing once it failed: stop there, as `fs::read_dir` does.
+            let Ok(entry) = entry else {
+                complete = false;
+                break;
+            };
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let kind = entry.file_type().map(|t| match t {
+                Type::Symlink => Kind::Link,
+                Type::Directory => Kind::Dir,
+                Type::File => Kind::File,
+                _ => Kind::Other,
+            });
+            entries.push(name, kind);
+        }
+        entries.finish(complete)
+    }
+
+    /// The listing of a directory that does not exist: every name in it is absent.
+    pub(super) fn missing() -> Listing {
+        Builder::default().finish(true)
+    }
+
+    fn name(&self, entry: &(u32, u32, Option<Kind>)) -> &[u8] {
+        &self.names[entry.0 as usize..entry.1 as usize]
     }
 
     pub(super) fn entry(&self, name: &OsStr) -> Entry {
-        match self
-            .entries
-            .binary_search_by(|(n, _)| n.as_os_str().cmp(name))
-        {
-            Ok(i) => self.entries[i].1.map_or(Entry::Unknown, Entry::Is),
+        let name = name.as_bytes();
+        match self.entries.binary_search_by(|e| self.name(e).cmp(name)) {
+            Ok(i) => self.entries[i].2.map_or(Entry::Unknown, Entry::Is),
             Err(_) if self.complete => Entry::Absent,
             Err(_) => Entry::Unknown,
         }
@@ -100,7 +166,7 @@ impl Listing {
     pub(super) fn names(&self) -> Vec<String> {
         self.entries
             .iter()
-            .filter_map(|(n, _)| n.to_str().map(str::to_owned))
+            .filter_map(|e| std::str::from_utf8(self.name(e)).ok().map(str::to_owned))
             .collect()
     }
 }
@@ -129,6 +195,18 @@ impl Memo {
         if let Some(known) = lock(&self.dirs).get(dir) {
             return known.clone();
         }
+        // The parent's listing, when already read, may say there is no directory here: a
+        // missing name lists as empty (as ENOENT would), a file or FIFO not at all (ENOTDIR);
+        // asking the kernel would only repeat that.
+        if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name())
+            && let Some(Some(up)) = lock(&self.dirs).get(parent)
+        {
+            match up.entry(name) {
+                Entry::Absent => return Some(Arc::new(Listing::missing())),
+                Entry::Is(Kind::File | Kind::Other) => return None,
+                Entry::Is(Kind::Dir | Kind::Link) | Entry::Unknown => {}
+            }
+        }
         #[cfg(test)]
         {
             lock(&self.asked).0 += 1;
@@ -137,6 +215,24 @@ impl Memo {
         lock(&self.dirs)
             .entry(dir.to_path_buf())
             .or_insert(listing)
+            .clone()
+    }
+
+    /// The listing of `dir` if it was asked for already (`Some(None)`: it could not be listed).
+    pub(super) fn known(&self, dir: &Path) -> Option<Option<Arc<Listing>>> {
+        lock(&self.dirs).get(dir).cloned()
+    }
+
+    /// Records the listing of `dir` read through an open descriptor (`None`: unlistable); the
+    /// first one recorded wins, as with [`Memo::listing`].
+    pub(super) fn record(&self, dir: &Path, listing: Option<Listing>) -> Option<Arc<Listing>> {
+        #[cfg(test)]
+        {
+            lock(&self.asked).0 += 1;
+        }
+        lock(&self.dirs)
+            .entry(dir.to_path_buf())
+            .or_insert(listing.map(Arc::new))
             .clone()
     }
 
@@ -157,6 +253,16 @@ impl Memo {
             Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => return None,
             Entry::Is(Kind::Link) | Entry::Unknown => {}
         }
+        self.read_link_with(rel, || fs::read_link(root.join(rel)).ok())
+    }
+
+    /// The remembered `readlink` of `rel`, or `read`'s answer remembered: the caller has
+    /// already checked the listing and may read through a directory descriptor.
+    pub(super) fn read_link_with(
+        &self,
+        rel: &Path,
+        read: impl FnOnce() -> Option<PathBuf>,
+    ) -> Option<PathBuf> {
         if let Some(known) = lock(&self.links).get(rel) {
             return known.clone();
         }
@@ -164,7 +270,7 @@ impl Memo {
         {
             lock(&self.asked).1 += 1;
         }
-        let target = fs::read_link(root.join(rel)).ok();
+        let target = read();
         lock(&self.links).insert(rel.to_path_buf(), target.clone());
         target
     }

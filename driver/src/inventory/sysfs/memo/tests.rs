@@ -163,3 +163,109 @@ fn inventory_sysfs_memoised_asks_the_kernel_once_per_path() {
         Some(1)
     );
 }
+
+/// Everything a [`Sysfs::dir`] of `dir` says about its entry `name`, in the words of
+/// [`answers`]' path-based calls for `dir/name`.
+fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
+    let opened = sysfs.dir(Path::new(dir));
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        opened.read(name),
+        opened.read_i64(name),
+        opened.read_hex(name),
+        opened.link_name(name),
+        opened.link_target(name),
+        opened.list(name),
+        opened.is_dir(name),
+        opened.exists(name),
+        opened.names(),
+    )
+}
+
+fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
+    let rel = Path::new(dir).join(name);
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        sysfs.read(&rel),
+        sysfs.read_i64(&rel),
+        sysfs.read_hex(&rel),
+        sysfs.link_name(&rel),
+        sysfs.link_target(&rel),
+        sysfs.list(&rel),
+        sysfs.is_dir(&rel),
+        sysfs.exists(&rel),
+        sysfs.list(Path::new(dir)),
+    )
+}
+
+#[test]
+fn inventory_sysfs_dir_answers_as_paths_do() {
+    let dir = tempfile::tempdir().unwrap();
+    tree(dir.path());
+    let names = [
+        "vendor",
+        "numa_node",
+        "empty",
+        "big",
+        "fifo",
+        "driver",
+        "alias",
+        "mtu",
+        "speed",
+        "device",
+        "missing",
+        "net",
+        "eth0",
+        "mtu",
+        "passwd",
+        "x",
+        "0000:00:03.0",
+    ];
+    let plain = Sysfs::new(dir.path());
+    let faulty = plain
+        .clone()
+        .with_fault("sys/devices/pci0000:00/0000:00:03.0/vendor", 22);
+    for reader in [&plain, &faulty] {
+        // Fresh memo per directory and shared across all: a directory first met through
+        // `dir` or first listed by a path-based read must answer the same.
+        let shared = reader.memoised();
+        for rel in PATHS {
+            for name in names {
+                let want = path_answers(reader, rel, name);
+                assert_eq!(dir_answers(reader, rel, name), want, "{rel:?} {name}");
+                let fresh = reader.memoised();
+                assert_eq!(dir_answers(&fresh, rel, name), want, "{rel:?} {name} fresh");
+                assert_eq!(
+                    dir_answers(&shared, rel, name),
+                    want,
+                    "{rel:?} {name} shared"
+                );
+                assert_eq!(
+                    path_answers(&shared, rel, name),
+                    want,
+                    "{rel:?} {name} again"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn inventory_sysfs_dir_lists_once_and_reads_each_link_once() {
+    let dir = tempfile::tempdir().unwrap();
+    tree(dir.path());
+    let memoised = Sysfs::new(dir.path()).memoised();
+    let asked = || *lock(&memoised.memo.as_ref().unwrap().asked);
+    let rel = Path::new("sys/devices/pci0000:00/0000:00:03.0");
+    let before = asked();
+    for _ in 0..3 {
+        let opened = memoised.dir(rel);
+        assert_eq!(opened.read_hex("vendor"), Some(0x8086));
+        assert_eq!(opened.link_name("driver").as_deref(), Some("ice"));
+        assert_eq!(opened.real(), Some(rel));
+    }
+    let after = asked();
+    // The root, sys, sys/devices, the root complex and the function listed once each, the
+    // driver link read once, however often the directory is opened.
+    assert_eq!((after.0 - before.0, after.1 - before.1), (5, 1));
+}
