@@ -370,12 +370,10 @@ fn apply(
         link.mac = Some(mac);
     }
     if let Some(m) = change.mtu {
-        let (min, max) = mtu_range.unwrap_or((0, u32::MAX));
-        if m < min {
-            return Err("mtu less than device minimum");
-        }
-        if m > max {
-            return Err("mtu greater than device maximum");
+        match mtu_range {
+            Some((min, _)) if m < min => return Err("mtu less than device minimum"),
+            Some((_, max)) if m > max => return Err("mtu greater than device maximum"),
+            _ => {}
         }
         link.mtu = m;
     }
@@ -520,13 +518,11 @@ impl Session for FakeSession {
         // The kernel flushes addresses and routes and closes the device on a namespace change.
         link.addresses.clear();
         link.up = false;
-        // A device whose name the target has moves under the requested one (the kernel's
-        // `pat`), which the check above found free.
+        // Its name taken in the target, it moves under the requested one (the kernel's `pat`).
         if target_has_name {
             link.name.clone_from(&new_name);
         }
-        // Then it applies the rest in the target, where a refused attribute leaves the
-        // device: moved, half-configured, the request failed.
+        // The rest is applied in the target: a refusal leaves the device there, half-set.
         let range = s.mtu_range.get(&link.index).copied();
         let applied = apply(&mut link, change, range, renamed_onto_taken);
         if applied.is_ok() {
