@@ -40,6 +40,10 @@ mod requests;
 #[path = "kernel_netns/sysctl.rs"]
 mod sysctl;
 
+// Moves the kernel refuses after moving the device, and a move home onto a taken name.
+#[path = "kernel_netns/refused.rs"]
+mod refused;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -680,6 +684,18 @@ fn main() {
         (
             "kernel/failed_attach_is_undone",
             |k| Box::pin(failed_attach_is_undone(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/a_move_refused_after_the_device_moved_is_undone",
+            |k| Box::pin(refused::a_move_refused_after_the_device_moved_is_undone(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/a_move_home_onto_a_taken_name_is_finished_by_the_retry",
+            |k| Box::pin(refused::a_move_home_onto_a_taken_name_is_finished_by_the_retry(k)),
             unisolated.clone(),
             false,
         ),

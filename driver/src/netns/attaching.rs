@@ -15,6 +15,9 @@ enum Done {
     SetVf,
     CreatedChild,
     Moved,
+    /// The move request failed after the kernel had moved the device: it is in the pod under
+    /// this name, half-configured.
+    Landed(String),
 }
 
 /// Attaches per `plan` into the pod namespace `netns`. Idempotent: when the pod already has the
@@ -112,9 +115,10 @@ async fn attach_steps<S: Session>(
     };
     // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT on 6.1
     // and 6.18), so a child gets them all as files. So does a move to an MTU too small for
-    // IPv4: the kernel drops the device's in_device at that MTU change, after the move and
-    // before the sysctls, so the request would fail with the device already in the pod,
-    // where no undo looks for it; as files they fail after the move is recorded, and undo.
+    // IPv4 (plan validation refuses one; older checkpoints may hold it): the kernel drops the
+    // device's in_device at that MTU change, after the move and before the sysctls, so the
+    // request would fail with EAFNOSUPPORT (undone, see [`landed`]) where the file writes
+    // name the sysctl that cannot be set.
     let files = match plan.mode.new_child() {
         None if plan.mtu.is_none_or(|m| m >= sysctl::MIN_IPV4_MTU) => {
             let split = sysctl::split(&plan.sysctls);
@@ -144,7 +148,12 @@ async fn attach_steps<S: Session>(
     match plan.mode.new_child() {
         None => {
             // One RTM_NEWLINK: namespace, final name, MTU, MAC and IPv4 sysctls together.
-            host.move_link(&plan.host_ifname, netns, &into_pod).await?;
+            if let Err(e) = host.move_link(&plan.host_ifname, netns, &into_pod).await {
+                if let Some(name) = landed(pod, plan, restore).await {
+                    done.push(Done::Landed(name));
+                }
+                return Err(e);
+            }
             done.push(Done::Moved);
             crate::failpoint::hit("attach:after-move");
         }
@@ -218,6 +227,9 @@ async fn undo<K: Kernel>(
         match step {
             // Detach also puts the VF settings back.
             Done::Moved => return detach(kernel, plan, Some(netns), restore).await,
+            Done::Landed(name) => {
+                return super::detaching::bring_home(kernel, plan, netns, restore, &name).await;
+            }
             Done::CreatedChild => {
                 if let Some(mut pod) = kernel.open(netns).await? {
                     pod.del_link(&plan.pod_ifname).await?;
@@ -227,4 +239,33 @@ async fn undo<K: Kernel>(
         }
     }
     Ok(())
+}
+
+/// Where a failed move left the device, if in the pod. The kernel (do_setlink) changes the
+/// namespace first and only then applies MAC, MTU, name and IPv4 sysctls there, so one it
+/// refuses (an MTU the device cannot take, a MAC it cannot carry) fails the request with the
+/// device already in the pod, under its host name (or the pod's, when the host name was
+/// taken there). Found by its index (kept across a move unless taken in the pod) or either
+/// name, and by a MAC it can have (its own, or the plan's if the kernel got that far): one
+/// dump, only on this failure path.
+async fn landed<S: Session>(pod: &mut S, plan: &AttachPlan, restore: &Restore) -> Option<String> {
+    let original = &restore.host;
+    let links = match pod.links().await {
+        Ok(links) => links,
+        Err(e) => {
+            tracing::error!(device = %plan.device, error = %e,
+                "a move into the pod failed and the pod's links cannot be read; \
+                 the device may be left there");
+            return None;
+        }
+    };
+    links
+        .into_iter()
+        .find(|l| {
+            (l.index == original.index || l.name == plan.host_ifname || l.name == plan.pod_ifname)
+                && (l.mac == original.mac || (plan.mac.is_some() && l.mac == plan.mac))
+                && (original.permanent_mac.is_none() || l.permanent_mac == original.permanent_mac)
+                && (original.pci_address.is_none() || l.pci_address == original.pci_address)
+        })
+        .map(|l| l.name)
 }

@@ -66,13 +66,7 @@ async fn detach_device<K: Kernel>(
     restore: &Restore,
 ) -> Result<()> {
     let original = &restore.host;
-    let back = LinkChange {
-        name: Some(original.name.clone()),
-        mtu: Some(original.mtu),
-        mac: original.mac,
-        up: None,
-        ipv4_conf: Vec::new(),
-    };
+    let back = back(original);
     if let Some(kind) = plan.mode.child_kind() {
         // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
         // on the host by a crash of an older version (between create and move) goes too.
@@ -113,17 +107,7 @@ async fn detach_device<K: Kernel>(
     }
 
     if moved {
-        // Home under its name, MTU and MAC (the move set them or failed), down, no addresses.
-        if original.addresses.is_empty() && !original.up {
-            return Ok(());
-        }
-        let mut host = open(kernel, &Ns::Host).await?;
-        host.add_addresses(&original.name, &original.addresses)
-            .await?;
-        if original.up {
-            set_up(&mut host, &original.name, true).await?;
-        }
-        return Ok(());
+        return settle_home(kernel, original).await;
     }
 
     let mut host = open(kernel, &Ns::Host).await?;
@@ -141,6 +125,52 @@ async fn detach_device<K: Kernel>(
         return Ok(());
     };
     restore_returned(&mut host, original, current, &back).await
+}
+
+/// The move back: the device's original name, MTU and MAC.
+fn back(original: &LinkState) -> LinkChange {
+    LinkChange {
+        name: Some(original.name.clone()),
+        mtu: Some(original.mtu),
+        mac: original.mac,
+        up: None,
+        ipv4_conf: Vec::new(),
+    }
+}
+
+/// After the move back the device is home under its name, MTU and MAC (the move set them or
+/// failed), down, without addresses: its addresses and admin state go back.
+async fn settle_home<K: Kernel>(kernel: &K, original: &LinkState) -> Result<()> {
+    if original.addresses.is_empty() && !original.up {
+        return Ok(());
+    }
+    let mut host = open(kernel, &Ns::Host).await?;
+    host.add_addresses(&original.name, &original.addresses)
+        .await?;
+    if original.up {
+        set_up(&mut host, &original.name, true).await?;
+    }
+    Ok(())
+}
+
+/// Brings home a device a failed attach left in the pod as `name`, half-configured (the
+/// kernel moved it, then refused an attribute of the same request): moved back under its
+/// original name, MTU and MAC, its addresses, admin state and VF settings put back, as detach
+/// does for a device under the pod's name. A pod namespace gone meanwhile has returned it.
+pub(super) async fn bring_home<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    netns: &Ns,
+    restore: &Restore,
+    name: &str,
+) -> Result<()> {
+    let Some(mut pod) = kernel.open(netns).await? else {
+        return detach(kernel, plan, None, restore).await;
+    };
+    pod.move_link(name, &Ns::Host, &back(&restore.host)).await?;
+    drop(pod);
+    settle_home(kernel, &restore.host).await?;
+    restore_vf(kernel, plan, restore).await
 }
 
 /// A device the kernel returned by itself (its pod namespace died), possibly under another

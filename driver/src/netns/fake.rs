@@ -2,7 +2,8 @@
 //! every operation logged as a line, and failures injectable. It models the kernel behaviour
 //! the executor relies on (a move flushes addresses and routes and brings the link down; a move
 //! onto a name taken in the target moves the device anyway and then fails the rename, as Linux
-//! does; a deleted namespace hands physical devices back to the host under
+//! does, and so does one whose MAC or MTU the device refuses (see [`FakeKernel::limit_mtu`]);
+//! a deleted namespace hands physical devices back to the host under
 //! a free name and destroys virtual ones), so attach/detach/undo logic is tested without root,
 //! and what this kernel cannot do (VLAN without 8021q) is asserted at the message level.
 
@@ -32,6 +33,8 @@ struct State {
     /// Netlink requests the real kernel would have been sent (see [`FakeSession::lookup`]).
     requests: u64,
     fail: Vec<(String, String)>,
+    /// MTU range (min, max) by ifindex, for links given one; others take any MTU.
+    mtu_range: BTreeMap<u32, (u32, u32)>,
     next_index: u32,
     /// Child link → the link it sits on: deleting a link deletes its children, as the kernel
     /// does (a macvlan dies with its VLAN).
@@ -144,6 +147,15 @@ impl FakeKernel {
         {
             link.permanent_mac = Some(permanent_mac);
             link.pci_address = Some(pci.to_owned());
+        }
+    }
+
+    /// Gives the link `name` in `ns` the MTU range of its driver: a change outside it is
+    /// refused, as the kernel refuses it (also inside a move, once the device has moved).
+    pub fn limit_mtu(&self, ns: &Ns, name: &str, min: u32, max: u32) {
+        let mut s = self.lock();
+        if let Some(index) = find(&mut s, ns, name).map(|l| l.index) {
+            s.mtu_range.insert(index, (min, max));
         }
     }
 
@@ -341,19 +353,40 @@ fn find<'a>(s: &'a mut State, ns: &Ns, name: &str) -> Option<&'a mut LinkState> 
     s.links.get_mut(ns)?.iter_mut().find(|l| l.name == name)
 }
 
-fn apply(link: &mut LinkState, change: &LinkChange) {
-    if let Some(n) = &change.name {
-        link.name = n.clone();
+/// Applies `change` to `link` in the kernel's order (do_setlink: MAC, MTU, name, admin
+/// state), stopping at the first attribute refused: what came before it stays, and the
+/// refusal is returned as the kernel words it. A MAC is refused when it is multicast or zero
+/// (`is_valid_ether_addr`), an MTU outside the link's range, a name when `name_taken`.
+fn apply(
+    link: &mut LinkState,
+    change: &LinkChange,
+    mtu_range: Option<(u32, u32)>,
+    name_taken: bool,
+) -> std::result::Result<(), &'static str> {
+    if let Some(mac) = change.mac {
+        if mac[0] & 1 == 1 || mac == [0; 6] {
+            return Err("Cannot assign requested address");
+        }
+        link.mac = Some(mac);
     }
     if let Some(m) = change.mtu {
+        match mtu_range {
+            Some((min, _)) if m < min => return Err("mtu less than device minimum"),
+            Some((_, max)) if m > max => return Err("mtu greater than device maximum"),
+            _ => {}
+        }
         link.mtu = m;
     }
-    if let Some(mac) = change.mac {
-        link.mac = Some(mac);
+    if let Some(n) = &change.name {
+        if name_taken && *n != link.name {
+            return Err("File exists");
+        }
+        link.name = n.clone();
     }
     if let Some(up) = change.up {
         link.up = up;
     }
+    Ok(())
 }
 
 impl Kernel for FakeKernel {
@@ -470,7 +503,8 @@ impl Session for FakeSession {
         // Linux (seen on 6.18) moves the device under its current name and only then fails
         // the rename; only a clash of that name too keeps it where it is.
         let renamed_onto_taken = target.iter().any(|l| l.name == new_name);
-        if renamed_onto_taken && target.iter().any(|l| l.name == name) {
+        let target_has_name = target.iter().any(|l| l.name == name);
+        if renamed_onto_taken && target_has_name {
             return Err(Error::io(
                 format!("moving {name}"),
                 std::io::Error::other("File exists"),
@@ -484,8 +518,14 @@ impl Session for FakeSession {
         // The kernel flushes addresses and routes and closes the device on a namespace change.
         link.addresses.clear();
         link.up = false;
-        if !renamed_onto_taken {
-            apply(&mut link, change);
+        // Its name taken in the target, it moves under the requested one (the kernel's `pat`).
+        if target_has_name {
+            link.name.clone_from(&new_name);
+        }
+        // The rest is applied in the target: a refusal leaves the device there, half-set.
+        let range = s.mtu_range.get(&link.index).copied();
+        let applied = apply(&mut link, change, range, renamed_onto_taken);
+        if applied.is_ok() {
             // Applied last, to the device as the pod now has it.
             set_ipv4_conf(&mut s, to, &link.name, change);
         }
@@ -495,13 +535,8 @@ impl Session for FakeSession {
         // The kernel shuts a device's qdiscs down when it changes namespace.
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
-        if renamed_onto_taken {
-            return Err(Error::io(
-                format!("moving {name}"),
-                std::io::Error::other("File exists"),
-            ));
-        }
-        Ok(())
+        applied
+            .map_err(|refused| Error::io(format!("moving {name}"), std::io::Error::other(refused)))
     }
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
@@ -517,15 +552,17 @@ impl Session for FakeSession {
             .name
             .as_ref()
             .is_some_and(|n| n != name && find(&mut s, &ns, n).is_some());
-        if clash {
-            return Err(Error::io(
-                format!("renaming {name}"),
-                std::io::Error::other("File exists"),
-            ));
-        }
+        let range = find(&mut s, &ns, name)
+            .map(|l| l.index)
+            .and_then(|i| s.mtu_range.get(&i).copied());
         match find(&mut s, &ns, name) {
             Some(link) => {
-                apply(link, change);
+                apply(link, change, range, clash).map_err(|refused| {
+                    Error::io(
+                        format!("changing link {name}"),
+                        std::io::Error::other(refused),
+                    )
+                })?;
                 let now = link.name.clone();
                 set_ipv4_conf(&mut s, &ns, &now, change);
                 // A qdisc belongs to the device, whatever it is called.
@@ -638,7 +675,13 @@ impl Session for FakeSession {
             permanent_mac: None,
             pci_address: None,
         };
-        apply(&mut link, change);
+        // A creation with a refused attribute creates nothing.
+        apply(&mut link, change, None, false).map_err(|refused| {
+            Error::io(
+                format!("creating {}", link.name),
+                std::io::Error::other(refused),
+            )
+        })?;
         s.lower
             .push(((to.clone(), link.name.clone()), (ns, parent.to_owned())));
         s.links.entry(to.clone()).or_default().push(link);

@@ -496,3 +496,6 @@ async fn macvlan_and_ipvlan_children_are_created_in_the_pod_and_deleted() {
 
 // Netlink requests per attach and detach (issue 14), in a file of their own.
 mod requests;
+
+// Moves the kernel refuses after moving the device, in a file of their own.
+mod refused;
