@@ -282,6 +282,39 @@ struct AboveMoves {
     /// host-device cycle minus the same iteration's kernel-floor cycle (its moves happen
     /// inside the plugin process; the floor is the estimate of them).
     host_device: Vec<Duration>,
+    /// CPU time (user + system, all threads) of the plugin processes of one host-device
+    /// cycle (ADD, DEL and their IPAM plugin), from the reaped children's rusage. A task
+    /// waiting in `rcu_barrier()` sleeps, so no grace-period phase distorts it, whereas the
+    /// floor-difference estimate swings with how many RCU callbacks the previous side left
+    /// queued. Not a wall time: the plugin's threads may overlap each other and the wait.
+    host_device_cpu: Vec<Duration>,
+    /// The same for knic: CPU time of this process (all threads) during its cycle, the
+    /// executor's own work plus the kernel's for its requests.
+    knic_cpu: Vec<Duration>,
+}
+
+/// CPU time of this process so far (all threads).
+fn self_cpu() -> Duration {
+    rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_SELF)
+}
+
+/// CPU time of every child process reaped so far (their own children included, as they
+/// waited for them).
+fn children_cpu() -> Duration {
+    rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+}
+
+fn rusage_cpu(who: nix::sys::resource::UsageWho) -> Duration {
+    match nix::sys::resource::getrusage(who) {
+        Ok(u) => {
+            let tv = |t: nix::sys::time::TimeVal| {
+                Duration::from_secs(t.tv_sec().max(0) as u64)
+                    + Duration::from_micros(t.tv_usec().max(0) as u64)
+            };
+            tv(u.user_time()) + tv(u.system_time())
+        }
+        Err(_) => Duration::ZERO,
+    }
 }
 
 /// Prints the above-the-moves table, the ratio and the verdict (no verdict in a smoke run).
@@ -293,6 +326,16 @@ fn report_above_moves(above: &AboveMoves, with_host_device: bool, smoke: bool) {
     if with_host_device {
         println!("{}", row("host-device", "above", &above.host_device));
     }
+    println!();
+    println!(
+        "CPU time per cycle (user + system, all threads; the moves' kernel work included, \
+         their grace-period wait not):"
+    );
+    println!("{}", Samples::header());
+    println!("{}", row("knic", "CPU", &above.knic_cpu));
+    if with_host_device {
+        println!("{}", row("host-device", "CPU", &above.host_device_cpu));
+    }
     println!(
         "knic: cycle minus the time measured inside its own move_link requests (a wrapper \
          around the kernel; the executor is unchanged)"
@@ -301,6 +344,10 @@ fn report_above_moves(above: &AboveMoves, with_host_device: bool, smoke: bool) {
         println!(
             "host-device: cycle minus the SAME iteration's kernel-floor cycle, an ESTIMATE of \
              its moves (they happen inside the plugin process and cannot be timed from here)"
+        );
+        println!(
+            "host-device CPU: the plugin processes of the cycle (ADD, DEL, IPAM), from the \
+             reaped children's rusage; knic CPU: this process during its cycle"
         );
     }
     if smoke {
@@ -311,6 +358,8 @@ fn report_above_moves(above: &AboveMoves, with_host_device: bool, smoke: bool) {
     if with_host_device {
         let r = ratio(&above.host_device, &above.knic);
         println!("ratio above the moves (host-device p50 / knic p50): {r:.1}x");
+        let cpu = ratio(&above.host_device_cpu, &above.knic_cpu);
+        println!("ratio of CPU per cycle (host-device p50 / knic p50): {cpu:.1}x");
         println!(
             "goal knic <= {} per cycle above the moves and >= {ABOVE_MOVES_RATIO_TARGET}x \
              below host-device: {} (knic p50 {}: {}; ratio {r:.1}x: {})",
@@ -382,22 +431,29 @@ fn main() -> anyhow::Result<()> {
         for i in 0..run.cycles {
             let last = i + 1 == run.cycles;
             let sent_before = timed.inner().requests();
+            let knic_cpu_before = self_cpu();
             let (k, made) = knic_cycle(&timed, &plan, &pod, last).await?;
+            above
+                .knic_cpu
+                .push(self_cpu().saturating_sub(knic_cpu_before));
             netlink_requests += timed.inner().requests() - sent_before;
             above
                 .knic
                 .push((k.0 + k.1).saturating_sub(spent_in(&made, "move_link")));
             timed::add(&mut requests, &made);
             knic.push(k);
+            let cpu_before = children_cpu();
             let h = match &host_device {
                 Ok(p) => Some(host_device_cycle(p, &add_conf, last)?),
                 Err(_) => None,
             };
+            let plugin_cpu = children_cpu().saturating_sub(cpu_before);
             let f = floor_cycle(&raw, &pod).await?;
             if let Some(h) = h {
                 above
                     .host_device
                     .push((h.0 + h.1).saturating_sub(f.0 + f.1));
+                above.host_device_cpu.push(plugin_cpu);
                 hd.push(h);
             }
             floor.push(f);

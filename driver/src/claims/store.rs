@@ -52,6 +52,12 @@ pub struct ClaimStore {
     writes: AtomicU64,
     /// Notes applied to the state since the last write: the file lags behind memory.
     noted: AtomicBool,
+    /// Order of writes, taken under the state lock: a write's generation.
+    generation: AtomicU64,
+    /// The generation on disk, held while a file is written. A writer cancelled while its
+    /// blocking save runs releases the state lock with the save still going; without this a
+    /// later, newer write could finish first and the orphan's rename land over it.
+    on_disk: std::sync::Arc<StdMutex<u64>>,
     /// Bumped after every change to the prepared set, so the publisher re-merges retained
     /// devices.
     changes: watch::Sender<u64>,
@@ -90,6 +96,8 @@ impl ClaimStore {
             queue: StdMutex::default(),
             writes: AtomicU64::new(0),
             noted: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            on_disk: std::sync::Arc::default(),
             changes: watch::channel(0).0,
         }
     }
@@ -351,9 +359,22 @@ impl Locked<'_> {
     async fn write(&mut self, next: Checkpoint, membership: bool) -> Result<()> {
         let file = self.store.file.clone();
         let written = next.clone();
-        tokio::task::spawn_blocking(move || file.save(&written))
-            .await
-            .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))??;
+        let generation = self.store.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let on_disk = std::sync::Arc::clone(&self.store.on_disk);
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut last = on_disk
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *last > generation {
+                // An orphan of a cancelled writer: a newer state is already on disk.
+                return Ok(());
+            }
+            file.save(&written)?;
+            *last = generation;
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))??;
         self.store.writes.fetch_add(1, Ordering::Relaxed);
         // The state written includes every note applied so far (under this lock).
         self.store.noted.store(false, Ordering::Relaxed);

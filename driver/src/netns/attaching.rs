@@ -259,6 +259,16 @@ async fn landed<S: Session>(pod: &mut S, plan: &AttachPlan, restore: &Restore) -
             return None;
         }
     };
+    // With nothing that identifies the device (no MAC, no permanent MAC, no PCI function), an
+    // index or a name alone could be another link of the pod's (tunl0, sit0 have small
+    // indexes): better to report the device possibly left there than to move the wrong one.
+    if original.mac.is_none() && original.permanent_mac.is_none() && original.pci_address.is_none()
+    {
+        tracing::error!(device = %plan.device,
+            "a move into the pod failed and the device has no MAC or PCI function to find it by; \
+             it may be left there");
+        return None;
+    }
     links
         .into_iter()
         .find(|l| {

@@ -1,5 +1,5 @@
 //! The kernel, through rtnetlink. Each pod session owns one netlink socket created inside its
-//! namespace (host sessions share one, see [`host_connection`]): a socket stays bound to the
+//! namespace (host sessions reuse pooled ones, see [`host_connection`]): a socket stays bound to the
 //! namespace it was created in, so the calling thread
 //! `setns`es into the pod's namespace only for the synchronous call that creates the socket
 //! (or opens sysctl files) and straight back, with no await in between, so no other task ever
@@ -80,9 +80,11 @@ impl Rtnl {
 /// One rtnetlink socket in one namespace.
 pub struct RtnlSession {
     handle: Handle,
-    /// The connection task this session owns (a pod's), aborted with it; `None` for a host
-    /// session, whose connection is shared (see [`host_connection`]).
+    /// The connection task this session holds, aborted with a pod's session; a host session's
+    /// goes back to the pool instead (see [`host_connection`]).
     task: Option<tokio::task::JoinHandle<()>>,
+    /// `Some(host path)` for a host session: its connection is returned to the pool on drop.
+    pooled: Option<Option<PathBuf>>,
     /// The namespace file, for sysctl writes (`None`: the process's own).
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
@@ -94,8 +96,12 @@ pub struct RtnlSession {
 
 impl Drop for RtnlSession {
     fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        match self.pooled.take() {
+            Some(path) => give_back(path, self.handle.clone(), task),
+            None => task.abort(),
         }
     }
 }
@@ -154,32 +160,63 @@ fn connect(path: Option<&Path>) -> std::io::Result<(Handle, tokio::task::JoinHan
     Ok((handle, tokio::spawn(connection)))
 }
 
-/// Host connections of this thread, by host namespace path: (path, handle, connection task).
+/// Idle host connections of this thread: (host namespace path, handle, connection task).
 type HostConnections = Vec<(Option<PathBuf>, Handle, tokio::task::JoinHandle<()>)>;
+
+/// Idle host connections kept per thread; more than this many sessions at once open their own
+/// sockets, which are closed when they end.
+const IDLE_HOST_CONNECTIONS: usize = 8;
 
 thread_local! {
     static HOST_CONNECTIONS: std::cell::RefCell<HostConnections> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The host namespace's rtnetlink socket, opened once and shared by every host session (a
-/// netlink connection multiplexes concurrent requests by sequence number), so a host session
-/// costs no socket, task or first-request set-up. Kept per thread: the connection task runs
-/// on the runtime that opened it, and a thread runs one runtime at a time (tests and
-/// benchmarks build a runtime per case); a connection whose runtime is gone (its task
-/// finished) is replaced. The host socket keeps no pod namespace alive, unlike a pod's.
-fn host_connection(path: Option<&Path>) -> Result<Handle> {
-    HOST_CONNECTIONS.with(|cell| {
-        let mut connections = cell.borrow_mut();
-        connections.retain(|(_, _, task)| !task.is_finished());
-        if let Some((_, handle, _)) = connections.iter().find(|(p, _, _)| p.as_deref() == path) {
-            return Ok(handle.clone());
+/// A host namespace rtnetlink socket for one session's exclusive use, taken from this thread's
+/// pool of idle ones or opened, so a host session usually costs no socket, task or
+/// first-request set-up. Exclusive, not shared: the kernel runs one dump at a time per netlink
+/// socket and answers a second with EBUSY, and concurrent pods' host sessions dump links and
+/// addresses at the same time. Pooled per thread: the connection task runs on the runtime that
+/// opened it, and a thread runs one runtime at a time (tests and benchmarks build a runtime per
+/// case); a connection whose runtime is gone (its task finished) is dropped. Host sockets keep
+/// no pod namespace alive, unlike a pod's.
+fn host_connection(path: Option<&Path>) -> Result<(Handle, tokio::task::JoinHandle<()>)> {
+    let idle = HOST_CONNECTIONS
+        .try_with(|cell| {
+            let mut connections = cell.borrow_mut();
+            connections.retain(|(_, _, task)| !task.is_finished());
+            let at = connections
+                .iter()
+                .position(|(p, _, _)| p.as_deref() == path)?;
+            let (_, handle, task) = connections.swap_remove(at);
+            Some((handle, task))
+        })
+        .ok()
+        .flatten();
+    match idle {
+        Some(connection) => Ok(connection),
+        None => connect(path).map_err(io("opening rtnetlink in namespace host".to_owned())),
+    }
+}
+
+/// Returns a host session's connection to the pool of the thread that ends the session (any
+/// thread of the same runtime can drive it), or closes it when the pool is full.
+fn give_back(path: Option<PathBuf>, handle: Handle, task: tokio::task::JoinHandle<()>) {
+    if task.is_finished() {
+        return;
+    }
+    let mut task = Some(task);
+    let _ = HOST_CONNECTIONS.try_with(|cell| {
+        if let Ok(mut connections) = cell.try_borrow_mut()
+            && connections.len() < IDLE_HOST_CONNECTIONS
+            && let Some(task) = task.take()
+        {
+            connections.push((path, handle, task));
         }
-        let (handle, task) =
-            connect(path).map_err(io("opening rtnetlink in namespace host".to_owned()))?;
-        connections.push((path.map(Path::to_path_buf), handle.clone(), task));
-        Ok(handle)
-    })
+    });
+    if let Some(task) = task {
+        task.abort();
+    }
 }
 
 impl Kernel for Rtnl {
@@ -196,7 +233,10 @@ impl Kernel for Rtnl {
             }
         };
         let (handle, task) = match ns {
-            Ns::Host => (host_connection(ns_path.as_deref())?, None),
+            Ns::Host => {
+                let (handle, task) = host_connection(ns_path.as_deref())?;
+                (handle, Some(task))
+            }
             Ns::Pod(_) => {
                 let (handle, task) = connect(ns_path.as_deref())
                     .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
@@ -206,6 +246,7 @@ impl Kernel for Rtnl {
         Ok(Some(RtnlSession {
             handle,
             task,
+            pooled: matches!(ns, Ns::Host).then(|| ns_path.clone()),
             ns_path,
             host_path: self.host_path(),
             sysctl_root: self.sysctl_root.clone(),
@@ -760,4 +801,35 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
 /// Whether this kernel can create VLAN (802.1Q) links; kernel tests skip VLAN cases without it.
 pub fn kernel_has_8021q() -> bool {
     Path::new("/sys/module/8021q").exists() || Path::new("/proc/net/vlan").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel answers a second dump on one netlink socket with EBUSY: host sessions of
+    /// pods handled at once must not share a socket. Reads only the process's own links, so
+    /// it needs no privilege.
+    #[tokio::test(flavor = "current_thread")]
+    async fn concurrent_host_sessions_dump_at_once() {
+        let kernel = Rtnl::new(None);
+        let mut sessions = Vec::new();
+        for _ in 0..12 {
+            sessions.push(kernel.open(&Ns::Host).await.unwrap().unwrap());
+        }
+        let dumps = sessions.iter_mut().map(|s| s.links());
+        for links in futures::future::join_all(dumps).await {
+            let links = links.expect("a host session's dump failed");
+            assert!(links.iter().any(|l| l.name == "lo"), "no lo in {links:?}");
+        }
+        // Ended sessions give their sockets back: the next ones reuse them.
+        drop(sessions);
+        let idle = HOST_CONNECTIONS.with(|c| c.borrow().len());
+        assert_eq!(idle, IDLE_HOST_CONNECTIONS);
+        let _again = kernel.open(&Ns::Host).await.unwrap().unwrap();
+        assert_eq!(
+            HOST_CONNECTIONS.with(|c| c.borrow().len()),
+            IDLE_HOST_CONNECTIONS - 1
+        );
+    }
 }

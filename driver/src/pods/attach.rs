@@ -189,7 +189,18 @@ impl<K: Kernel> PodNetworks<K> {
     /// for a device away from the host. Host VLANs nobody records any more go too.
     async fn undo(&self, claims: &[PreparedClaim], steps: &[Step], failed: usize, path: &Path) {
         let target = Ns::Pod(path.to_path_buf());
-        let mut forget: Vec<&Step> = vec![&steps[failed]];
+        let mut forget: Vec<&Step> = Vec::new();
+        // The failed device undid itself, but an undo can fail too (a refused move home, an
+        // unreadable pod): its record goes only once a detach, which finds a device already
+        // home and restores nothing twice, says it is on the host.
+        let f = &steps[failed];
+        let a = &claims[f.claim].attachments[f.index];
+        match netns::detach(&self.kernel, &a.plan, Some(&target), &f.restore).await {
+            Ok(()) => forget.push(f),
+            Err(e) => {
+                tracing::error!(device = %a.plan.device, error = %e, "the failed device is not back on the host; the record stays for detach to retry");
+            }
+        }
         for s in steps[..failed].iter().rev() {
             let claim = &claims[s.claim];
             let a = &claim.attachments[s.index];
