@@ -248,7 +248,11 @@ async fn undo<K: Kernel>(
 /// taken there). Found by its index (kept across a move unless taken in the pod) or either
 /// name, and by a MAC it can have (its own, or the plan's if the kernel got that far): one
 /// dump, only on this failure path.
-async fn landed<S: Session>(pod: &mut S, plan: &AttachPlan, restore: &Restore) -> Option<String> {
+pub(super) async fn landed<S: Session>(
+    pod: &mut S,
+    plan: &AttachPlan,
+    restore: &Restore,
+) -> Option<String> {
     let original = &restore.host;
     let links = match pod.links().await {
         Ok(links) => links,
@@ -262,8 +266,7 @@ async fn landed<S: Session>(pod: &mut S, plan: &AttachPlan, restore: &Restore) -
     // With nothing that identifies the device (no MAC, no permanent MAC, no PCI function), an
     // index or a name alone could be another link of the pod's (tunl0, sit0 have small
     // indexes): better to report the device possibly left there than to move the wrong one.
-    if original.mac.is_none() && original.permanent_mac.is_none() && original.pci_address.is_none()
-    {
+    if !super::detaching::identifiable(original) {
         tracing::error!(device = %plan.device,
             "a move into the pod failed and the device has no MAC or PCI function to find it by; \
              it may be left there");

@@ -91,19 +91,32 @@ async fn detach_device<K: Kernel>(
     let mut moved = false;
     if let Some(ns) = netns
         && let Some(mut pod) = kernel.open(ns).await?
-        && let Some(link) = pod.find_link(&plan.pod_ifname).await?
-        && is_same_device(&link, plan, restore)
     {
-        // The host gets its device without knic's limit. Not fatal: the kernel drops a
-        // device's qdiscs when it changes namespace anyway.
-        if plan.bandwidth.is_some()
-            && let Err(e) = pod.clear_egress_limit(&plan.pod_ifname).await
-        {
-            tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
+        match pod.find_link(&plan.pod_ifname).await? {
+            Some(link) if is_same_device(&link, plan, restore) => {
+                // The host gets its device without knic's limit. Not fatal: the kernel drops
+                // a device's qdiscs when it changes namespace anyway.
+                if plan.bandwidth.is_some()
+                    && let Err(e) = pod.clear_egress_limit(&plan.pod_ifname).await
+                {
+                    tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
+                }
+                pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
+                moved = true;
+                crate::failpoint::hit("detach:after-move");
+            }
+            _ if identifiable(original) => {
+                // A move the kernel refused half-way (namespace changed, a later attribute
+                // refused) whose undo a crash cut short: the device is in the pod under
+                // another name. Without this it would come home unrestored when the pod's
+                // namespace dies, its record long forgotten.
+                if let Some(name) = super::attaching::landed(&mut pod, plan, restore).await {
+                    pod.move_link(&name, &Ns::Host, &back).await?;
+                    moved = true;
+                }
+            }
+            _ => {}
         }
-        pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
-        moved = true;
-        crate::failpoint::hit("detach:after-move");
     }
 
     if moved {
@@ -125,6 +138,11 @@ async fn detach_device<K: Kernel>(
         return Ok(());
     };
     restore_returned(&mut host, original, current, &back).await
+}
+
+/// Whether a link can be told apart from the pod's own by more than its index or name.
+pub(super) fn identifiable(original: &LinkState) -> bool {
+    original.mac.is_some() || original.permanent_mac.is_some() || original.pci_address.is_some()
 }
 
 /// The move back: the device's original name, MTU and MAC.

@@ -92,15 +92,20 @@ pub struct Split {
 /// file writer accepts them) into devconf attributes and file writes.
 pub fn split(sysctls: &BTreeMap<String, String>) -> Split {
     let mut out = Split::default();
+    // Two spellings of one sysctl: the one written last as a file would win, so the later
+    // key (in map order) wins here too, and each id is sent once.
+    let mut conf = BTreeMap::new();
     for (key, value) in sysctls {
         match as_devconf(key, value) {
-            Some(pair) => out.ipv4_conf.push(pair),
+            Some((id, value)) => {
+                conf.insert(id, value);
+            }
             None => {
                 out.files.insert(key.clone(), value.clone());
             }
         }
     }
-    out.ipv4_conf.sort_unstable();
+    out.ipv4_conf = conf.into_iter().collect();
     out
 }
 
@@ -177,6 +182,18 @@ mod tests {
                 "ipv6.accept_ra",
             ]
         );
+    }
+
+    #[test]
+    fn two_spellings_of_one_sysctl_send_one_id_and_the_later_key_wins() {
+        // `ipv4.arp_ignore` sorts before `net.ipv4.conf.net1.arp_ignore`: the file writer
+        // would write the latter last.
+        let s = split(&map(&[
+            ("ipv4.arp_ignore", "1"),
+            ("net.ipv4.conf.net1.arp_ignore", "2"),
+        ]));
+        assert_eq!(s.ipv4_conf, vec![(19, 2)]);
+        assert!(s.files.is_empty(), "{:?}", s.files);
     }
 
     #[test]

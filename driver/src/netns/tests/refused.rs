@@ -127,3 +127,26 @@ async fn a_move_home_refused_on_the_host_is_finished_by_the_retried_detach() {
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
 }
+
+#[tokio::test]
+async fn a_device_left_in_the_pod_by_a_crash_during_the_undo_is_brought_home_by_detach() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    // The half-applied move as a crash left it: in the pod, still under its host name (the
+    // kernel refused a later attribute and the driver died before undoing it).
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    let stay = LinkChange {
+        name: None,
+        mtu: None,
+        mac: None,
+        up: None,
+        ipv4_conf: Vec::new(),
+    };
+    host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
+    drop(host);
+    assert!(host_device(&k, "ens1f0v0").is_none());
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
+    assert!(k.links(&pod()).is_empty(), "{:?}", k.links(&pod()));
+}
