@@ -149,8 +149,14 @@ async fn attach_steps<S: Session>(
         None => {
             // One RTM_NEWLINK: namespace, final name, MTU, MAC and IPv4 sysctls together.
             if let Err(e) = host.move_link(&plan.host_ifname, netns, &into_pod).await {
-                if let Some(name) = landed(pod, plan, restore).await {
-                    done.push(Done::Landed(name));
+                match landed(pod, plan, restore).await {
+                    Ok(Some(name)) => done.push(Done::Landed(name)),
+                    Ok(None) => {}
+                    Err(read) => {
+                        tracing::error!(device = %plan.device, error = %read,
+                            "a move into the pod failed and the pod's links cannot be read; \
+                             the device may be left there");
+                    }
                 }
                 return Err(e);
             }
@@ -252,27 +258,20 @@ pub(super) async fn landed<S: Session>(
     pod: &mut S,
     plan: &AttachPlan,
     restore: &Restore,
-) -> Option<String> {
+) -> Result<Option<String>> {
     let original = &restore.host;
-    let links = match pod.links().await {
-        Ok(links) => links,
-        Err(e) => {
-            tracing::error!(device = %plan.device, error = %e,
-                "a move into the pod failed and the pod's links cannot be read; \
-                 the device may be left there");
-            return None;
-        }
-    };
     // With nothing that identifies the device (no MAC, no permanent MAC, no PCI function), an
     // index or a name alone could be another link of the pod's (tunl0, sit0 have small
     // indexes): better to report the device possibly left there than to move the wrong one.
     if !super::detaching::identifiable(original) {
         tracing::error!(device = %plan.device,
-            "a move into the pod failed and the device has no MAC or PCI function to find it by; \
-             it may be left there");
-        return None;
+            "the device has no MAC or PCI function to find it by in the pod; it may be left there");
+        return Ok(None);
     }
-    links
+    // An unreadable pod is an error, not "not there": detach must not forget a device it
+    // could not look for.
+    let links = pod.links().await?;
+    Ok(links
         .into_iter()
         .find(|l| {
             (l.index == original.index || l.name == plan.host_ifname || l.name == plan.pod_ifname)
@@ -280,5 +279,5 @@ pub(super) async fn landed<S: Session>(
                 && (original.permanent_mac.is_none() || l.permanent_mac == original.permanent_mac)
                 && (original.pci_address.is_none() || l.pci_address == original.pci_address)
         })
-        .map(|l| l.name)
+        .map(|l| l.name))
 }

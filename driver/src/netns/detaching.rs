@@ -110,7 +110,7 @@ async fn detach_device<K: Kernel>(
                 // refused) whose undo a crash cut short: the device is in the pod under
                 // another name. Without this it would come home unrestored when the pod's
                 // namespace dies, its record long forgotten.
-                if let Some(name) = super::attaching::landed(&mut pod, plan, restore).await {
+                if let Some(name) = super::attaching::landed(&mut pod, plan, restore).await? {
                     pod.move_link(&name, &Ns::Host, &back).await?;
                     moved = true;
                 }

@@ -340,6 +340,23 @@ impl FakeSession {
         Ok(s)
     }
 
+    /// The injected failure for a read (`<ns>: link show`); reads are not logged.
+    fn read(&self, what: &str) -> Result<()> {
+        let line = format!("{}: {what}", self.ns);
+        let mut s = self.kernel.lock();
+        match s
+            .fail
+            .iter()
+            .position(|(p, _)| line.starts_with(p.as_str()))
+        {
+            Some(pos) => {
+                let (_, message) = s.fail.remove(pos);
+                Err(Error::io(line, std::io::Error::other(message)))
+            }
+            None => Ok(()),
+        }
+    }
+
     fn missing(&self, name: &str) -> Error {
         Error::kernel(
             &self.ns,
@@ -471,6 +488,7 @@ impl Session for FakeSession {
 
     async fn links(&mut self) -> Result<Vec<LinkState>> {
         self.sent(1);
+        self.read("link show")?;
         let mut links = self.kernel.links(&self.ns);
         for l in &mut links {
             l.addresses.clear();

@@ -150,3 +150,32 @@ async fn a_device_left_in_the_pod_by_a_crash_during_the_undo_is_brought_home_by_
     assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
     assert!(k.links(&pod()).is_empty(), "{:?}", k.links(&pod()));
 }
+
+#[tokio::test]
+async fn a_detach_that_cannot_read_the_pod_fails_instead_of_forgetting_the_device() {
+    let (k, _) = kernel();
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    let stay = LinkChange {
+        name: None,
+        mtu: None,
+        mac: None,
+        up: None,
+        ipv4_conf: Vec::new(),
+    };
+    host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
+    drop(host);
+    k.fail_on(
+        "/var/run/netns/cni-1: link show",
+        "No buffer space available",
+    );
+    let err = detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("No buffer space available"), "{err}");
+    // The retried detach finds it and brings it home.
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
+}
