@@ -294,14 +294,25 @@ impl Locked<'_> {
 
     /// The checkpoint plus the claims queued to be added by the next write ([`Locked::add`]):
     /// what a prepare checks a new claim against, since any of them may be on disk soon.
-    pub fn with_queued(&mut self) -> Result<Checkpoint> {
-        let mut view = self.checkpoint()?.clone();
-        for waiting in &self.store.queue().durable {
-            if let Some(claim) = &waiting.insert {
-                view.claims.insert(claim.uid.clone(), claim.clone());
-            }
+    /// Borrowed unless a claim is queued: every prepare and rescan asks, and a copy of the
+    /// whole checkpoint is paid only when there is something to add to it.
+    pub fn with_queued(&mut self) -> Result<std::borrow::Cow<'_, Checkpoint>> {
+        let queued: Vec<PreparedClaim> = self
+            .store
+            .queue()
+            .durable
+            .iter()
+            .filter_map(|waiting| waiting.insert.clone())
+            .collect();
+        let checkpoint = self.checkpoint()?;
+        if queued.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(checkpoint));
         }
-        Ok(view)
+        let mut view = checkpoint.clone();
+        for claim in queued {
+            view.claims.insert(claim.uid.clone(), claim);
+        }
+        Ok(std::borrow::Cow::Owned(view))
     }
 
     /// Adds a newly prepared claim durably, giving up the lock while the write is pending,

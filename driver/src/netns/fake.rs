@@ -329,32 +329,13 @@ impl FakeSession {
         let mut s = self.kernel.lock();
         let line = format!("{}: {line}", self.ns);
         s.log.push(line.clone());
-        if let Some(pos) = s
-            .fail
-            .iter()
-            .position(|(p, _)| line.starts_with(p.as_str()))
-        {
-            let (_, message) = s.fail.remove(pos);
-            return Err(Error::io(line, std::io::Error::other(message)));
-        }
+        injected(&mut s, line)?;
         Ok(s)
     }
 
     /// The injected failure for a read (`<ns>: link show`); reads are not logged.
     fn read(&self, what: &str) -> Result<()> {
-        let line = format!("{}: {what}", self.ns);
-        let mut s = self.kernel.lock();
-        match s
-            .fail
-            .iter()
-            .position(|(p, _)| line.starts_with(p.as_str()))
-        {
-            Some(pos) => {
-                let (_, message) = s.fail.remove(pos);
-                Err(Error::io(line, std::io::Error::other(message)))
-            }
-            None => Ok(()),
-        }
+        injected(&mut self.kernel.lock(), format!("{}: {what}", self.ns))
     }
 
     fn missing(&self, name: &str) -> Error {
@@ -363,6 +344,21 @@ impl FakeSession {
             format!("looking up {name}"),
             format!("interface {name} does not exist"),
         )
+    }
+}
+
+/// The failure injected for the operation `line` (consumed), if any.
+fn injected(s: &mut State, line: String) -> Result<()> {
+    match s
+        .fail
+        .iter()
+        .position(|(p, _)| line.starts_with(p.as_str()))
+    {
+        Some(pos) => {
+            let (_, message) = s.fail.remove(pos);
+            Err(Error::io(line, std::io::Error::other(message)))
+        }
+        None => Ok(()),
     }
 }
 

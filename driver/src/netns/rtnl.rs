@@ -83,8 +83,8 @@ pub struct RtnlSession {
     /// The connection task this session holds, aborted with a pod's session; a host session's
     /// goes back to the pool instead (see [`host_connection`]).
     task: Option<tokio::task::JoinHandle<()>>,
-    /// `Some(host path)` for a host session: its connection is returned to the pool on drop.
-    pooled: Option<Option<PathBuf>>,
+    /// A host session: its connection is returned to the pool on drop.
+    pooled: bool,
     /// The namespace file, for sysctl writes (`None`: the process's own).
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
@@ -99,9 +99,10 @@ impl Drop for RtnlSession {
         let Some(task) = self.task.take() else {
             return;
         };
-        match self.pooled.take() {
-            Some(path) => give_back(path, self.handle.clone(), task),
-            None => task.abort(),
+        if self.pooled {
+            give_back(self.ns_path.take(), self.handle.clone(), task);
+        } else {
+            task.abort();
         }
     }
 }
@@ -246,7 +247,7 @@ impl Kernel for Rtnl {
         Ok(Some(RtnlSession {
             handle,
             task,
-            pooled: matches!(ns, Ns::Host).then(|| ns_path.clone()),
+            pooled: matches!(ns, Ns::Host),
             ns_path,
             host_path: self.host_path(),
             sysctl_root: self.sysctl_root.clone(),
@@ -312,6 +313,8 @@ const fn libc_eexist() -> i32 {
 
 /// `ENOENT`: the kernel's answer to an unknown qdisc kind, and to deleting a default qdisc.
 const ENOENT: i32 = 2;
+/// `ENODEV`: the link is gone (since this session looked it up).
+const ENODEV: i32 = 19;
 
 impl RtnlSession {
     fn sent(&self, requests: u64) {
@@ -334,7 +337,7 @@ impl RtnlSession {
                 Ok(link)
             }
             // ENODEV: no such link.
-            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -19 => Ok(None),
+            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -ENODEV => Ok(None),
             Err(e) => Err(nl(format!("reading link {name}"))(e)),
         }
     }
@@ -600,13 +603,7 @@ impl Session for RtnlSession {
     async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
         let mut files = Vec::new();
         for (key, value) in sysctls {
-            // Accepts `ipv4.arp_ignore` and `net.ipv4.conf.<if>.arp_ignore` spellings.
-            let parts: Vec<&str> = key.split('.').collect();
-            let family = parts
-                .iter()
-                .find(|p| **p == "ipv4" || **p == "ipv6")
-                .copied();
-            let (Some(family), Some(leaf)) = (family, parts.last()) else {
+            let Some((family, leaf)) = super::sysctl::family_and_leaf(key) else {
                 return Err(Error::kernel(
                     self.describe(),
                     format!("setting sysctls of {name}"),
@@ -748,10 +745,21 @@ impl Session for RtnlSession {
         match self.handle.link().del(index).execute().await {
             Ok(()) => Ok(()),
             // ENODEV: gone since this session looked it up; nothing left to delete.
-            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -19 => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -ENODEV => Ok(()),
             Err(e) => Err(nl(format!("deleting link {name}"))(e)),
         }
     }
+}
+
+/// A route's metric and table, the same for both families.
+fn metric_and_table<T>(mut b: RouteMessageBuilder<T>, route: &Route) -> RouteMessageBuilder<T> {
+    if let Some(m) = route.metric {
+        b = b.priority(m);
+    }
+    if let Some(t) = route.table {
+        b = b.table_id(t);
+    }
+    b
 }
 
 /// The RTM_NEWROUTE of `route` through the link with ifindex `index`.
@@ -769,13 +777,7 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
             if let Some(IpAddr::V4(src)) = route.source {
                 b = b.pref_source(src);
             }
-            if let Some(m) = route.metric {
-                b = b.priority(m);
-            }
-            if let Some(t) = route.table {
-                b = b.table_id(t);
-            }
-            b.build()
+            metric_and_table(b, route).build()
         }
         IpAddr::V6(dst) => {
             let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
@@ -787,13 +789,7 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
             if let Some(IpAddr::V6(src)) = route.source {
                 b = b.pref_source(src);
             }
-            if let Some(m) = route.metric {
-                b = b.priority(m);
-            }
-            if let Some(t) = route.table {
-                b = b.table_id(t);
-            }
-            b.build()
+            metric_and_table(b, route).build()
         }
     }
 }

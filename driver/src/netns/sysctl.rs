@@ -109,14 +109,21 @@ pub fn split(sysctls: &BTreeMap<String, String>) -> Split {
     out
 }
 
+/// The family (the first `ipv4`/`ipv6` part) and the leaf (the last part) of a per-interface
+/// sysctl, in either accepted spelling (`ipv4.arp_ignore`, `net.ipv4.conf.<if>.arp_ignore`):
+/// the file path and the devconf id are both read from these.
+pub fn family_and_leaf(key: &str) -> Option<(&str, &str)> {
+    let mut parts = key.split('.');
+    let family = parts.clone().find(|p| *p == "ipv4" || *p == "ipv6")?;
+    Some((family, parts.next_back()?))
+}
+
 fn as_devconf(key: &str, value: &str) -> Option<(u16, u32)> {
-    let parts: Vec<&str> = key.split('.').collect();
-    // The family is the first `ipv4`/`ipv6` part, as for the file path.
-    let family = parts.iter().find(|p| **p == "ipv4" || **p == "ipv6")?;
-    if *family != "ipv4" {
+    let (family, leaf) = family_and_leaf(key)?;
+    if family != "ipv4" {
         return None;
     }
-    let id = devconf_id(parts.last()?)?;
+    let id = devconf_id(leaf)?;
     // The kernel stores an int; a proc write of "-1" stores the same bits.
     let value: i32 = value.trim().parse().ok()?;
     Some((id, value.cast_unsigned()))

@@ -55,9 +55,7 @@ impl<K: Kernel> PodNetworks<K> {
                         ..step
                     }),
                     Err(e) => {
-                        metrics()
-                            .attaches
-                            .inc([crate::metrics::result(&Err::<(), _>(&e))]);
+                        metrics().attaches.inc([crate::metrics::ERROR]);
                         return Err(self.attach_failed(claim, a, pod_name, pod_uid, e));
                     }
                 }

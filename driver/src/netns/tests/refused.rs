@@ -10,6 +10,20 @@ fn host_device(k: &FakeKernel, name: &str) -> Option<LinkState> {
     k.links(&Ns::Host).into_iter().find(|l| l.name == name)
 }
 
+/// Leaves the device as a half-applied move whose undo a crash cut short: in the pod, still
+/// under its host name.
+async fn half_moved(k: &FakeKernel) {
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    let stay = LinkChange {
+        name: None,
+        mtu: None,
+        mac: None,
+        up: None,
+        ipv4_conf: Vec::new(),
+    };
+    host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
+}
+
 /// Attaches `p`, which must fail, and returns the error text.
 async fn refused(k: &FakeKernel, p: &AttachPlan, restore: &Restore) -> String {
     attach(k, p, &pod(), restore, false)
@@ -133,18 +147,7 @@ async fn a_device_left_in_the_pod_by_a_crash_during_the_undo_is_brought_home_by_
     let (k, _) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    // The half-applied move as a crash left it: in the pod, still under its host name (the
-    // kernel refused a later attribute and the driver died before undoing it).
-    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
-    let stay = LinkChange {
-        name: None,
-        mtu: None,
-        mac: None,
-        up: None,
-        ipv4_conf: Vec::new(),
-    };
-    host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
-    drop(host);
+    half_moved(&k).await;
     assert!(host_device(&k, "ens1f0v0").is_none());
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
@@ -156,16 +159,7 @@ async fn a_detach_that_cannot_read_the_pod_fails_instead_of_forgetting_the_devic
     let (k, _) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
-    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
-    let stay = LinkChange {
-        name: None,
-        mtu: None,
-        mac: None,
-        up: None,
-        ipv4_conf: Vec::new(),
-    };
-    host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
-    drop(host);
+    half_moved(&k).await;
     k.fail_on(
         "/var/run/netns/cni-1: link show",
         "No buffer space available",
