@@ -652,6 +652,12 @@ fn main() {
             false,
         ),
         (
+            "kernel/a_move_onto_a_taken_index_takes_a_new_one",
+            |k| Box::pin(requests::a_move_onto_a_taken_index(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
             "kernel/ipv4_sysctls_ride_on_the_move",
             |k| Box::pin(sysctl::ipv4_sysctls_ride_on_the_move(k)),
             unisolated.clone(),

@@ -38,16 +38,16 @@ pub async fn attach<K: Kernel>(
     // The pod's name must be free: a move onto a taken name still moves the device and only
     // then fails the rename (EEXIST), leaving it in the pod under its host name. Checked in
     // the same round trip as the host lookup the move needs (the session keeps its index).
-    let existing = match plan.mode {
+    let (existing, on_host) = match plan.mode {
         AttachMode::Move => {
-            let (in_pod, _) = futures::join!(
+            let (in_pod, on_host) = futures::join!(
                 pod.find_link(&plan.pod_ifname),
                 host.find_link(&plan.host_ifname)
             );
-            in_pod?
+            (in_pod?, on_host?)
         }
         AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
-            pod.find_link(&plan.pod_ifname).await?
+            (pod.find_link(&plan.pod_ifname).await?, None)
         }
     };
     if let Some(mut existing) = existing {
@@ -60,7 +60,7 @@ pub async fn attach<K: Kernel>(
         };
         if ours && resume {
             // Every sysctl as a file: the cut-short attach may not have set any.
-            configure_in_pod(plan, &plan.sysctls, netns, &mut pod).await?;
+            configure_in_pod(plan, &plan.sysctls, netns, &mut pod, None).await?;
             return pod.link(&plan.pod_ifname).await?.ok_or_else(|| {
                 Error::kernel(
                     netns,
@@ -82,8 +82,23 @@ pub async fn attach<K: Kernel>(
             ),
         ));
     }
+    // The name is the host admin's to change: what carries it now must still be the prepared
+    // device (capture checked it, maybe long before a repeated attach), or it stays put.
+    if let (Some(identity), Some(link)) = (&plan.identity, &on_host)
+        && let Some(found) = identity.mismatch(link)
+    {
+        return Err(Error::DeviceMismatch {
+            device: format!("{}/{}", plan.pool, plan.device),
+            ifname: plan.host_ifname.clone(),
+            prepared: identity.to_string(),
+            found,
+        });
+    }
     let mut done = Vec::new();
-    let result = attach_steps(plan, netns, restore, &mut host, &mut pod, &mut done).await;
+    let result = attach_steps(
+        plan, netns, restore, on_host, &mut host, &mut pod, &mut done,
+    )
+    .await;
     match result {
         Ok(link) => Ok(link),
         Err(e) => {
@@ -102,6 +117,7 @@ async fn attach_steps<S: Session>(
     plan: &AttachPlan,
     netns: &Ns,
     restore: &Restore,
+    on_host: Option<LinkState>,
     host: &mut S,
     pod: &mut S,
     done: &mut Vec<Done>,
@@ -148,20 +164,38 @@ async fn attach_steps<S: Session>(
     match plan.mode.new_child() {
         None => {
             // One RTM_NEWLINK: namespace, final name, MTU, MAC and IPv4 sysctls together.
-            if let Err(e) = host.move_link(&plan.host_ifname, netns, &into_pod).await {
-                match landed(pod, plan, restore).await {
-                    Ok(Some(name)) => done.push(Done::Landed(name)),
-                    Ok(None) => {}
-                    Err(read) => {
-                        tracing::error!(device = %plan.device, error = %read,
-                            "a move into the pod failed and the pod's links cannot be read; \
-                             the device may be left there");
+            let index = match host.move_link(&plan.host_ifname, netns, &into_pod).await {
+                Ok(index) => index,
+                Err(e) => {
+                    match landed(pod, plan, restore).await {
+                        Ok(Some(name)) => done.push(Done::Landed(name)),
+                        Ok(None) => {}
+                        Err(read) => {
+                            tracing::error!(device = %plan.device, error = %read,
+                                "a move into the pod failed and the pod's links cannot be \
+                                 read; the device may be left there");
+                        }
                     }
+                    return Err(e);
                 }
-                return Err(e);
-            }
+            };
             done.push(Done::Moved);
             crate::failpoint::hit("attach:after-move");
+            // Kept across the move: the device is as the host lookup saw it, renamed, sized
+            // and addressed by the move, closed, without addresses (the move flushed them).
+            if let (Some(index), Some(link)) = (index, on_host) {
+                pod.remember(&plan.pod_ifname, index);
+                let moved = LinkState {
+                    index,
+                    name: plan.pod_ifname.clone(),
+                    mtu: plan.mtu.unwrap_or(link.mtu),
+                    mac: plan.mac.or(link.mac),
+                    up: false,
+                    addresses: Vec::new(),
+                    ..link
+                };
+                return configure_in_pod(plan, &files, netns, pod, Some(moved)).await;
+            }
         }
         Some(child) => {
             // On a shared host VLAN, made first if this is its first pod (the caller has
@@ -179,30 +213,35 @@ async fn attach_steps<S: Session>(
             done.push(Done::CreatedChild);
         }
     }
-    configure_in_pod(plan, &files, netns, pod).await
+    configure_in_pod(plan, &files, netns, pod, None).await
 }
 
 /// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
 /// up; IPv4 ones a move carried are already set), then
 /// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
 /// route needs its link up). Each step accepts what is already in place, so it can be
-/// repeated after a crash. Returns the link as it now is: read once before the changes (the
-/// lookup the later requests need anyway), with what they changed filled in (after a move
-/// the device has exactly the plan's global addresses: the kernel flushed the others).
+/// repeated after a crash. Returns the link as it now is: `known` (what a move that kept the
+/// device's index left), else read once before the changes (the lookup the later requests
+/// need anyway), with what they changed filled in (after a move the device has exactly the
+/// plan's global addresses: the kernel flushed the others).
 async fn configure_in_pod<S: Session>(
     plan: &AttachPlan,
     files: &std::collections::BTreeMap<String, String>,
     netns: &Ns,
     pod: &mut S,
+    known: Option<LinkState>,
 ) -> Result<LinkState> {
     let vanished = |what: String| Error::kernel(netns, what, "the interface vanished from the pod");
     if !files.is_empty() {
         pod.set_sysctls(&plan.pod_ifname, files).await?;
     }
-    let mut link = pod
-        .find_link(&plan.pod_ifname)
-        .await?
-        .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?;
+    let mut link = match known {
+        Some(link) => link,
+        None => pod
+            .find_link(&plan.pod_ifname)
+            .await?
+            .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?,
+    };
     pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
     if let Some(bandwidth) = &plan.bandwidth {
         let tbf = Tbf::for_link(bandwidth, link.mtu, netns, &plan.pod_ifname)?;

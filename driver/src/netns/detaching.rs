@@ -88,7 +88,8 @@ async fn detach_device<K: Kernel>(
 
     // Still in the pod: move it back (addresses and routes go with the namespace change, and
     // the move closes the device: no link-down first).
-    let mut moved = false;
+    // Moved back, with its index on the host if the move kept it.
+    let mut moved = None;
     if let Some(ns) = netns
         && let Some(mut pod) = kernel.open(ns).await?
     {
@@ -101,8 +102,7 @@ async fn detach_device<K: Kernel>(
                 {
                     tracing::warn!(device = %plan.device, error = %e, "removing the egress limit failed");
                 }
-                pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?;
-                moved = true;
+                moved = Some(pod.move_link(&plan.pod_ifname, &Ns::Host, &back).await?);
                 crate::failpoint::hit("detach:after-move");
             }
             _ if identifiable(original) => {
@@ -111,16 +111,15 @@ async fn detach_device<K: Kernel>(
                 // another name. Without this it would come home unrestored when the pod's
                 // namespace dies, its record long forgotten.
                 if let Some(name) = super::attaching::landed(&mut pod, plan, restore).await? {
-                    pod.move_link(&name, &Ns::Host, &back).await?;
-                    moved = true;
+                    moved = Some(pod.move_link(&name, &Ns::Host, &back).await?);
                 }
             }
             _ => {}
         }
     }
 
-    if moved {
-        return settle_home(kernel, original).await;
+    if let Some(index) = moved {
+        return settle_home(kernel, original, index).await;
     }
 
     let mut host = open(kernel, &Ns::Host).await?;
@@ -157,12 +156,20 @@ fn back(original: &LinkState) -> LinkChange {
 }
 
 /// After the move back the device is home under its name, MTU and MAC (the move set them or
-/// failed), down, without addresses: its addresses and admin state go back.
-async fn settle_home<K: Kernel>(kernel: &K, original: &LinkState) -> Result<()> {
+/// failed), down, without addresses: its addresses and admin state go back (by `index`, when
+/// the move kept it, without a lookup).
+async fn settle_home<K: Kernel>(
+    kernel: &K,
+    original: &LinkState,
+    index: Option<u32>,
+) -> Result<()> {
     if original.addresses.is_empty() && !original.up {
         return Ok(());
     }
     let mut host = open(kernel, &Ns::Host).await?;
+    if let Some(index) = index {
+        host.remember(&original.name, index);
+    }
     host.add_addresses(&original.name, &original.addresses)
         .await?;
     if original.up {
@@ -185,9 +192,9 @@ pub(super) async fn bring_home<K: Kernel>(
     let Some(mut pod) = kernel.open(netns).await? else {
         return detach(kernel, plan, None, restore).await;
     };
-    pod.move_link(name, &Ns::Host, &back(&restore.host)).await?;
+    let index = pod.move_link(name, &Ns::Host, &back(&restore.host)).await?;
     drop(pod);
-    settle_home(kernel, &restore.host).await?;
+    settle_home(kernel, &restore.host, index).await?;
     restore_vf(kernel, plan, restore).await
 }
 

@@ -492,7 +492,7 @@ impl Session for FakeSession {
         Ok(links)
     }
 
-    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<Option<u32>> {
         self.lookup(name);
         self.sent(1);
         self.known.remove(name);
@@ -518,6 +518,7 @@ impl Session for FakeSession {
         // the rename; only a clash of that name too keeps it where it is.
         let renamed_onto_taken = target.iter().any(|l| l.name == new_name);
         let target_has_name = target.iter().any(|l| l.name == name);
+        let target_indexes: Vec<u32> = target.iter().map(|l| l.index).collect();
         if renamed_onto_taken && target_has_name {
             return Err(Error::io(
                 format!("moving {name}"),
@@ -532,12 +533,23 @@ impl Session for FakeSession {
         // The kernel flushes addresses and routes and closes the device on a namespace change.
         link.addresses.clear();
         link.up = false;
+        // The device's own MTU range, whatever index it gets.
+        let range = s.mtu_range.get(&link.index).copied();
+        // Asked to keep its index (`rtnl` does), the kernel refuses the move where the index
+        // is taken; `rtnl` then moves it without, and the kernel picks a free one.
+        let kept = if target_indexes.contains(&link.index) {
+            s.requests += 2;
+            s.next_index += 1;
+            link.index = s.next_index;
+            None
+        } else {
+            Some(link.index)
+        };
         // Its name taken in the target, it moves under the requested one (the kernel's `pat`).
         if target_has_name {
             link.name.clone_from(&new_name);
         }
         // The rest is applied in the target: a refusal leaves the device there, half-set.
-        let range = s.mtu_range.get(&link.index).copied();
         let applied = apply(&mut link, change, range, renamed_onto_taken);
         if applied.is_ok() {
             // Applied last, to the device as the pod now has it.
@@ -550,7 +562,12 @@ impl Session for FakeSession {
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
         applied
+            .map(|()| kept)
             .map_err(|refused| Error::io(format!("moving {name}"), std::io::Error::other(refused)))
+    }
+
+    fn remember(&mut self, name: &str, _index: u32) {
+        self.known.insert(name.to_owned());
     }
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {

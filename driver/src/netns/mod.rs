@@ -191,13 +191,18 @@ pub trait Session: Send {
     /// name, or the host VLANs knic made).
     fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send;
     /// Moves `name` into `to` with its new name, MTU and MAC in one RTM_NEWLINK, so the device
-    /// never appears in the target under a temporary name.
+    /// never appears in the target under a temporary name. Returns its ifindex in `to` when
+    /// known without a lookup (the kernel was asked to keep it, `IFLA_NEW_IFINDEX`), so a
+    /// session there can [`Session::remember`] it instead of looking the device up again.
     fn move_link(
         &mut self,
         name: &str,
         to: &Ns,
         change: &LinkChange,
-    ) -> impl Future<Output = Result<()>> + Send;
+    ) -> impl Future<Output = Result<Option<u32>>> + Send;
+    /// Tells the session the ifindex of `name` in its namespace, learned elsewhere (a move
+    /// into it): the requests that follow need no lookup.
+    fn remember(&mut self, name: &str, index: u32);
     /// Changes attributes of a link in this namespace.
     fn set_link(
         &mut self,

@@ -1,10 +1,13 @@
-//! The kernel, through rtnetlink. Each pod session owns one netlink socket created inside its
-//! namespace (host sessions reuse pooled ones, see [`host_connection`]): a socket stays bound to the
-//! namespace it was created in, so the calling thread
-//! `setns`es into the pod's namespace only for the synchronous call that creates the socket
-//! (or opens sysctl files) and straight back, with no await in between, so no other task ever
-//! runs there. A session in the process's own namespace needs no switch at all. (A thread per
-//! session cost ~1–2 ms per open on a loaded node: most of knic's cost above the kernel's.)
+//! The kernel, through rtnetlink. Each session owns one netlink socket created inside its
+//! namespace and used synchronously (see [`wire`]): a socket stays bound to the namespace it
+//! was created in, so the calling thread `setns`es into the pod's namespace only for the
+//! synchronous call that creates the socket (or opens sysctl files) and straight back, with
+//! no await in between, so no other task ever runs there. A session in the process's own
+//! namespace needs no switch at all. (A thread per session cost ~1–2 ms per open on a loaded
+//! node, and an async connection per session 10–20 µs per request: most of knic's cost above
+//! the kernel's.)
+
+mod wire;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -15,22 +18,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use futures::{StreamExt, TryStreamExt};
 use knic_proto::netconfig::{Cidr, Route};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressScope};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{RouteMessage, RouteScope};
 use nix::sched::{CloneFlags, setns};
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{AddressMessageBuilder, LinkUnspec, RouteMessageBuilder};
 
 use super::tbf::{self, Tbf};
 use super::vf::{self, VfState};
 use super::{Kernel, LinkChange, LinkState, NewChild, Ns, Session};
 use crate::error::{Error, Result};
+use wire::{Failure, Wire};
 
 /// The real kernel. `host` is the node's namespace: `None` for the process's own (production:
 /// the driver runs with hostNetwork), or a path (tests use a throwaway `knt-` namespace).
@@ -77,14 +78,10 @@ impl Rtnl {
     }
 }
 
-/// One rtnetlink socket in one namespace.
+/// One rtnetlink socket in one namespace. Opened per attach/detach (a socket costs one
+/// syscall), never pooled: an open socket would keep a deleted pod namespace alive.
 pub struct RtnlSession {
-    handle: Handle,
-    /// The connection task this session holds, aborted with a pod's session; a host session's
-    /// goes back to the pool instead (see [`host_connection`]).
-    task: Option<tokio::task::JoinHandle<()>>,
-    /// A host session: its connection is returned to the pool on drop.
-    pooled: bool,
+    wire: Wire,
     /// The namespace file, for sysctl writes (`None`: the process's own).
     ns_path: Option<PathBuf>,
     host_path: PathBuf,
@@ -94,28 +91,19 @@ pub struct RtnlSession {
     requests: Arc<AtomicU64>,
 }
 
-impl Drop for RtnlSession {
-    fn drop(&mut self) {
-        let Some(task) = self.task.take() else {
-            return;
-        };
-        if self.pooled {
-            give_back(self.ns_path.take(), self.handle.clone(), task);
-        } else {
-            task.abort();
-        }
-    }
-}
-
 fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(context, e)
 }
 
-fn nl(context: String) -> impl FnOnce(rtnetlink::Error) -> Error {
-    move |e| {
-        let text = e.to_string();
-        Error::io(context, std::io::Error::other(text))
-    }
+fn nl(context: String) -> impl FnOnce(Failure) -> Error {
+    move |e| Error::io(context, e.into_io())
+}
+
+thread_local! {
+    /// This thread's own network namespace, to come back to after a switch (opened once per
+    /// thread: every switch returns the thread to it).
+    static HOME: std::result::Result<File, String> =
+        File::open("/proc/thread-self/ns/net").map_err(|e| e.to_string());
 }
 
 /// Runs `f` on the calling thread inside the namespace at `path` (or, for `None`, where the
@@ -129,7 +117,12 @@ fn in_namespace<T>(
         return f();
     };
     let target = File::open(path)?;
-    let home = File::open("/proc/thread-self/ns/net")?;
+    let home = HOME.with(|home| match home {
+        Ok(file) => file.try_clone(),
+        Err(e) => Err(std::io::Error::other(format!(
+            "opening this thread's network namespace: {e}"
+        ))),
+    })?;
     setns(&target, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
     let _back = Return(home);
     f()
@@ -150,76 +143,6 @@ impl Drop for Return {
     }
 }
 
-/// A new rtnetlink socket in the namespace at `path` (`None`: the thread's own), its
-/// connection driven by a task of the current runtime.
-fn connect(path: Option<&Path>) -> std::io::Result<(Handle, tokio::task::JoinHandle<()>)> {
-    let runtime = tokio::runtime::Handle::current();
-    let (connection, handle, _) = in_namespace(path, || {
-        let _entered = runtime.enter();
-        rtnetlink::new_connection()
-    })?;
-    Ok((handle, tokio::spawn(connection)))
-}
-
-/// Idle host connections of this thread: (host namespace path, handle, connection task).
-type HostConnections = Vec<(Option<PathBuf>, Handle, tokio::task::JoinHandle<()>)>;
-
-/// Idle host connections kept per thread; more than this many sessions at once open their own
-/// sockets, which are closed when they end.
-const IDLE_HOST_CONNECTIONS: usize = 8;
-
-thread_local! {
-    static HOST_CONNECTIONS: std::cell::RefCell<HostConnections> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A host namespace rtnetlink socket for one session's exclusive use, taken from this thread's
-/// pool of idle ones or opened, so a host session usually costs no socket, task or
-/// first-request set-up. Exclusive, not shared: the kernel runs one dump at a time per netlink
-/// socket and answers a second with EBUSY, and concurrent pods' host sessions dump links and
-/// addresses at the same time. Pooled per thread: the connection task runs on the runtime that
-/// opened it, and a thread runs one runtime at a time (tests and benchmarks build a runtime per
-/// case); a connection whose runtime is gone (its task finished) is dropped. Host sockets keep
-/// no pod namespace alive, unlike a pod's.
-fn host_connection(path: Option<&Path>) -> Result<(Handle, tokio::task::JoinHandle<()>)> {
-    let idle = HOST_CONNECTIONS
-        .try_with(|cell| {
-            let mut connections = cell.borrow_mut();
-            connections.retain(|(_, _, task)| !task.is_finished());
-            let at = connections
-                .iter()
-                .position(|(p, _, _)| p.as_deref() == path)?;
-            let (_, handle, task) = connections.swap_remove(at);
-            Some((handle, task))
-        })
-        .ok()
-        .flatten();
-    match idle {
-        Some(connection) => Ok(connection),
-        None => connect(path).map_err(io("opening rtnetlink in namespace host".to_owned())),
-    }
-}
-
-/// Returns a host session's connection to the pool of the thread that ends the session (any
-/// thread of the same runtime can drive it), or closes it when the pool is full.
-fn give_back(path: Option<PathBuf>, handle: Handle, task: tokio::task::JoinHandle<()>) {
-    if task.is_finished() {
-        return;
-    }
-    let mut task = Some(task);
-    let _ = HOST_CONNECTIONS.try_with(|cell| {
-        if let Ok(mut connections) = cell.try_borrow_mut()
-            && connections.len() < IDLE_HOST_CONNECTIONS
-            && let Some(task) = task.take()
-        {
-            connections.push((path, handle, task));
-        }
-    });
-    if let Some(task) = task {
-        task.abort();
-    }
-}
-
 impl Kernel for Rtnl {
     type Session = RtnlSession;
 
@@ -233,21 +156,10 @@ impl Kernel for Rtnl {
                 Some(p.clone())
             }
         };
-        let (handle, task) = match ns {
-            Ns::Host => {
-                let (handle, task) = host_connection(ns_path.as_deref())?;
-                (handle, Some(task))
-            }
-            Ns::Pod(_) => {
-                let (handle, task) = connect(ns_path.as_deref())
-                    .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
-                (handle, Some(task))
-            }
-        };
+        let wire = in_namespace(ns_path.as_deref(), Wire::open)
+            .map_err(io(format!("opening rtnetlink in namespace {ns}")))?;
         Ok(Some(RtnlSession {
-            handle,
-            task,
-            pooled: matches!(ns, Ns::Host),
+            wire,
             ns_path,
             host_path: self.host_path(),
             sysctl_root: self.sysctl_root.clone(),
@@ -303,18 +215,24 @@ fn state(msg: &LinkMessage) -> LinkState {
     s
 }
 
-fn is_exists(e: &rtnetlink::Error) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc_eexist())
-}
-
-const fn libc_eexist() -> i32 {
-    17
-}
-
+/// `EEXIST`: what a creation finds already there is fine (a repeated attach).
+const EEXIST: i32 = 17;
 /// `ENOENT`: the kernel's answer to an unknown qdisc kind, and to deleting a default qdisc.
 const ENOENT: i32 = 2;
-/// `ENODEV`: the link is gone (since this session looked it up).
+/// `ENODEV`: the link is gone (since this session looked it up), or never was.
 const ENODEV: i32 = 19;
+/// `EBUSY`: the ifindex a move asked to keep is taken in the target namespace.
+const EBUSY: i32 = 16;
+/// `EOPNOTSUPP`: the kernel lacks the link kind (no 8021q, ipvlan… module).
+const EOPNOTSUPP: i32 = 95;
+
+/// A request with the flags of a change (`ip link set`, `ip addr add`): acknowledged, and
+/// creating only what is not there.
+fn change(message: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
+    let mut req = NetlinkMessage::from(message);
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
+    req
+}
 
 impl RtnlSession {
     fn sent(&self, requests: u64) {
@@ -323,21 +241,21 @@ impl RtnlSession {
 
     async fn find(&mut self, name: &str) -> Result<Option<LinkMessage>> {
         self.sent(1);
-        let mut links = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute();
-        match links.try_next().await {
-            Ok(link) => {
+        let mut get = LinkMessage::default();
+        get.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        let request = NetlinkMessage::from(RouteNetlinkMessage::GetLink(get));
+        match self.wire.request(request) {
+            Ok(replies) => {
+                let link = replies.into_iter().find_map(|m| match m {
+                    RouteNetlinkMessage::NewLink(l) => Some(l),
+                    _ => None,
+                });
                 if let Some(l) = &link {
                     self.indexes.insert(name.to_owned(), l.header.index);
                 }
                 Ok(link)
             }
-            // ENODEV: no such link.
-            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -ENODEV => Ok(None),
+            Err(e) if e.errno() == Some(ENODEV) => Ok(None),
             Err(e) => Err(nl(format!("reading link {name}"))(e)),
         }
     }
@@ -359,29 +277,13 @@ impl RtnlSession {
             })
     }
 
-    /// Sends `request` and returns its replies' inner messages, or the kernel's error (an
-    /// acknowledgement is an error message without a code, and is not one).
-    async fn exchange(
+    /// Sends `request` and returns its replies, or the kernel's refusal.
+    fn exchange(
         &mut self,
         request: NetlinkMessage<RouteNetlinkMessage>,
-        context: &str,
-    ) -> Result<Vec<RouteNetlinkMessage>> {
+    ) -> std::result::Result<Vec<RouteNetlinkMessage>, Failure> {
         self.sent(1);
-        let mut replies = self
-            .handle
-            .request(request)
-            .map_err(nl(context.to_owned()))?;
-        let mut out = Vec::new();
-        while let Some(reply) = replies.next().await {
-            match reply.payload {
-                NetlinkPayload::InnerMessage(m) => out.push(m),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    return Err(Error::io(context.to_owned(), e.to_io()));
-                }
-                _ => {}
-            }
-        }
-        Ok(out)
+        self.wire.request(request)
     }
 
     fn describe(&self) -> String {
@@ -390,20 +292,18 @@ impl RtnlSession {
             .map_or_else(|| "host".to_string(), |p| p.display().to_string())
     }
 
-    async fn read_addresses(&self, index: u32) -> Result<Vec<Cidr>> {
+    async fn read_addresses(&mut self, index: u32) -> Result<Vec<Cidr>> {
         self.sent(1);
+        let dump = NetlinkMessage::from(RouteNetlinkMessage::GetAddress(AddressMessage::default()));
+        let replies = self
+            .wire
+            .dump(dump)
+            .map_err(nl(format!("reading addresses of link {index}")))?;
         let mut out = Vec::new();
-        let mut stream = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(nl(format!("reading addresses of link {index}")))?
-        {
+        for reply in replies {
+            let RouteNetlinkMessage::NewAddress(msg) = reply else {
+                continue;
+            };
             if msg.header.index != index || msg.header.scope != AddressScope::Universe {
                 continue;
             }
@@ -447,9 +347,7 @@ impl RtnlSession {
         }
         b
     }
-}
 
-impl RtnlSession {
     /// `IFLA_AF_SPEC` with the change's IPv4 sysctls, if it has any (raw: the crate's
     /// `DevConfRequest` leaves out every zero value, so it cannot set one to 0).
     fn add_ipv4_conf(msg: &mut LinkMessage, change: &LinkChange) {
@@ -461,32 +359,25 @@ impl RtnlSession {
         }
     }
 
-    /// Sends every request (creations: an existing object is fine) before reading the first
-    /// answer, so the kernel's acknowledgements come back in one round trip. The first
-    /// failure is returned with its request's context.
+    /// Sends every request (creations: an existing object is fine) in one `sendmsg`, so the
+    /// kernel's acknowledgements come back in one round trip. The first failure is returned
+    /// with its request's context.
     async fn create_all(&mut self, requests: Vec<(RouteNetlinkMessage, String)>) -> Result<()> {
-        let mut pending = Vec::with_capacity(requests.len());
-        for (message, context) in requests {
-            let mut req = NetlinkMessage::from(message);
-            req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
-            self.sent(1);
-            let replies = self.handle.request(req).map_err(nl(context.clone()))?;
-            pending.push((replies, context));
-        }
-        let mut first = None;
-        for (mut replies, context) in pending {
-            while let Some(reply) = replies.next().await {
-                if let NetlinkPayload::Error(e) = reply.payload
-                    && e.code.is_some()
-                {
-                    let e = rtnetlink::Error::NetlinkError(e);
-                    if !is_exists(&e) && first.is_none() {
-                        first = Some(nl(context.clone())(e));
-                    }
-                }
+        let (messages, contexts): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|(message, context)| (change(message), context))
+            .unzip();
+        self.sent(messages.len() as u64);
+        let context = contexts.first().cloned().unwrap_or_default();
+        let answers = self.wire.requests(messages).map_err(io(context))?;
+        for (answer, context) in answers.into_iter().zip(contexts) {
+            if let Err(refused) = answer
+                && refused.errno != EEXIST
+            {
+                return Err(Error::io(context, refused.to_io()));
             }
         }
-        first.map_or(Ok(()), Err)
+        Ok(())
     }
 }
 
@@ -501,19 +392,18 @@ impl Session for RtnlSession {
 
     async fn links(&mut self) -> Result<Vec<LinkState>> {
         self.sent(1);
-        let mut out = Vec::new();
-        let mut stream = self.handle.link().get().execute();
-        while let Some(msg) = stream
-            .try_next()
-            .await
-            .map_err(nl("listing links".into()))?
-        {
-            out.push(state(&msg));
-        }
-        Ok(out)
+        let dump = NetlinkMessage::from(RouteNetlinkMessage::GetLink(LinkMessage::default()));
+        let replies = self.wire.dump(dump).map_err(nl("listing links".into()))?;
+        Ok(replies
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(state(l)),
+                _ => None,
+            })
+            .collect())
     }
 
-    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<Option<u32>> {
         let index = self.index(name).await?;
         let target = match to {
             Ns::Host => self.host_path.clone(),
@@ -524,31 +414,51 @@ impl Session for RtnlSession {
         // IFLA_NET_NS_FD plus IFLA_IFNAME/IFLA_MTU/IFLA_ADDRESS/IFLA_AF_SPEC in one
         // RTM_NEWLINK: the kernel moves first, then applies the rest inside the target
         // namespace (the IPv4 sysctls to the device's new in_device).
-        let mut msg = Self::change_message(index, change)
-            .setns_by_fd(fd.as_raw_fd())
-            .build();
-        Self::add_ipv4_conf(&mut msg, change);
+        let message = |keep_index: bool| {
+            let mut msg = Self::change_message(index, change)
+                .setns_by_fd(fd.as_raw_fd())
+                .build();
+            Self::add_ipv4_conf(&mut msg, change);
+            if keep_index {
+                msg.attributes
+                    .push(LinkAttribute::NewIfIndex(i32::try_from(index).unwrap_or(0)));
+            }
+            self::change(RouteNetlinkMessage::SetLink(msg))
+        };
+        let keep_index = keeps_index_on_request() && i32::try_from(index).is_ok();
+        let context = || format!("moving {name} into namespace {to}");
         // Gone from this namespace, also when the kernel moved it and then refused the name.
         self.indexes.remove(name);
-        self.sent(1);
-        self.handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(nl(format!("moving {name} into namespace {to}")))
+        match self.exchange(message(keep_index)) {
+            Ok(_) => Ok(keep_index.then_some(index)),
+            // The index is taken there: refused before anything moved (the device is still
+            // here under its name and index), so it moves without, under a new index.
+            Err(e)
+                if keep_index
+                    && matches!(e.errno(), Some(EBUSY | EEXIST))
+                    && self
+                        .find(name)
+                        .await?
+                        .is_some_and(|l| l.header.index == index) =>
+            {
+                self.indexes.remove(name);
+                self.exchange(message(false))
+                    .map(|_| None)
+                    .map_err(nl(context()))
+            }
+            Err(e) => Err(nl(context())(e)),
+        }
+    }
+
+    fn remember(&mut self, name: &str, index: u32) {
+        self.indexes.insert(name.to_owned(), index);
     }
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
         let index = self.index(name).await?;
         let mut msg = Self::change_message(index, change).build();
         Self::add_ipv4_conf(&mut msg, change);
-        self.sent(1);
-        self.handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
+        self.exchange(self::change(RouteNetlinkMessage::SetLink(msg)))
             .map_err(nl(format!("changing link {name}")))?;
         if let Some(new) = &change.name {
             self.indexes.remove(name);
@@ -562,24 +472,31 @@ impl Session for RtnlSession {
             return Ok(());
         }
         let index = self.index(name).await?;
-        let mut requests = Vec::with_capacity(addresses.len());
-        for address in addresses {
-            let mut req = self
-                .handle
-                .address()
-                .add(index, address.addr, address.prefix_len);
-            if address.addr.is_ipv6() {
-                // No duplicate address detection: the address is usable the moment the pod
-                // starts.
-                req.message_mut()
-                    .attributes
-                    .push(AddressAttribute::Flags(AddressFlags::Nodad));
-            }
-            requests.push((
-                RouteNetlinkMessage::NewAddress(req.message_mut().clone()),
-                format!("adding address {address} to {name}"),
-            ));
-        }
+        let requests = addresses
+            .iter()
+            .map(|address| {
+                let mut msg = match address.addr {
+                    IpAddr::V4(ip) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                        .index(index)
+                        .address(ip, address.prefix_len)
+                        .build(),
+                    IpAddr::V6(ip) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                        .index(index)
+                        .address(ip, address.prefix_len)
+                        .build(),
+                };
+                if address.addr.is_ipv6() {
+                    // No duplicate address detection: the address is usable the moment the
+                    // pod starts.
+                    msg.attributes
+                        .push(AddressAttribute::Flags(AddressFlags::Nodad));
+                }
+                (
+                    RouteNetlinkMessage::NewAddress(msg),
+                    format!("adding address {address} to {name}"),
+                )
+            })
+            .collect();
         self.create_all(requests).await
     }
 
@@ -659,28 +576,23 @@ impl Session for RtnlSession {
                 other.kind(),
             ),
         };
-        self.sent(1);
-        self.handle.link().add(msg).execute().await.map_err(|e| {
-            let text = e.to_string();
-            if text.contains("Operation not supported") || text.contains("-95") {
-                Error::kernel(
-                    self.describe(),
-                    what,
-                    format!("the kernel has no {module} support"),
-                )
-            } else {
-                Error::io(
-                    format!("{what} in namespace {to}"),
-                    std::io::Error::other(text),
-                )
-            }
-        })
+        match self.exchange(self::change(RouteNetlinkMessage::NewLink(msg))) {
+            Ok(_) => Ok(()),
+            Err(e) if e.errno() == Some(EOPNOTSUPP) => Err(Error::kernel(
+                self.describe(),
+                what,
+                format!("the kernel has no {module} support"),
+            )),
+            Err(e) => Err(Error::io(format!("{what} in namespace {to}"), e.into_io())),
+        }
     }
 
     async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
         let pf_index = self.index(pf).await?;
         let context = format!("reading the VF table of {pf}");
-        let replies = self.exchange(vf::get_message(pf_index), &context).await?;
+        let replies = self
+            .exchange(vf::get_message(pf_index))
+            .map_err(nl(context))?;
         Ok(replies.iter().find_map(|m| match m {
             RouteNetlinkMessage::NewLink(link) if link.header.index == pf_index => {
                 vf::state_of(link, index)
@@ -692,9 +604,9 @@ impl Session for RtnlSession {
     async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
         let pf_index = self.index(pf).await?;
         let context = format!("setting VF {index} of {pf} ({})", vf::describe(state));
-        self.exchange(vf::set_message(pf_index, index, state), &context)
-            .await
+        self.exchange(vf::set_message(pf_index, index, state))
             .map(drop)
+            .map_err(nl(context))
     }
 
     async fn set_egress_limit(&mut self, name: &str, limit: &Tbf) -> Result<()> {
@@ -705,30 +617,25 @@ impl Session for RtnlSession {
             limit.burst,
             limit.limit
         );
-        match self
-            .exchange(tbf::replace_message(index, limit), &context)
-            .await
-        {
+        match self.exchange(tbf::replace_message(index, limit)) {
             Ok(_) => Ok(()),
-            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOENT) => {
-                Err(Error::kernel(
-                    self.describe(),
-                    context,
-                    "the kernel has no tbf qdisc (sch_tbf)",
-                ))
-            }
-            Err(e) => Err(e),
+            Err(e) if e.errno() == Some(ENOENT) => Err(Error::kernel(
+                self.describe(),
+                context,
+                "the kernel has no tbf qdisc (sch_tbf)",
+            )),
+            Err(e) => Err(nl(context)(e)),
         }
     }
 
     async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
         let index = self.index(name).await?;
         let context = format!("removing the egress limit (tbf) of {name}");
-        match self.exchange(tbf::delete_message(index), &context).await {
+        match self.exchange(tbf::delete_message(index)) {
             Ok(_) => Ok(()),
             // Only the default qdisc is there: nothing of knic's to remove.
-            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOENT) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if e.errno() == Some(ENOENT) => Ok(()),
+            Err(e) => Err(nl(context)(e)),
         }
     }
 
@@ -741,11 +648,14 @@ impl Session for RtnlSession {
             },
         };
         self.indexes.remove(name);
-        self.sent(1);
-        match self.handle.link().del(index).execute().await {
-            Ok(()) => Ok(()),
+        let mut del = LinkMessage::default();
+        del.header.index = index;
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::DelLink(del));
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        match self.exchange(request) {
+            Ok(_) => Ok(()),
             // ENODEV: gone since this session looked it up; nothing left to delete.
-            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -ENODEV => Ok(()),
+            Err(e) if e.errno() == Some(ENODEV) => Ok(()),
             Err(e) => Err(nl(format!("deleting link {name}"))(e)),
         }
     }
@@ -794,6 +704,28 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
     }
 }
 
+/// Whether the kernel honours `IFLA_NEW_IFINDEX` on a namespace move (Linux 5.6 on; an older
+/// kernel ignores the attribute, and would give the device another index where its own is
+/// taken: then the index a move returns would name another link). Read once.
+fn keeps_index_on_request() -> bool {
+    static KEEPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KEEPS.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        release_at_least(&release, (5, 6))
+    })
+}
+
+/// Whether a kernel release string (`6.1.0-27-amd64`) is at least `major.minor`.
+fn release_at_least(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
 /// Whether this kernel can create VLAN (802.1Q) links; kernel tests skip VLAN cases without it.
 pub fn kernel_has_8021q() -> bool {
     Path::new("/sys/module/8021q").exists() || Path::new("/proc/net/vlan").exists()
@@ -803,9 +735,9 @@ pub fn kernel_has_8021q() -> bool {
 mod tests {
     use super::*;
 
-    /// The kernel answers a second dump on one netlink socket with EBUSY: host sessions of
-    /// pods handled at once must not share a socket. Reads only the process's own links, so
-    /// it needs no privilege.
+    /// The kernel answers a second dump on one netlink socket with EBUSY: sessions of pods
+    /// handled at once must not share a socket. Reads only the process's own links, so it
+    /// needs no privilege.
     #[tokio::test(flavor = "current_thread")]
     async fn concurrent_host_sessions_dump_at_once() {
         let kernel = Rtnl::new(None);
@@ -818,14 +750,34 @@ mod tests {
             let links = links.expect("a host session's dump failed");
             assert!(links.iter().any(|l| l.name == "lo"), "no lo in {links:?}");
         }
-        // Ended sessions give their sockets back: the next ones reuse them.
-        drop(sessions);
-        let idle = HOST_CONNECTIONS.with(|c| c.borrow().len());
-        assert_eq!(idle, IDLE_HOST_CONNECTIONS);
-        let _again = kernel.open(&Ns::Host).await.unwrap().unwrap();
-        assert_eq!(
-            HOST_CONNECTIONS.with(|c| c.borrow().len()),
-            IDLE_HOST_CONNECTIONS - 1
-        );
+    }
+
+    /// A lookup of a missing link is "not there", not an error; a request on a missing index
+    /// names the request and the kernel's errno.
+    #[tokio::test(flavor = "current_thread")]
+    async fn missing_links_and_refusals() {
+        let kernel = Rtnl::new(None);
+        let mut host = kernel.open(&Ns::Host).await.unwrap().unwrap();
+        assert_eq!(host.find_link("knt-absent0").await.unwrap(), None);
+        let lo = host.find_link("lo").await.unwrap().expect("lo");
+        assert_eq!(lo.index, 1);
+        let e = host
+            .set_link("knt-absent0", &LinkChange::default())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interface knt-absent0 does not exist"), "{e}");
+        assert_eq!(kernel.requests(), 3);
+    }
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(release_at_least("6.1.0-27-amd64", (5, 6)));
+        assert!(release_at_least("5.6.0", (5, 6)));
+        assert!(release_at_least("5.10.2", (5, 6)));
+        assert!(!release_at_least("5.4.0-150-generic", (5, 6)));
+        assert!(!release_at_least("4.18.0-553.el8_10.x86_64", (5, 6)));
+        assert!(!release_at_least("", (5, 6)));
+        assert!(!release_at_least("garbage", (5, 6)));
     }
 }

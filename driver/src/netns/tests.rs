@@ -331,6 +331,39 @@ async fn missing_pod_namespace_is_an_error_naming_it() {
     );
 }
 
+/// The record is old (a repeated or resumed attach): another device took the name since
+/// capture. Attach checks what carries the name now, in the lookup the move needs anyway.
+#[tokio::test]
+async fn attach_refuses_another_device_that_took_the_name_since_capture() {
+    let (k, _) = kernel();
+    let mut p = plan(AttachMode::Move);
+    p.identity = Some(DeviceIdentity::Mac {
+        address: [0xaa, 0, 0, 0, 0, 1],
+    });
+    let restore = capture(&k, &p).await.unwrap();
+    let mut host = k.open(&Ns::Host).await.unwrap().unwrap();
+    let rename = |name: &str| LinkChange {
+        name: Some(name.to_owned()),
+        ..Default::default()
+    };
+    host.set_link("ens1f0v0", &rename("ens1f0v0-old"))
+        .await
+        .unwrap();
+    host.set_link("eth0", &rename("ens1f0v0")).await.unwrap();
+    drop(host);
+    let logged = k.log().len();
+    let err = attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect_err("another device under the name");
+    assert_eq!(
+        err.to_string(),
+        "interface ens1f0v0 is MAC bb:00:00:00:00:01, but the device was prepared as MAC \
+         aa:00:00:00:00:01; refusing to move it into the pod"
+    );
+    assert_eq!(k.log().len(), logged, "nothing changed: {:?}", k.log());
+    assert!(k.links(&pod()).is_empty());
+}
+
 #[tokio::test]
 async fn capture_refuses_another_device_under_the_prepared_name() {
     let (k, _) = kernel();

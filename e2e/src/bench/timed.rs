@@ -124,13 +124,17 @@ impl<S: Session> Session for TimedSession<S> {
         timed(&self.spent, "links", self.inner.links()).await
     }
 
-    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<()> {
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<Option<u32>> {
         timed(
             &self.spent,
             "move_link",
             self.inner.move_link(name, to, change),
         )
         .await
+    }
+
+    fn remember(&mut self, name: &str, index: u32) {
+        self.inner.remember(name, index);
     }
 
     async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
@@ -240,10 +244,11 @@ mod tests {
         async fn links(&mut self) -> Result<Vec<LinkState>> {
             Ok(vec![])
         }
-        async fn move_link(&mut self, _: &str, _: &Ns, _: &LinkChange) -> Result<()> {
+        async fn move_link(&mut self, _: &str, _: &Ns, _: &LinkChange) -> Result<Option<u32>> {
             tokio::time::sleep(MOVE).await;
-            Ok(())
+            Ok(None)
         }
+        fn remember(&mut self, _: &str, _: u32) {}
         async fn set_link(&mut self, _: &str, _: &LinkChange) -> Result<()> {
             tokio::time::sleep(SET).await;
             Ok(())

@@ -75,14 +75,23 @@ async fn a_device_landed_under_the_pod_name_beside_a_namesake_is_found_by_its_ma
     let (k, index) = kernel();
     k.limit_mtu(&Ns::Host, "ens1f0v0", 68, 1500);
     // The pod has its own ens1f0v0, with the device's index too (indexes are per namespace):
-    // the device moves under the pod's name, and only the MAC tells the two apart.
+    // the device moves under the pod's name and gets a new index there (the kernel picks one
+    // when the device's own is taken), so only the MAC tells the two apart.
     k.add_link(&pod(), "ens1f0v0", 1500, [0xcc, 0, 0, 0, 0, 1], None, &[]);
     k.renumber(&pod(), "ens1f0v0", index);
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
     let err = refused(&k, &p, &restore).await;
     assert!(err.contains("mtu greater than device maximum"), "{err}");
-    assert_eq!(host_device(&k, "ens1f0v0"), Some(restore.host.clone()));
+    // Home as it was, under the index it came back with.
+    let home = host_device(&k, "ens1f0v0").expect("the device is home");
+    assert_eq!(
+        LinkState {
+            index: restore.host.index,
+            ..home
+        },
+        restore.host
+    );
     let left: Vec<_> = k.links(&pod()).into_iter().map(|l| l.mac).collect();
     assert_eq!(
         left,

@@ -41,7 +41,7 @@ fn bench_kernel() -> FakeKernel {
 }
 
 #[tokio::test]
-async fn a_physical_cycle_makes_twelve_requests() {
+async fn a_physical_cycle_makes_eleven_requests() {
     let k = bench_kernel();
     let p = bench_plan();
     let mut count = 0;
@@ -51,9 +51,9 @@ async fn a_physical_cycle_makes_twelve_requests() {
     let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert!(link.up);
     assert_eq!(link.addresses, p.addresses);
-    // Pod name check and host lookup (one round), the move, the pod lookup, two addresses
-    // (one round), up, the route.
-    assert_eq!(since(&k, &mut count), 8);
+    // Pod name check and host lookup (one round), the move (which kept the device's index,
+    // so no lookup in the pod), two addresses (one round), up, the route.
+    assert_eq!(since(&k, &mut count), 7);
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     // The pod lookup and the move back: the move restored name, MTU and MAC, and the device
     // was down without addresses on the host, as it is now.
@@ -76,17 +76,59 @@ async fn a_physical_cycle_makes_twelve_requests() {
     );
 }
 
+/// A pod that already has a link with the device's ifindex: the kernel refuses a move that
+/// asks to keep it, so the device moves without (the kernel picks a new index), is looked up
+/// in the pod, and is configured there like any other.
 #[tokio::test]
-async fn a_device_with_a_host_address_costs_three_more_to_restore() {
+async fn a_move_onto_a_taken_index_takes_a_new_one_and_looks_it_up() {
+    let k = bench_kernel();
+    let p = bench_plan();
+    let restore = capture(&k, &p).await.unwrap();
+    k.add_link(&pod(), "eth0", 1500, [0xcc, 0, 0, 0, 0, 1], None, &[]);
+    k.renumber(&pod(), "eth0", restore.host.index);
+    let mut count = k.requests();
+    let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    // 7, + the refused move and the host lookup that saw the device still home, + the pod
+    // lookup of its new index.
+    assert_eq!(since(&k, &mut count), 10);
+    assert_ne!(link.index, restore.host.index);
+    let in_pod = k.links(&pod());
+    let net1 = in_pod
+        .iter()
+        .find(|l| l.name == "net1")
+        .expect("net1 in the pod");
+    assert_eq!((net1.index, net1.up), (link.index, true));
+    assert_eq!(net1.addresses, p.addresses);
+    let eth0 = in_pod
+        .iter()
+        .find(|l| l.name == "eth0")
+        .expect("eth0 in the pod");
+    assert!(
+        eth0.addresses.is_empty(),
+        "the pod's own link was left alone: {eth0:?}"
+    );
+    // Found in the pod by name and MAC (its index is not the recorded one) and moved home.
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    let names: Vec<String> = k.links(&pod()).into_iter().map(|l| l.name).collect();
+    assert_eq!(names, ["eth0"]);
+    assert!(
+        k.links(&Ns::Host)
+            .iter()
+            .any(|l| l.name == "ens1f0v0" && l.mac == restore.host.mac)
+    );
+}
+
+#[tokio::test]
+async fn a_device_with_a_host_address_costs_two_more_to_restore() {
     // Up with 198.51.100.5/24 on the host.
     let (k, _) = kernel();
     let p = plan(AttachMode::Move);
     let restore = capture(&k, &p).await.unwrap();
     attach(&k, &p, &pod(), &restore, false).await.unwrap();
-    assert_eq!(k.requests(), 10);
+    assert_eq!(k.requests(), 9);
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
-    // + the host lookup and the address, + up.
-    assert_eq!(k.requests(), 15);
+    // + the address, + up (the move back kept the index: no host lookup).
+    assert_eq!(k.requests(), 13);
     let log = k.log();
     assert_eq!(
         log[log.len() - 3..],
@@ -165,7 +207,7 @@ async fn ipv4_sysctls_ride_on_the_move_and_cost_no_request() {
     let mut count = k.requests();
     attach(&k, &p, &pod(), &restore, false).await.unwrap();
     // As many as without sysctls.
-    assert_eq!(since(&k, &mut count), 8);
+    assert_eq!(since(&k, &mut count), 7);
     // Both devconf ones in the move (rp_filter as 0: a zero is sent too); forwarding (its
     // proc handler has side effects) and IPv6 stay files, written before the link goes up.
     assert_eq!(
