@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::netns::{self, Kernel, LinkState, Ns, Restore};
 
-use super::{DeviceStatus, PodNetworks, attached_data, vfio_statuses};
+use super::{DeviceStatus, PodNetworks, attached_data, forget_record, vfio_statuses};
 
 /// One device of the pod, ready to be moved.
 struct Step {
@@ -218,31 +218,16 @@ impl<K: Kernel> PodNetworks<K> {
         forget.extend(steps[failed + 1..].iter().filter(|s| !s.was_away));
         let changes: Vec<Change> = forget
             .iter()
-            .map(|s| {
-                let index = s.index;
-                let change = move |c: &mut PreparedClaim| {
-                    if let Some(a) = c.attachments.get_mut(index) {
-                        a.restore = None;
-                        a.netns = None;
-                        a.attached = false;
-                    }
-                };
-                (claims[s.claim].uid.clone(), Box::new(change) as _)
-            })
+            .map(|s| forget_record(&claims[s.claim].uid, s.index))
             .collect();
         if let Err(e) = self.claims.update_each(changes).await {
             tracing::error!(error = %e, "could not forget the records of an undone attach; detach finds the devices home");
         }
-        let mut uplinks: Vec<&str> = forget
+        let uplinks = forget
             .iter()
             .filter_map(|s| claims[s.claim].attachments[s.index].plan.mode.uplink())
-            .map(|up| up.name.as_str())
-            .collect();
-        uplinks.sort_unstable();
-        uplinks.dedup();
-        for name in uplinks {
-            self.release_uplink(name).await;
-        }
+            .map(|up| up.name.as_str());
+        self.release_uplinks(uplinks).await;
     }
 
     /// The error a failed attach answers with, after an Event and a failed status for it.
