@@ -80,7 +80,21 @@ impl<K: Kernel> PodNetworks<K> {
                 (claims[s.claim].uid.clone(), Box::new(change) as _)
             })
             .collect();
-        self.claims.update_each(record).await?;
+        let gone = self.claims.update_each(record).await?;
+        if let Some(claim) = claims.iter().find(|c| gone.contains(&c.uid)) {
+            // Unprepared since it was read: moving its devices now would leave them in the pod
+            // with no record to bring them back by. Nothing has moved; the records written for
+            // the pod's other claims are of devices still home, which detach (or recovery)
+            // finds home and forgets, as after a crash right after this write.
+            metrics().attaches.inc([crate::metrics::ERROR]);
+            return Err(Error::Claim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                reason: "it was unprepared while its pod was being attached; none of the pod's \
+                         devices was moved"
+                    .into(),
+            });
+        }
         if !steps.is_empty() {
             crate::failpoint::hit("attach:after-checkpoint");
         }
@@ -220,6 +234,8 @@ impl<K: Kernel> PodNetworks<K> {
             .iter()
             .map(|s| forget_record(&claims[s.claim].uid, s.index))
             .collect();
+        // A claim unprepared meanwhile has no record left to forget (its unprepare brought
+        // the devices home): the store logs it, and nothing else is owed.
         if let Err(e) = self.claims.update_each(changes).await {
             tracing::error!(error = %e, "could not forget the records of an undone attach; detach finds the devices home");
         }

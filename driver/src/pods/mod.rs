@@ -326,6 +326,8 @@ impl<K: Kernel> PodNetworks<K> {
                 }
             }
         }
+        // A claim unprepared meanwhile has no record left to forget: the store logs it, and
+        // its devices are home either way.
         self.claims.update_each(home).await?;
         // The last pod out deletes the shared host VLAN. The devices are home and their
         // records gone, so a failure here is not the detach's: a retry would find nothing to
