@@ -285,13 +285,10 @@ impl Preparer {
     /// The answer for a prepared claim, with its CDI spec (re)written first: a crash between
     /// the checkpoint and the spec is repaired by the kubelet's retry.
     fn answered(&self, claim: &PreparedClaim) -> Result<Vec<PreparedAnswer>> {
-        match &self.cdi {
-            Some(specs) => {
-                specs.write(claim)?;
-                Ok(answer_with_cdi(claim))
-            }
-            None => Ok(answer(claim)),
+        if let Some(specs) = &self.cdi {
+            specs.write(claim)?;
         }
+        Ok(self.answer_of(claim))
     }
 
     /// Unprepare puts devices still in a pod back through `release` before forgetting them.
@@ -541,11 +538,7 @@ impl Preparer {
         if let Some(done) = checkpoint.claims.get(&wanted.uid) {
             // The winner wrote the spec; a failure here must not release addresses the
             // recorded claim may share with this attempt (IPAM reuses the claim's objects).
-            let answer = match &self.cdi {
-                Some(_) => answer_with_cdi(done),
-                None => answer(done),
-            };
-            return Ok((answer, done.allocations.clone()));
+            return Ok((self.answer_of(done), done.allocations.clone()));
         }
         for device in &prepared.devices {
             // By device alone: the pool string is the claim's to get wrong. The same rule the
@@ -601,28 +594,28 @@ impl Preparer {
         if prepared.functions.iter().all(|f| f.vfio.is_none()) {
             // Nothing to bind under the lock: the write is shared with prepares at once.
             locked.add(prepared.clone()).await?;
-            tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
-                devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
-            let answer = match &self.cdi {
-                Some(_) => answer_with_cdi(&prepared),
-                None => answer(&prepared),
-            };
-            return Ok((answer, prepared.allocations));
-        }
-        let mut next = locked.checkpoint()?.clone();
-        next.claims.insert(wanted.uid.clone(), prepared.clone());
-        locked.save(next, true).await?;
-        // Recorded first: a crash from here on leaves what unprepare needs to give them back.
-        if let Err(e) = functions::bind_all(&self.pci, &prepared.functions).await {
-            return Err(self.undo_bind(&mut locked, &prepared, e).await);
+        } else {
+            let mut next = locked.checkpoint()?.clone();
+            next.claims.insert(wanted.uid.clone(), prepared.clone());
+            locked.save(next, true).await?;
+            // Recorded first: a crash from here on leaves what unprepare needs to give them
+            // back.
+            if let Err(e) = functions::bind_all(&self.pci, &prepared.functions).await {
+                return Err(self.undo_bind(&mut locked, &prepared, e).await);
+            }
         }
         tracing::info!(claim = %wanted.name, namespace = %wanted.namespace, pod = %prepared.pod_name,
             devices = prepared.devices.len(), addresses = prepared.allocations.len(), "claim prepared");
-        let answer = match &self.cdi {
-            Some(_) => answer_with_cdi(&prepared),
-            None => answer(&prepared),
-        };
-        Ok((answer, prepared.allocations))
+        Ok((self.answer_of(&prepared), prepared.allocations))
+    }
+
+    /// The answer for a recorded claim, naming its CDI devices when specs are written (the
+    /// spec itself is written by the caller, before or after the record as its path needs).
+    fn answer_of(&self, claim: &PreparedClaim) -> Vec<PreparedAnswer> {
+        match &self.cdi {
+            Some(_) => answer_with_cdi(claim),
+            None => answer(claim),
+        }
     }
 
     /// A failed bind: gives every function back and forgets the claim, or, when a function

@@ -10,11 +10,22 @@
 //! so N concurrent callers share about two writes instead of paying for N. The in-memory
 //! state is replaced only after its write succeeded, so a failed write leaves nothing that
 //! is not on disk except [`ClaimStore::note`]s, which are in-memory by design.
+//!
+//! A write, once started, finishes on its own: it runs in a task that owns the store's lock,
+//! makes the written state current and answers every caller it carries before the lock goes.
+//! A writer whose caller is cancelled mid-write (a hook timing out) therefore never leaves the
+//! disk ahead of memory, never lets a later write be computed from the older state, and never
+//! tells the callers it carried that a change now on disk failed.
+//!
+//! A change names its claim by UID; a claim unprepared meanwhile has nothing to apply it to,
+//! so the change is dropped, logged, and its UID handed back to the caller (a caller that
+//! recorded a device's restore state must know it was not recorded).
 
+use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tokio::sync::{Mutex, MutexGuard, oneshot, watch};
+use tokio::sync::{Mutex, OwnedMutexGuard, oneshot, watch};
 
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, PreparedClaim};
 use crate::error::{Error, Result};
@@ -22,14 +33,21 @@ use crate::error::{Error, Result};
 /// A change to one prepared claim, by UID.
 pub type Change = (String, Box<dyn FnOnce(&mut PreparedClaim) + Send>);
 
+/// What a durable change's caller is told: the write's outcome and, when it succeeded, the
+/// UIDs of the caller's claims that were gone (their changes were dropped).
+type Outcome = Result<Vec<String>>;
+
 /// One caller's changes waiting for a durable write.
 struct Waiting {
     id: u64,
     changes: Vec<Change>,
     /// A newly prepared claim to add (a change to the set of claims).
     insert: Option<PreparedClaim>,
-    done: oneshot::Sender<Result<()>>,
+    done: oneshot::Sender<Outcome>,
 }
+
+/// A carried caller's answer channel and the UIDs of its claims that were gone.
+type Answer = (oneshot::Sender<Outcome>, Vec<String>);
 
 /// Changes not yet in the state: notes (applied by the next lock holder) and durable changes
 /// (applied and written by the next writer).
@@ -42,25 +60,29 @@ struct Queue {
 
 /// The prepared claims of this node, loaded from and saved to the checkpoint.
 pub struct ClaimStore {
-    file: CheckpointStore,
-    /// `Err` holds why the checkpoint could not be read; it is retried on every call so an
-    /// operator's repair takes effect without a restart.
-    state: Mutex<Result<Checkpoint>>,
+    /// What a write's task needs after its caller may have gone (see the module doc).
+    core: Arc<Core>,
     /// A plain mutex, never held across an await: queuing must not wait for a write.
     queue: StdMutex<Queue>,
+}
+
+/// The state and the file, shared with the task of a write in progress.
+struct Core {
+    file: CheckpointStore,
+    /// `Err` holds why the checkpoint could not be read; it is retried on every call so an
+    /// operator's repair takes effect without a restart. Owned guards, so a write's task can
+    /// hold it past its caller.
+    state: Arc<Mutex<Result<Checkpoint>>>,
     /// Checkpoint files written by this store, for tests and benchmarks.
     writes: AtomicU64,
     /// Notes applied to the state since the last write: the file lags behind memory.
     noted: AtomicBool,
-    /// Order of writes, taken under the state lock: a write's generation.
-    generation: AtomicU64,
-    /// The generation on disk, held while a file is written. A writer cancelled while its
-    /// blocking save runs releases the state lock with the save still going; without this a
-    /// later, newer write could finish first and the orphan's rename land over it.
-    on_disk: std::sync::Arc<StdMutex<u64>>,
     /// Bumped after every change to the prepared set, so the publisher re-merges retained
     /// devices.
     changes: watch::Sender<u64>,
+    /// Tests hold the next file write here, to cancel its caller while it runs.
+    #[cfg(test)]
+    hold: StdMutex<Option<tests::Hold>>,
 }
 
 /// Takes a queued durable change back out if its caller gives up before a writer took it, so
@@ -91,14 +113,16 @@ impl ClaimStore {
             tracing::info!(path = %file.path().display(), claims = cp.claims.len(), "checkpoint loaded");
         }
         ClaimStore {
-            file,
-            state: Mutex::new(checkpoint),
+            core: Arc::new(Core {
+                file,
+                state: Arc::new(Mutex::new(checkpoint)),
+                writes: AtomicU64::new(0),
+                noted: AtomicBool::new(false),
+                changes: watch::channel(0).0,
+                #[cfg(test)]
+                hold: StdMutex::default(),
+            }),
             queue: StdMutex::default(),
-            writes: AtomicU64::new(0),
-            noted: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-            on_disk: std::sync::Arc::default(),
-            changes: watch::channel(0).0,
         }
     }
 
@@ -111,18 +135,19 @@ impl ClaimStore {
     /// Takes the store's lock for a read-check-write that must not interleave with others.
     /// Queued notes are applied first, so every reader sees them.
     pub async fn lock(&self) -> Locked<'_> {
-        let mut locked = Locked {
-            store: self,
-            state: self.state.lock().await,
-        };
+        let mut state = Arc::clone(&self.core.state).lock_owned().await;
         let notes = std::mem::take(&mut self.queue().notes);
-        if let Ok(checkpoint) = locked.state.as_mut()
+        if let Ok(checkpoint) = state.as_mut()
             && !notes.is_empty()
         {
-            apply(checkpoint, notes);
-            self.noted.store(true, Ordering::Relaxed);
+            // A note for a claim that is gone is only logged: nothing waits for it.
+            let _gone = apply(checkpoint, notes);
+            self.core.noted.store(true, Ordering::Relaxed);
         }
-        locked
+        Locked {
+            store: self,
+            state: Some(state),
+        }
     }
 
     /// The prepared claims of one pod (NRI events arrive keyed by pod UID).
@@ -150,35 +175,28 @@ impl ClaimStore {
     }
 
     /// Changes one prepared claim durably (the checkpoint is written before this returns); a
-    /// claim that is gone meanwhile is left alone, and a change that changes nothing writes
-    /// nothing.
+    /// change that changes nothing writes nothing. Returns false when the claim was gone
+    /// (unprepared meanwhile): nothing was changed.
     pub async fn update(
         &self,
         uid: &str,
         change: impl FnOnce(&mut PreparedClaim) + Send + 'static,
-    ) -> Result<()> {
-        self.update_each(vec![(uid.to_owned(), Box::new(change))])
-            .await
+    ) -> Result<bool> {
+        let gone = self
+            .update_each(vec![(uid.to_owned(), Box::new(change))])
+            .await?;
+        Ok(gone.is_empty())
     }
 
     /// Changes several prepared claims in one durable write, shared with whatever other
     /// callers queued meanwhile. Returns once the changes are on disk (or their write failed:
-    /// then none of them is in the state either).
-    pub async fn update_each(&self, changes: Vec<Change>) -> Result<()> {
+    /// then none of them is in the state either), with the UIDs of the claims that were gone
+    /// (unprepared meanwhile), whose changes were dropped; the others are written.
+    pub async fn update_each(&self, changes: Vec<Change>) -> Result<Vec<String>> {
         if changes.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        self.queue_and_write(changes, None).await
-    }
-
-    /// Queues a durable change and waits for the write that carries it: the caller's own,
-    /// or an earlier writer's that took it along.
-    async fn queue_and_write(
-        &self,
-        changes: Vec<Change>,
-        insert: Option<PreparedClaim>,
-    ) -> Result<()> {
-        let (id, outcome) = self.enqueue(changes, insert);
+        let (id, outcome) = self.enqueue(changes, None);
         self.written(id, outcome).await
     }
 
@@ -186,7 +204,7 @@ impl ClaimStore {
         &self,
         changes: Vec<Change>,
         insert: Option<PreparedClaim>,
-    ) -> (u64, oneshot::Receiver<Result<()>>) {
+    ) -> (u64, oneshot::Receiver<Outcome>) {
         let (done, outcome) = oneshot::channel();
         let mut queue = self.queue();
         let id = queue.next_id;
@@ -202,7 +220,7 @@ impl ClaimStore {
 
     /// Waits until queued change `id` is written (or its write failed), writing it if no
     /// earlier writer took it along.
-    async fn written(&self, id: u64, mut outcome: oneshot::Receiver<Result<()>>) -> Result<()> {
+    async fn written(&self, id: u64, mut outcome: oneshot::Receiver<Outcome>) -> Outcome {
         let mut unqueue = Unqueue {
             store: self,
             id,
@@ -240,21 +258,58 @@ impl ClaimStore {
     /// trusts them instead of re-checking the kernel); nothing when there are none.
     pub async fn flush(&self) -> Result<()> {
         let mut locked = self.lock().await;
-        if !self.noted.load(Ordering::Relaxed) {
+        if !self.core.noted.load(Ordering::Relaxed) {
             return Ok(());
         }
         let next = locked.checkpoint()?.clone();
-        locked.write(next, false).await
+        locked.write(next, false, Vec::new()).await
     }
 
     /// How many checkpoint files this store has written since it was opened.
     pub fn writes(&self) -> u64 {
-        self.writes.load(Ordering::Relaxed)
+        self.core.writes.load(Ordering::Relaxed)
     }
 
     /// Fires after every change to the set of prepared claims (not to attachments).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
+        self.core.changes.subscribe()
+    }
+}
+
+impl Core {
+    /// Writes `next` to the file and makes it the state; `state` is the lock's guard, held by
+    /// the write's task, so this runs to the end whatever happens to the caller.
+    async fn save(
+        &self,
+        state: &mut Result<Checkpoint>,
+        next: Checkpoint,
+        membership: bool,
+    ) -> Result<()> {
+        let file = self.file.clone();
+        #[cfg(test)]
+        let hold = self
+            .hold
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let next = tokio::task::spawn_blocking(move || -> Result<Checkpoint> {
+            #[cfg(test)]
+            if let Some(hold) = hold {
+                hold.wait();
+            }
+            file.save(&next)?;
+            Ok(next)
+        })
+        .await
+        .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))??;
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        // The state written includes every note applied so far (under this lock).
+        self.noted.store(false, Ordering::Relaxed);
+        *state = Ok(next);
+        if membership {
+            self.changes.send_modify(|n| *n += 1);
+        }
+        Ok(())
     }
 }
 
@@ -265,29 +320,68 @@ fn abandoned() -> Error {
     )
 }
 
-/// Applies changes to the claims they name; a claim that is gone is left alone.
-fn apply(checkpoint: &mut Checkpoint, changes: Vec<Change>) {
+/// Applies changes to the claims they name. A claim that is gone (unprepared meanwhile) has
+/// nothing to apply its change to: the change is dropped, logged, and its UID returned (once).
+fn apply(checkpoint: &mut Checkpoint, changes: Vec<Change>) -> Vec<String> {
+    let mut gone = Vec::new();
     for (uid, change) in changes {
-        if let Some(claim) = checkpoint.claims.get_mut(&uid) {
-            change(claim);
+        match checkpoint.claims.get_mut(&uid) {
+            Some(claim) => change(claim),
+            None => {
+                tracing::warn!(claim_uid = %uid, "a change to a claim that is no longer prepared was dropped");
+                if !gone.contains(&uid) {
+                    gone.push(uid);
+                }
+            }
         }
+    }
+    gone
+}
+
+/// Every carried caller's answer: the write's outcome, with its own gone claims on success.
+fn answer(answers: Vec<Answer>, result: &Result<()>) {
+    for (done, gone) in answers {
+        let outcome = match result {
+            Ok(()) => Ok(gone),
+            // Error is not Clone: every caller gets the same text.
+            Err(e) => Err(Error::io(
+                "writing the checkpoint",
+                std::io::Error::other(e.to_string()),
+            )),
+        };
+        // A caller that went away needs no answer.
+        let _ = done.send(outcome);
     }
 }
 
 /// The store, locked.
 pub struct Locked<'a> {
     store: &'a ClaimStore,
-    state: MutexGuard<'a, Result<Checkpoint>>,
+    /// `None` only once a write this handle started was cancelled: its task holds the lock
+    /// until the write is done, and this handle no longer does.
+    state: Option<OwnedMutexGuard<Result<Checkpoint>>>,
 }
 
 impl Locked<'_> {
+    /// The locked state, or why this handle lost it.
+    fn state(&mut self) -> Result<&mut OwnedMutexGuard<Result<Checkpoint>>> {
+        self.state.as_mut().ok_or_else(|| {
+            Error::io(
+                "writing the checkpoint",
+                std::io::Error::other("the store's lock went with a cancelled write"),
+            )
+        })
+    }
+
     /// The checkpoint, re-read first if it could not be read before (the operator may have
     /// repaired or removed the file).
     pub fn checkpoint(&mut self) -> Result<&Checkpoint> {
-        if self.state.is_err() {
-            *self.state = self.store.file.load();
+        let file = &self.store.core.file;
+        let state = self.state()?;
+        if state.is_err() {
+            **state = file.load();
         }
-        self.state
+        state
             .as_ref()
             .map_err(|e| Error::CheckpointUnreadable(e.to_string()))
     }
@@ -323,7 +417,7 @@ impl Locked<'_> {
         // Queued before the lock goes, so the next holder's checks see the claim.
         let (id, outcome) = store.enqueue(Vec::new(), Some(claim));
         drop(self);
-        store.written(id, outcome).await
+        store.written(id, outcome).await.map(drop)
     }
 
     /// Writes `next` durably and makes it current; `membership` says the set of claims changed
@@ -335,65 +429,56 @@ impl Locked<'_> {
     /// Writes `next` with every queued durable change applied, unless that changes nothing
     /// on disk's behalf (the state already equals it), and answers each queued caller.
     async fn commit(&mut self, mut next: Checkpoint, membership: bool) -> Result<()> {
+        // Before the batch is taken: a handle without the lock must leave it queued.
+        self.state()?;
         let batch = std::mem::take(&mut self.store.queue().durable);
-        let mut answers = Vec::with_capacity(batch.len());
+        let mut answers: Vec<Answer> = Vec::with_capacity(batch.len());
         let mut membership = membership;
         for waiting in batch {
-            apply(&mut next, waiting.changes);
+            let gone = apply(&mut next, waiting.changes);
             if let Some(claim) = waiting.insert {
                 next.claims.insert(claim.uid.clone(), claim);
                 membership = true;
             }
-            answers.push(waiting.done);
+            answers.push((waiting.done, gone));
         }
-        let unchanged = matches!(&*self.state, Ok(now) if *now == next);
-        let result = if unchanged {
-            Ok(())
-        } else {
-            self.write(next, membership).await
-        };
-        for done in answers {
-            let answer = match &result {
-                Ok(()) => Ok(()),
-                // Error is not Clone: every caller gets the same text.
-                Err(e) => Err(Error::io(
-                    "writing the checkpoint",
-                    std::io::Error::other(e.to_string()),
-                )),
-            };
-            // A caller that went away needs no answer.
-            let _ = done.send(answer);
+        let unchanged = matches!(&**self.state()?, Ok(now) if *now == next);
+        if unchanged {
+            answer(answers, &Ok(()));
+            return Ok(());
         }
-        result
+        self.write(next, membership, answers).await
     }
 
-    async fn write(&mut self, next: Checkpoint, membership: bool) -> Result<()> {
-        let file = self.store.file.clone();
-        let written = next.clone();
-        let generation = self.store.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        let on_disk = std::sync::Arc::clone(&self.store.on_disk);
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            let mut last = on_disk
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *last > generation {
-                // An orphan of a cancelled writer: a newer state is already on disk.
-                return Ok(());
+    /// Writes `next` and makes it current in a task that takes this handle's lock along and
+    /// answers `answers` itself: cancelling the caller cannot cut the write off between the
+    /// file and the state, nor lose the answers (see the module doc). The lock comes back
+    /// once both are done.
+    async fn write(
+        &mut self,
+        next: Checkpoint,
+        membership: bool,
+        answers: Vec<Answer>,
+    ) -> Result<()> {
+        let mut state = match self.state.take() {
+            Some(state) => state,
+            None => {
+                let lost = self.state().map(drop);
+                answer(answers, &lost);
+                return lost;
             }
-            file.save(&written)?;
-            *last = generation;
-            Ok(())
-        })
-        .await
-        .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))??;
-        self.store.writes.fetch_add(1, Ordering::Relaxed);
-        // The state written includes every note applied so far (under this lock).
-        self.store.noted.store(false, Ordering::Relaxed);
-        *self.state = Ok(next);
-        if membership {
-            self.store.changes.send_modify(|n| *n += 1);
-        }
-        Ok(())
+        };
+        let core = Arc::clone(&self.store.core);
+        let task = tokio::spawn(async move {
+            let result = core.save(&mut state, next, membership).await;
+            answer(answers, &result);
+            (state, result)
+        });
+        let (state, result) = task
+            .await
+            .map_err(|e| Error::io("checkpoint writer", std::io::Error::other(e)))?;
+        self.state = Some(state);
+        result
     }
 }
 

@@ -2,8 +2,31 @@
 // change is on disk, a failed write reaches every caller it carried, notes ride along.
 
 use std::sync::Arc;
+use std::sync::mpsc;
 
 use super::*;
+
+/// A file write held until the test releases it: the write says it started, then waits.
+pub(super) struct Hold {
+    started: mpsc::Sender<()>,
+    release: mpsc::Receiver<()>,
+}
+
+impl Hold {
+    /// Runs on the blocking thread of the write, before the file is touched.
+    pub(super) fn wait(self) {
+        let _ = self.started.send(());
+        let _ = self.release.recv();
+    }
+}
+
+/// Holds `store`'s next file write: returns when it started, and the sender that releases it.
+fn hold_next_write(store: &ClaimStore) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (started, started_rx) = mpsc::channel();
+    let (release_tx, release) = mpsc::channel();
+    *store.core.hold.lock().expect("hold") = Some(Hold { started, release });
+    (started_rx, release_tx)
+}
 
 fn claim(uid: &str) -> PreparedClaim {
     PreparedClaim {
@@ -86,15 +109,107 @@ async fn several_claims_change_in_one_write_and_no_change_writes_nothing() {
     let disk = on_disk(dir.path());
     assert_eq!(disk.claims["c2"].prepared_at, 12);
     // The same values again, and a claim that is gone: nothing to write.
-    store
-        .update("c2", |c| c.prepared_at = 12)
-        .await
-        .expect("same");
-    store
-        .update("gone", |c| c.prepared_at = 1)
-        .await
-        .expect("gone");
+    assert!(
+        store
+            .update("c2", |c| c.prepared_at = 12)
+            .await
+            .expect("same")
+    );
+    assert!(
+        !store
+            .update("gone", |c| c.prepared_at = 1)
+            .await
+            .expect("gone"),
+        "a change to a claim that is gone is reported as not made"
+    );
     assert_eq!(store.writes() - before, 1);
+}
+
+#[tokio::test]
+async fn a_change_to_a_claim_that_is_gone_is_dropped_and_named_and_the_others_are_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(dir.path(), 1).await;
+    let changes: Vec<Change> = ["gone", "c0", "gone"]
+        .into_iter()
+        .map(|uid| {
+            let change = |c: &mut PreparedClaim| c.prepared_at = 4;
+            (uid.to_owned(), Box::new(change) as _)
+        })
+        .collect();
+    let gone = store.update_each(changes).await.expect("update_each");
+    assert_eq!(gone, ["gone"]);
+    let disk = on_disk(dir.path());
+    assert_eq!(disk.claims["c0"].prepared_at, 4);
+    assert!(
+        !disk.claims.contains_key("gone"),
+        "nothing is created for it"
+    );
+}
+
+#[tokio::test]
+async fn a_write_whose_caller_is_cancelled_finishes_and_memory_agrees_with_the_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(store(dir.path(), 2).await);
+    // Two callers queue behind a held lock: the first to lock writes both in one file write.
+    let held = store.lock().await;
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move { store.update("c0", |c| c.prepared_at = 9).await })
+    };
+    while store.queue().durable.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let carried = {
+        let store = store.clone();
+        tokio::spawn(async move { store.update("c1", |c| c.prepared_at = 5).await })
+    };
+    while store.queue().durable.len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let (started, release) = hold_next_write(&store);
+    drop(held);
+    tokio::task::spawn_blocking(move || started.recv())
+        .await
+        .expect("join")
+        .expect("the write started");
+    // The writer's caller gives up while its file write runs.
+    writer.abort();
+    let cancelled = writer.await.expect_err("the writer was cancelled");
+    assert!(cancelled.is_cancelled(), "{cancelled}");
+    // A reader now waits for the write, not for a state the disk is about to leave behind.
+    let reader = {
+        let store = store.clone();
+        tokio::spawn(async move { store.snapshot().await })
+    };
+    release.send(()).expect("release");
+    assert!(
+        carried
+            .await
+            .expect("task")
+            .expect("the carried change is written"),
+        "c1 was prepared"
+    );
+    let memory = reader.await.expect("task").expect("snapshot");
+    let disk = on_disk(dir.path());
+    assert_eq!(
+        (
+            memory.claims["c0"].prepared_at,
+            memory.claims["c1"].prepared_at
+        ),
+        (9, 5),
+        "the finished write is the state"
+    );
+    assert_eq!(memory, disk, "memory and disk agree");
+    // A later write is made from that state: the cancelled caller's change is not undone.
+    store
+        .update("c1", |c| c.prepared_at = 6)
+        .await
+        .expect("update");
+    let disk = on_disk(dir.path());
+    assert_eq!(
+        (disk.claims["c0"].prepared_at, disk.claims["c1"].prepared_at),
+        (9, 6)
+    );
 }
 
 #[tokio::test]

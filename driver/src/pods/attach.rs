@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::netns::{self, Kernel, LinkState, Ns, Restore};
 
-use super::{DeviceStatus, PodNetworks, attached_data, vfio_statuses};
+use super::{DeviceStatus, PodNetworks, attached_data, forget_record, vfio_statuses};
 
 /// One device of the pod, ready to be moved.
 struct Step {
@@ -80,7 +80,21 @@ impl<K: Kernel> PodNetworks<K> {
                 (claims[s.claim].uid.clone(), Box::new(change) as _)
             })
             .collect();
-        self.claims.update_each(record).await?;
+        let gone = self.claims.update_each(record).await?;
+        if let Some(claim) = claims.iter().find(|c| gone.contains(&c.uid)) {
+            // Unprepared since it was read: moving its devices now would leave them in the pod
+            // with no record to bring them back by. Nothing has moved; the records written for
+            // the pod's other claims are of devices still home, which detach (or recovery)
+            // finds home and forgets, as after a crash right after this write.
+            metrics().attaches.inc([crate::metrics::ERROR]);
+            return Err(Error::Claim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                reason: "it was unprepared while its pod was being attached; none of the pod's \
+                         devices was moved"
+                    .into(),
+            });
+        }
         if !steps.is_empty() {
             crate::failpoint::hit("attach:after-checkpoint");
         }
@@ -218,31 +232,18 @@ impl<K: Kernel> PodNetworks<K> {
         forget.extend(steps[failed + 1..].iter().filter(|s| !s.was_away));
         let changes: Vec<Change> = forget
             .iter()
-            .map(|s| {
-                let index = s.index;
-                let change = move |c: &mut PreparedClaim| {
-                    if let Some(a) = c.attachments.get_mut(index) {
-                        a.restore = None;
-                        a.netns = None;
-                        a.attached = false;
-                    }
-                };
-                (claims[s.claim].uid.clone(), Box::new(change) as _)
-            })
+            .map(|s| forget_record(&claims[s.claim].uid, s.index))
             .collect();
+        // A claim unprepared meanwhile has no record left to forget (its unprepare brought
+        // the devices home): the store logs it, and nothing else is owed.
         if let Err(e) = self.claims.update_each(changes).await {
             tracing::error!(error = %e, "could not forget the records of an undone attach; detach finds the devices home");
         }
-        let mut uplinks: Vec<&str> = forget
+        let uplinks = forget
             .iter()
             .filter_map(|s| claims[s.claim].attachments[s.index].plan.mode.uplink())
-            .map(|up| up.name.as_str())
-            .collect();
-        uplinks.sort_unstable();
-        uplinks.dedup();
-        for name in uplinks {
-            self.release_uplink(name).await;
-        }
+            .map(|up| up.name.as_str());
+        self.release_uplinks(uplinks).await;
     }
 
     /// The error a failed attach answers with, after an Event and a failed status for it.

@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 
 use crate::BoxFuture;
 use crate::claims::checkpoint::{Checkpoint, PreparedClaim};
-use crate::claims::{ClaimStore, Release};
+use crate::claims::{Change, ClaimStore, Release};
 use crate::error::{Error, Result};
 use crate::events::{EventSink, NoEvents, PodRef, Warning};
 use crate::metrics::metrics;
@@ -266,16 +266,23 @@ impl<K: Kernel> PodNetworks<K> {
         netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await
     }
 
-    /// Deletes the host VLAN `name` unless a recorded attachment still uses it; a failure is
-    /// logged and left to [`PodNetworks::sweep_uplinks`].
-    async fn release_uplink(&self, name: &str) {
-        let released = match self.claims.snapshot().await {
-            Ok(now) => uplinks::release_if_unused(&self.kernel, &now, None, name).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = released {
-            tracing::warn!(uplink = %name, error = %e,
-                "could not delete a host VLAN no pod uses; the next sweep retries");
+    /// Deletes each host VLAN of `names` (once, however many devices named it) unless a
+    /// recorded attachment still uses it; a failure is logged and left to
+    /// [`PodNetworks::sweep_uplinks`]. Called after devices went home and their records were
+    /// forgotten (detach, an undone attach), so the last pod out deletes a shared VLAN.
+    async fn release_uplinks<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut names: Vec<&str> = names.into_iter().collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let released = match self.claims.snapshot().await {
+                Ok(now) => uplinks::release_if_unused(&self.kernel, &now, None, name).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = released {
+                tracing::warn!(uplink = %name, error = %e,
+                    "could not delete a host VLAN no pod uses; the next sweep retries");
+            }
         }
     }
 
@@ -294,7 +301,7 @@ impl<K: Kernel> PodNetworks<K> {
             false => None,
         };
         let mut errors = Vec::new();
-        let mut home: Vec<crate::claims::Change> = Vec::new();
+        let mut home: Vec<Change> = Vec::new();
         let mut uplinks: Vec<&str> = Vec::new();
         for claim in &claims {
             for (i, a) in claim.attachments.iter().enumerate() {
@@ -308,14 +315,7 @@ impl<K: Kernel> PodNetworks<K> {
                 m.detach_duration.observe_since([], started);
                 match outcome {
                     Ok(()) => {
-                        let forget = move |c: &mut PreparedClaim| {
-                            if let Some(a) = c.attachments.get_mut(i) {
-                                a.restore = None;
-                                a.netns = None;
-                                a.attached = false;
-                            }
-                        };
-                        home.push((claim.uid.clone(), Box::new(forget)));
+                        home.push(forget_record(&claim.uid, i));
                         uplinks.extend(a.plan.mode.uplink().map(|up| up.name.as_str()));
                     }
                     Err(e) => errors.push(Error::Claim {
@@ -326,15 +326,13 @@ impl<K: Kernel> PodNetworks<K> {
                 }
             }
         }
+        // A claim unprepared meanwhile has no record left to forget: the store logs it, and
+        // its devices are home either way.
         self.claims.update_each(home).await?;
         // The last pod out deletes the shared host VLAN. The devices are home and their
         // records gone, so a failure here is not the detach's: a retry would find nothing to
         // do, and the sweep deletes what is left.
-        uplinks.sort_unstable();
-        uplinks.dedup();
-        for name in uplinks {
-            self.release_uplink(name).await;
-        }
+        self.release_uplinks(uplinks).await;
         match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
@@ -352,6 +350,21 @@ impl<K: Kernel> PodNetworks<K> {
         self.detach_claims(claims, netns.map(Ns::Pod).as_ref())
             .await
     }
+}
+
+/// The change that forgets attachment `index` of claim `uid`: its device is home, so there is
+/// nothing to put back and no namespace it is in. One definition for detach and for an undone
+/// attach, which must leave the same record (a half-cleared one would send recovery after a
+/// device that is not away).
+fn forget_record(uid: &str, index: usize) -> Change {
+    let change = move |c: &mut PreparedClaim| {
+        if let Some(a) = c.attachments.get_mut(index) {
+            a.restore = None;
+            a.netns = None;
+            a.attached = false;
+        }
+    };
+    (uid.to_owned(), Box::new(change))
 }
 
 /// Status entries of the claim's vfio-pci functions: bound at prepare, nothing to attach, so

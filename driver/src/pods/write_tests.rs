@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use knic_proto::netconfig::Cidr;
+use tokio::sync::oneshot;
 
 use super::*;
 use crate::claims::checkpoint::{Attachment, CheckpointStore};
@@ -222,4 +223,58 @@ async fn a_crash_between_the_record_and_the_first_move_is_finished_by_recovery()
             .iter()
             .all(|a| a.restore.is_none() && !a.attached)
     );
+}
+
+/// A kernel whose first session waits for the test: the attach has read the pod's claims and
+/// not yet recorded them.
+struct Gated {
+    inner: FakeKernel,
+    gate: std::sync::Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+}
+
+impl Kernel for Gated {
+    type Session = crate::netns::fake::FakeSession;
+
+    async fn open(&self, ns: &Ns) -> Result<Option<Self::Session>> {
+        let gate = self.gate.lock().expect("gate").take();
+        if let Some((opened, release)) = gate {
+            let _ = opened.send(());
+            let _ = release.await;
+        }
+        self.inner.open(ns).await
+    }
+}
+
+#[tokio::test]
+async fn an_attach_whose_claim_is_unprepared_meanwhile_fails_and_moves_nothing() {
+    let s = setup(2).await;
+    let (opened_tx, opened) = oneshot::channel();
+    let (release, release_rx) = oneshot::channel();
+    let kernel = Gated {
+        inner: s.kernel.clone(),
+        gate: std::sync::Mutex::new(Some((opened_tx, release_rx))),
+    };
+    let pods = PodNetworks::new(kernel, s.claims.clone(), Arc::new(LogStatus));
+    let attach = tokio::spawn(async move { pods.run_pod_sandbox(sandbox()).await });
+    opened.await.expect("the attach reads the host");
+    // The kubelet unprepares the claim meanwhile.
+    {
+        let mut locked = s.claims.lock().await;
+        let mut next = locked.checkpoint().expect("checkpoint").clone();
+        next.claims.remove("claim-uid");
+        locked.save(next, true).await.expect("save");
+    }
+    release.send(()).expect("release");
+    let err = attach
+        .await
+        .expect("task")
+        .expect_err("nothing records the claim's devices")
+        .to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/c: it was unprepared while its pod was being attached; none of the \
+         pod's devices was moved"
+    );
+    assert_eq!(names(&s.kernel, &Ns::Host), ["ens1f0v0", "ens1f0v1"]);
+    assert!(names(&s.kernel, &pod_ns()).is_empty());
 }
