@@ -1,0 +1,380 @@
+//! The fake kernel's operations, each copying the real kernel's order of effects and its
+//! refusals (checked against it by the `kernel_netns` trials).
+
+use knic_proto::netconfig::{ChildKind, Cidr, Route};
+
+use super::super::vf::describe as describe_vf;
+use super::super::{NewChild, Session};
+use super::*;
+
+impl Session for FakeSession {
+    async fn find_link(&mut self, name: &str) -> Result<Option<LinkState>> {
+        self.known.remove(name);
+        self.lookup(name);
+        let mut s = self.kernel.lock();
+        Ok(find(&mut s, &self.ns, name).cloned().map(|mut l| {
+            l.addresses.clear();
+            l
+        }))
+    }
+
+    async fn addresses(&mut self, index: u32) -> Result<Vec<Cidr>> {
+        self.sent(1);
+        Ok(self
+            .kernel
+            .links(&self.ns)
+            .into_iter()
+            .find(|l| l.index == index)
+            .map(|l| l.addresses)
+            .unwrap_or_default())
+    }
+
+    async fn links(&mut self) -> Result<Vec<LinkState>> {
+        self.sent(1);
+        self.read("link show")?;
+        let mut links = self.kernel.links(&self.ns);
+        for l in &mut links {
+            l.addresses.clear();
+        }
+        Ok(links)
+    }
+
+    async fn move_link(&mut self, name: &str, to: &Ns, change: &LinkChange) -> Result<Option<u32>> {
+        self.lookup(name);
+        self.sent(1);
+        self.known.remove(name);
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {name} netns {to} {}", describe(change)))?;
+        let Some(pos) = s
+            .links
+            .get(&ns)
+            .and_then(|l| l.iter().position(|l| l.name == name))
+        else {
+            drop(s);
+            return Err(self.missing(name));
+        };
+        let Some(target) = s.links.get(to) else {
+            return Err(Error::kernel(
+                to,
+                "entering the network namespace",
+                "it does not exist",
+            ));
+        };
+        let new_name = change.name.clone().unwrap_or_else(|| name.to_string());
+        // Linux (seen on 6.18) moves the device under its current name and only then fails
+        // the rename; only a clash of that name too keeps it where it is.
+        let renamed_onto_taken = target.iter().any(|l| l.name == new_name);
+        let target_has_name = target.iter().any(|l| l.name == name);
+        let target_indexes: Vec<u32> = target.iter().map(|l| l.index).collect();
+        if renamed_onto_taken && target_has_name {
+            return Err(Error::io(
+                format!("moving {name}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
+        let mut link = s
+            .links
+            .get_mut(&ns)
+            .map(|l| l.remove(pos))
+            .ok_or_else(|| self.missing(name))?;
+        // The kernel flushes addresses and routes and closes the device on a namespace change.
+        link.addresses.clear();
+        link.up = false;
+        // The device's own MTU range, whatever index it gets.
+        let range = s.mtu_range.get(&link.index).copied();
+        // Asked to keep its index (`rtnl` does), the kernel refuses the move where the index
+        // is taken; `rtnl` then moves it without, and the kernel picks a free one.
+        let kept = if target_indexes.contains(&link.index) {
+            s.requests += 2;
+            s.next_index += 1;
+            link.index = s.next_index;
+            None
+        } else {
+            Some(link.index)
+        };
+        // Its name taken in the target, it moves under the requested one (the kernel's `pat`).
+        if target_has_name {
+            link.name.clone_from(&new_name);
+        }
+        // The rest is applied in the target: a refusal leaves the device there, half-set.
+        let applied = apply(&mut link, change, range, renamed_onto_taken);
+        if applied.is_ok() {
+            // Applied last, to the device as the pod now has it.
+            set_ipv4_conf(&mut s, to, &link.name, change);
+        }
+        if let Some(routes) = s.routes.get_mut(&ns) {
+            routes.retain(|(ifname, _)| ifname != name);
+        }
+        // The kernel shuts a device's qdiscs down when it changes namespace.
+        s.qdiscs.remove(&(ns, name.to_owned()));
+        s.links.entry(to.clone()).or_default().push(link);
+        applied
+            .map(|()| kept)
+            .map_err(|refused| Error::io(format!("moving {name}"), std::io::Error::other(refused)))
+    }
+
+    fn remember(&mut self, name: &str, _index: u32) {
+        self.known.insert(name.to_owned());
+    }
+
+    async fn set_link(&mut self, name: &str, change: &LinkChange) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
+        if let Some(new) = &change.name {
+            self.known.remove(name);
+            self.known.insert(new.clone());
+        }
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {name} {}", describe(change)))?;
+        let clash = change
+            .name
+            .as_ref()
+            .is_some_and(|n| n != name && find(&mut s, &ns, n).is_some());
+        let range = find(&mut s, &ns, name)
+            .map(|l| l.index)
+            .and_then(|i| s.mtu_range.get(&i).copied());
+        match find(&mut s, &ns, name) {
+            Some(link) => {
+                apply(link, change, range, clash).map_err(|refused| {
+                    Error::io(
+                        format!("changing link {name}"),
+                        std::io::Error::other(refused),
+                    )
+                })?;
+                let now = link.name.clone();
+                set_ipv4_conf(&mut s, &ns, &now, change);
+                // A qdisc belongs to the device, whatever it is called.
+                if let Some(new) = &change.name
+                    && let Some(tbf) = s.qdiscs.remove(&(ns.clone(), name.to_owned()))
+                {
+                    s.qdiscs.insert((ns, new.clone()), tbf);
+                }
+                Ok(())
+            }
+            None => {
+                drop(s);
+                Err(self.missing(name))
+            }
+        }
+    }
+
+    async fn add_addresses(&mut self, name: &str, addresses: &[Cidr]) -> Result<()> {
+        if addresses.is_empty() {
+            return Ok(());
+        }
+        self.lookup(name);
+        self.sent(addresses.len());
+        for address in addresses {
+            self.add_address(name, *address)?;
+        }
+        Ok(())
+    }
+
+    async fn add_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        if routes.is_empty() {
+            return Ok(());
+        }
+        self.lookup(name);
+        self.sent(routes.len());
+        for route in routes {
+            self.add_route(name, route)?;
+        }
+        Ok(())
+    }
+
+    async fn set_sysctls(
+        &mut self,
+        name: &str,
+        sysctls: &std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        let ns = self.ns.clone();
+        let pairs: Vec<String> = sysctls.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut s = self.record(format!("sysctl {name} {}", pairs.join(" ")))?;
+        for (k, v) in sysctls {
+            s.sysctls
+                .insert((ns.clone(), name.into(), k.clone()), v.clone());
+        }
+        Ok(())
+    }
+
+    async fn add_child(
+        &mut self,
+        parent: &str,
+        child: NewChild<'_>,
+        to: &Ns,
+        change: &LinkChange,
+    ) -> Result<()> {
+        self.lookup(parent);
+        self.sent(1);
+        let ns = self.ns.clone();
+        let kind = child.kind();
+        let spec = match child {
+            NewChild::Vlan(id) => format!("type vlan id {id}"),
+            NewChild::Of(ChildKind::Macvlan(mode) | ChildKind::Ipvlan(mode)) => {
+                format!("type {kind} mode {mode}")
+            }
+        };
+        let mut s = self.record(format!(
+            "link add link {parent} {spec} netns {to} {}",
+            describe(change)
+        ))?;
+        let Some(p) = find(&mut s, &ns, parent).cloned() else {
+            drop(s);
+            return Err(self.missing(parent));
+        };
+        let Some(target) = s.links.get(to) else {
+            return Err(Error::kernel(
+                to,
+                "entering the network namespace",
+                "it does not exist",
+            ));
+        };
+        let name = change.name.clone().unwrap_or_else(|| parent.to_owned());
+        if target.iter().any(|l| l.name == name) {
+            return Err(Error::io(
+                format!("creating a {kind} child of {parent}"),
+                std::io::Error::other("File exists"),
+            ));
+        }
+        s.next_index += 1;
+        let index = s.next_index;
+        let mut link = LinkState {
+            index,
+            name,
+            mtu: p.mtu,
+            // A macvlan gets a MAC of its own; VLAN and ipvlan children share their parent's.
+            mac: match child {
+                NewChild::Of(ChildKind::Macvlan(_)) => Some([0x02, 0, 0, 0, 0xee, index as u8]),
+                _ => p.mac,
+            },
+            up: false,
+            addresses: vec![],
+            kind: Some(kind.into()),
+            permanent_mac: None,
+            pci_address: None,
+        };
+        // A creation with a refused attribute creates nothing.
+        apply(&mut link, change, None, false).map_err(|refused| {
+            Error::io(
+                format!("creating {}", link.name),
+                std::io::Error::other(refused),
+            )
+        })?;
+        s.lower
+            .push(((to.clone(), link.name.clone()), (ns, parent.to_owned())));
+        s.links.entry(to.clone()).or_default().push(link);
+        Ok(())
+    }
+
+    async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
+        self.lookup(pf);
+        self.sent(1);
+        let ns = self.ns.clone();
+        let mut s = self.kernel.lock();
+        if find(&mut s, &ns, pf).is_none() {
+            drop(s);
+            return Err(self.missing(pf));
+        }
+        Ok(s.vfs.get(&(pf.to_owned(), index)).cloned())
+    }
+
+    async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
+        self.lookup(pf);
+        self.sent(1);
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("link set {pf} vf {index} {}", describe_vf(state)))?;
+        if find(&mut s, &ns, pf).is_none() {
+            drop(s);
+            return Err(self.missing(pf));
+        }
+        let refuses_trust = s.no_trust.iter().any(|p| p == pf);
+        let Some(vf) = s.vfs.get_mut(&(pf.to_owned(), index)) else {
+            return Err(Error::io(
+                format!("setting VF {index} of {pf}"),
+                std::io::Error::other("Invalid argument"),
+            ));
+        };
+        // One message, applied attribute by attribute, as the kernel's do_setvfinfo does.
+        let VfState {
+            mac,
+            vlan,
+            rate,
+            spoof_chk,
+            trust,
+            link_state,
+        } = state.clone();
+        vf.mac = mac.or(vf.mac);
+        vf.vlan = vlan.or(vf.vlan);
+        vf.rate = rate.or(vf.rate);
+        vf.spoof_chk = spoof_chk.or(vf.spoof_chk);
+        if trust.is_some() && refuses_trust {
+            return Err(Error::io(
+                format!("setting VF {index} of {pf}"),
+                std::io::Error::other("Operation not supported"),
+            ));
+        }
+        vf.trust = trust.or(vf.trust);
+        vf.link_state = link_state.or(vf.link_state);
+        Ok(())
+    }
+
+    async fn set_egress_limit(&mut self, name: &str, tbf: &Tbf) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
+        let ns = self.ns.clone();
+        let mut s = self.record(format!(
+            "qdisc replace dev {name} root tbf rate {}bit burst {}b limit {}b",
+            tbf.rate.saturating_mul(8),
+            tbf.burst,
+            tbf.limit
+        ))?;
+        if find(&mut s, &ns, name).is_none() {
+            drop(s);
+            return Err(self.missing(name));
+        }
+        s.qdiscs.insert((ns, name.to_owned()), *tbf);
+        Ok(())
+    }
+
+    async fn clear_egress_limit(&mut self, name: &str) -> Result<()> {
+        self.lookup(name);
+        self.sent(1);
+        let ns = self.ns.clone();
+        let mut s = self.record(format!("qdisc del dev {name} root tbf"))?;
+        if find(&mut s, &ns, name).is_none() {
+            drop(s);
+            return Err(self.missing(name));
+        }
+        s.qdiscs.remove(&(ns, name.to_owned()));
+        Ok(())
+    }
+
+    async fn del_link(&mut self, name: &str) -> Result<()> {
+        // rtnl looks the name up unless it knows it, and sends the delete only when found.
+        let present = find(&mut self.kernel.lock(), &self.ns.clone(), name).is_some();
+        let lookups = usize::from(!self.known.contains(name));
+        self.sent(lookups + usize::from(present));
+        self.known.remove(name);
+        let mut s = self.record(format!("link del {name}"))?;
+        let mut doomed = vec![(self.ns.clone(), name.to_owned())];
+        while let Some((ns, name)) = doomed.pop() {
+            s.qdiscs.remove(&(ns.clone(), name.clone()));
+            if let Some(links) = s.links.get_mut(&ns) {
+                links.retain(|l| l.name != name);
+            }
+            if let Some(routes) = s.routes.get_mut(&ns) {
+                routes.retain(|(ifname, _)| *ifname != name);
+            }
+            let key = (ns, name);
+            doomed.extend(
+                s.lower
+                    .iter()
+                    .filter(|(_, lower)| *lower == key)
+                    .map(|(child, _)| child.clone()),
+            );
+            s.lower
+                .retain(|(child, lower)| *child != key && *lower != key);
+        }
+        Ok(())
+    }
+}
