@@ -429,7 +429,7 @@ impl Session for RtnlSession {
         let context = || format!("moving {name} into namespace {to}");
         // Gone from this namespace, also when the kernel moved it and then refused the name.
         self.indexes.remove(name);
-        match self.exchange(message(keep_index)) {
+        match blocking(|| self.exchange(message(keep_index))) {
             Ok(_) => Ok(keep_index.then_some(index)),
             // The index is taken there: refused before anything moved (the device is still
             // here under its name and index), so it moves without, under a new index.
@@ -442,7 +442,7 @@ impl Session for RtnlSession {
                         .is_some_and(|l| l.header.index == index) =>
             {
                 self.indexes.remove(name);
-                self.exchange(message(false))
+                blocking(|| self.exchange(message(false)))
                     .map(|_| None)
                     .map_err(nl(context()))
             }
@@ -701,6 +701,19 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
             }
             metric_and_table(b, route).build()
         }
+    }
+}
+
+/// Runs `f`, a namespace move, which holds the calling thread ~16 ms in the kernel
+/// (`rcu_barrier()` under RTNL): on a multi-threaded runtime the worker hands its other tasks
+/// to another thread first, so gRPC calls, checkpoint writes and other pods' hooks go on
+/// meanwhile. Other requests run inline: they take microseconds unless they queue for RTNL
+/// behind a move, and handing them off would cost more than most of them take.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

@@ -7,7 +7,8 @@
 //! per request on those, and a thread of its own per namespace before that: most of knic's
 //! cost above the kernel's.) The calling thread blocks only where the kernel makes every
 //! caller wait — on RTNL, which a namespace move holds for ~16 ms (`rcu_barrier`) — as the
-//! async connection's task blocked its worker thread there too.
+//! async connection's task blocked its worker thread there too (a move itself first hands the
+//! worker's other tasks to another thread, see `rtnl::blocking`).
 //!
 //! Nothing here awaits, so a session cannot be cancelled half-way through a dump and leave
 //! unread answers on its socket.
