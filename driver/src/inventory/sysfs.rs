@@ -102,30 +102,32 @@ impl Sysfs {
     /// [`MAX_LINK_HOPS`] hops: the rest of such a chain is never handed to the OS, which would
     /// follow it without the root clamp.
     pub fn try_resolve(&self, rel: &Path) -> Option<PathBuf> {
-        let mut done: Vec<OsString> = Vec::new();
-        let mut pending: VecDeque<OsString> = components(rel).into();
         // In a directory already listed (so already resolved: only real directories are) only
         // the last component is new, and the listing says whether it is a link.
-        if let Some(memo) = &self.memo
-            && let (Some(parent), Some(name)) = (rel.parent(), rel.file_name())
-            && let Some((dir, listing)) = memo.listed(parent)
-        {
-            match listing.entry(name) {
-                Entry::Is(Kind::Link) | Entry::Unknown => {
-                    done = components(&dir);
-                    pending = VecDeque::from([name.to_owned()]);
-                }
-                Entry::Is(_) | Entry::Absent => return Some(dir.join(name)),
-            }
-        }
+        let (mut here, mut pending) = match &self.memo {
+            Some(memo) => match (rel.parent(), rel.file_name()) {
+                (Some(parent), Some(name)) => match memo.listed(parent) {
+                    Some((dir, listing)) => match listing.entry(name) {
+                        Entry::Is(Kind::Link) | Entry::Unknown => {
+                            (dir, VecDeque::from([name.to_owned()]))
+                        }
+                        Entry::Is(_) | Entry::Absent => return Some(dir.join(name)),
+                    },
+                    None => (PathBuf::new(), components(rel).into()),
+                },
+                _ => (PathBuf::new(), components(rel).into()),
+            },
+            None => (PathBuf::new(), components(rel).into()),
+        };
+        // `here` grows and shrinks in place: rebuilding it from its parts for every component
+        // was most of the user time of a pass's resolutions.
         let mut hops = 0;
         while let Some(part) = pending.pop_front() {
             if part == ".." {
-                done.pop();
+                here.pop();
                 continue;
             }
-            done.push(part);
-            let here = join_parts(&done);
+            here.push(part);
             let Some(target) = self.read_link_real_parent(&here) else {
                 continue;
             };
@@ -137,15 +139,15 @@ impl Sysfs {
                 );
                 return None;
             }
-            done.pop();
+            here.pop();
             if target.is_absolute() {
-                done.clear();
+                here = PathBuf::new();
             }
             for part in components(&target).into_iter().rev() {
                 pending.push_front(part);
             }
         }
-        Some(join_parts(&done))
+        Some(here)
     }
 
     /// `readlink` of root-relative `rel`, whose parent is already resolved; `None` when it is
@@ -291,17 +293,15 @@ impl Sysfs {
     }
 }
 
-/// An attribute's bytes as trimmed text; `None` when not UTF-8 or blank.
+/// An attribute's bytes as trimmed text; `None` when not UTF-8 or blank. Trimmed in place:
+/// nearly every attribute ends in a newline, and a copy per read was a tenth of a pass's
+/// allocations.
 fn text_of(bytes: Vec<u8>) -> Option<String> {
-    let text = String::from_utf8(bytes).ok()?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        None
-    } else if trimmed.len() == text.len() {
-        Some(text)
-    } else {
-        Some(trimmed.to_owned())
-    }
+    let mut text = String::from_utf8(bytes).ok()?;
+    text.truncate(text.trim_end().len());
+    let lead = text.len() - text.trim_start().len();
+    text.drain(..lead);
+    (!text.is_empty()).then_some(text)
 }
 
 /// A `0x%x` number, the `0x` optional.
@@ -323,10 +323,6 @@ fn components(path: &Path) -> Vec<OsString> {
             Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
         })
         .collect()
-}
-
-fn join_parts(parts: &[OsString]) -> PathBuf {
-    parts.iter().collect()
 }
 
 #[cfg(test)]
