@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use attrs::Attrs;
 use decide::decide;
-use par::par_map;
+pub(crate) use par::par_map;
 use ports::{is_representor_port, is_uplink_port, is_zero_mac};
 
 use super::filter::Filter;
@@ -463,10 +463,13 @@ impl Walk<'_> {
     /// lower devices of those. Maps interface name to the reason. A route interface need not be
     /// visible itself (a capture may lack the bridge): its ports still point at it.
     fn route_closure(&self, routes: &BTreeSet<String>) -> BTreeMap<String, String> {
-        let master_of: BTreeMap<&str, BTreeSet<String>> = self
-            .netdevs
-            .values()
-            .map(|d| (d.name.as_str(), self.masters(d)))
+        // Each netdev's masters take a listing and a link read: in parallel, like the scan.
+        let netdevs: Vec<&Netdev> = self.netdevs.values().collect();
+        let masters = par_map(&netdevs, |d| self.masters(d));
+        let master_of: BTreeMap<&str, BTreeSet<String>> = netdevs
+            .iter()
+            .map(|d| d.name.as_str())
+            .zip(masters)
             .collect();
         let mut reasons: BTreeMap<String, String> = BTreeMap::new();
         let mut work: Vec<(String, String)> = Vec::new();

@@ -17,7 +17,7 @@ mod memo;
 pub use dir::Dir;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::bounded::{Links, read_listed_regular, read_regular};
 use crate::error::{Error, Result};
-use memo::{Entry, Kind, Memo};
+use memo::{Entry, Kind, Listing, Memo};
 
 /// How many symlinks one resolution may follow before it is taken as a loop (the kernel's
 /// `MAXSYMLINKS`); a path needing more is unreadable.
@@ -104,31 +104,34 @@ impl Sysfs {
     pub fn try_resolve(&self, rel: &Path) -> Option<PathBuf> {
         // In a directory already listed (so already resolved: only real directories are) only
         // the last component is new, and the listing says whether it is a link.
-        let (mut here, mut pending) = match &self.memo {
+        let (mut here, mut pending, mut listing) = match &self.memo {
             Some(memo) => match (rel.parent(), rel.file_name()) {
                 (Some(parent), Some(name)) => match memo.listed(parent) {
                     Some((dir, listing)) => match listing.entry(name) {
                         Entry::Is(Kind::Link) | Entry::Unknown => {
-                            (dir, VecDeque::from([name.to_owned()]))
+                            (dir, VecDeque::from([name.to_owned()]), Some(Some(listing)))
                         }
                         Entry::Is(_) | Entry::Absent => return Some(dir.join(name)),
                     },
-                    None => (PathBuf::new(), components(rel).into()),
+                    None => (PathBuf::new(), components(rel).into(), None),
                 },
-                _ => (PathBuf::new(), components(rel).into()),
+                _ => (PathBuf::new(), components(rel).into(), None),
             },
-            None => (PathBuf::new(), components(rel).into()),
+            None => (PathBuf::new(), components(rel).into(), None),
         };
-        // `here` grows and shrinks in place: rebuilding it from its parts for every component
-        // was most of the user time of a pass's resolutions.
+        // `here` grows and shrinks in place, and the listing of the directory it names is kept
+        // for the next component: rebuilding the path and looking its parent up again for
+        // every component was most of the user time of a pass's resolutions.
         let mut hops = 0;
         while let Some(part) = pending.pop_front() {
             if part == ".." {
                 here.pop();
+                listing = None;
                 continue;
             }
-            here.push(part);
-            let Some(target) = self.read_link_real_parent(&here) else {
+            let target = self.read_link_in(&mut here, &mut listing, &part);
+            listing = None;
+            let Some(target) = target else {
                 continue;
             };
             hops += 1;
@@ -148,6 +151,32 @@ impl Sysfs {
             }
         }
         Some(here)
+    }
+
+    /// Steps from the real directory `here` (whose memo listing is `listing`, fetched on first
+    /// use) into its entry `part`, and reads it as a link: `None` when it is not one. Answers
+    /// as [`Sysfs::read_link_real_parent`] of the joined path does.
+    fn read_link_in(
+        &self,
+        here: &mut PathBuf,
+        listing: &mut Option<Option<Arc<Listing>>>,
+        part: &OsStr,
+    ) -> Option<PathBuf> {
+        let Some(memo) = &self.memo else {
+            here.push(part);
+            return fs::read_link(self.root.join(here)).ok();
+        };
+        let entry = match listing.get_or_insert_with(|| memo.listing(&self.root, here)) {
+            Some(listing) => listing.entry(part),
+            None => Entry::Unknown,
+        };
+        here.push(part);
+        match entry {
+            Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => None,
+            Entry::Is(Kind::Link) | Entry::Unknown => {
+                memo.read_link_with(here, || fs::read_link(self.root.join(&*here)).ok())
+            }
+        }
     }
 
     /// `readlink` of root-relative `rel`, whose parent is already resolved; `None` when it is
