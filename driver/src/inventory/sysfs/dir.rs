@@ -8,6 +8,10 @@
 //! [`Sysfs`]'s path-based methods give for `dir/name`: whenever the fast way cannot be sure
 //! (no memo, injected faults, an entry that is a link or of unknown type, a directory that
 //! could not be opened), it asks them instead.
+//!
+//! A subdirectory the listing shows as a real directory is opened relative to the descriptor
+//! ([`Dir::child`]): a PCI function's `net/`, and each netdev below it, cost the kernel one
+//! component each instead of the whole path from the root.
 
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
