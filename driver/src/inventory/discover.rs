@@ -516,7 +516,7 @@ impl Walk<'_> {
         if let Some(master) = dev.link.as_ref().and_then(|l| l.master.clone()) {
             out.insert(master);
         }
-        for entry in s.list(&dev.real) {
+        for entry in s.list_with_prefix(&dev.real, "upper_") {
             if let Some(upper) = entry.strip_prefix("upper_")
                 && self
                     .netdevs
@@ -533,7 +533,7 @@ impl Walk<'_> {
     fn lowers(&self, dev: &Netdev) -> BTreeSet<String> {
         let s = self.sysfs;
         let mut out: BTreeSet<String> = s
-            .list(&dev.real)
+            .list_with_prefix(&dev.real, "lower_")
             .iter()
             .filter_map(|e| e.strip_prefix("lower_").map(str::to_owned))
             .collect();

@@ -271,19 +271,25 @@ impl Sysfs {
     /// Sorted entry names of the directory at `rel` (after resolving it); empty when it is
     /// missing or unreadable.
     pub fn list(&self, rel: &Path) -> Vec<String> {
+        self.list_with_prefix(rel, "")
+    }
+
+    /// The names of [`Sysfs::list`] that start with `prefix`.
+    pub fn list_with_prefix(&self, rel: &Path, prefix: &str) -> Vec<String> {
         let Some(real) = self.try_resolve(rel) else {
             return Vec::new();
         };
         if let Some(memo) = &self.memo
             && let Some(listing) = memo.listing(&self.root, &real)
         {
-            return listing.names();
+            return listing.names_with_prefix(prefix);
         }
         let Ok(entries) = fs::read_dir(self.root.join(real)) else {
             return Vec::new();
         };
         let mut names: Vec<String> = entries
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with(prefix))
             .collect();
         names.sort();
         names

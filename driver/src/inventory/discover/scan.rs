@@ -116,7 +116,7 @@ impl Walk<'_> {
     /// a real directory there.
     fn function_netdevs(&self, function: &PciFn, dir: &Dir<'_>) -> Vec<FunctionNetdev> {
         let mut subdirs = vec![(PathBuf::from("net"), dir.child("net"))];
-        for entry in dir.names().into_iter().filter(|e| e.starts_with("virtio")) {
+        for entry in dir.names_with_prefix("virtio") {
             let net = dir.child(&entry).child("net");
             subdirs.push((Path::new(&entry).join("net"), net));
         }
@@ -150,7 +150,7 @@ impl Walk<'_> {
         let total_vfs = dir.read_i64("sriov_totalvfs");
         let mut virtfns = Vec::new();
         if total_vfs.unwrap_or(0) > 0 {
-            for entry in dir.names() {
+            for entry in dir.names_with_prefix("virtfn") {
                 let Some(n) = entry
                     .strip_prefix("virtfn")
                     .and_then(|n| n.parse::<i64>().ok())

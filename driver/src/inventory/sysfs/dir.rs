@@ -240,9 +240,14 @@ impl Dir<'_> {
 
     /// [`Sysfs::list`] of the directory itself.
     pub fn names(&self) -> Vec<String> {
+        self.names_with_prefix("")
+    }
+
+    /// [`Dir::names`] that start with `prefix`.
+    pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
         match (&self.open, &self.real) {
-            (Some((_, listing)), _) => listing.names(),
-            (None, Some(real)) => self.sysfs.list(real),
+            (Some((_, listing)), _) => listing.names_with_prefix(prefix),
+            (None, Some(real)) => self.sysfs.list_with_prefix(real, prefix),
             (None, None) => Vec::new(),
         }
     }

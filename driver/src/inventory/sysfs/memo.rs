@@ -167,10 +167,17 @@ impl Listing {
         }
     }
 
-    /// The UTF-8 names, sorted, as [`Sysfs::list`](super::Sysfs::list) returns them.
-    pub(super) fn names(&self) -> Vec<String> {
-        self.entries
+    /// The UTF-8 names that start with `prefix`, sorted, as
+    /// [`Sysfs::list_with_prefix`](super::Sysfs::list_with_prefix) returns them; found without
+    /// allocating the others, which callers looking for `virtfn*` or `upper_*` among forty
+    /// names did per device.
+    pub(super) fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let prefix = prefix.as_bytes();
+        // Sorted by name, so the matches are one run starting where the prefix would sort.
+        let start = self.entries.partition_point(|e| self.name(e) < prefix);
+        self.entries[start..]
             .iter()
+            .take_while(|e| self.name(e).starts_with(prefix))
             .filter_map(|e| std::str::from_utf8(self.name(e)).ok().map(str::to_owned))
             .collect()
     }

@@ -170,7 +170,7 @@ fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let opened = sysfs.dir(Path::new(dir));
     let child = opened.child(name);
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {:?}",
         opened.read(name),
         opened.read_i64(name),
         opened.read_hex(name),
@@ -181,6 +181,10 @@ fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
         opened.exists(name),
         opened.names(),
         opened.resolve(name),
+        (
+            opened.names_with_prefix("n"),
+            sysfs.list_with_prefix(Path::new(dir), "n")
+        ),
         child.real(),
         child.names(),
         ["mtu", "vendor", "device", "missing"]
@@ -191,7 +195,7 @@ fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
 fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let rel = Path::new(dir).join(name);
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {:?}",
         sysfs.read(&rel),
         sysfs.read_i64(&rel),
         sysfs.read_hex(&rel),
@@ -202,6 +206,11 @@ fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
         sysfs.exists(&rel),
         sysfs.list(Path::new(dir)),
         sysfs.try_resolve(&rel),
+        {
+            let mut n = sysfs.list(Path::new(dir));
+            n.retain(|e| e.starts_with('n'));
+            (n.clone(), n)
+        },
         sysfs.try_resolve(&rel).as_deref(),
         sysfs.list(&rel),
         ["mtu", "vendor", "device", "missing"].map(|file| (
