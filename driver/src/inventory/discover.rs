@@ -7,14 +7,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use attrs::Attrs;
 use decide::decide;
-use par::par_map;
+pub(crate) use par::par_map;
 use ports::{is_representor_port, is_uplink_port, is_zero_mac};
 
 use super::filter::Filter;
 use super::names::{netdev_device_name, pci_device_name};
 use super::pciids::PciNames;
 use super::sources::{LinkInfo, Sources};
-use super::sysfs::Dir;
 use super::sysfs::Sysfs;
 use super::{ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, DeviceKind, Inventory, NetDevice};
 
@@ -75,6 +74,8 @@ struct PciFn {
     physfn: Option<String>,
     /// Netdev names under this function (`net/`, `virtio*/net/`), sorted.
     netdevs: Vec<String>,
+    /// A PF's `virtfnN` links as (VF address, N), in name order, read with its other facts.
+    virtfns: Vec<(String, i64)>,
 }
 
 impl PciFn {
@@ -146,173 +147,6 @@ pub(super) fn run(
 }
 
 impl Walk<'_> {
-    /// Finds every netdev (class/net and PCI functions' net/ dirs) and every PCI network
-    /// function, and links them.
-    fn scan(&mut self) {
-        let class_net = Path::new("sys/class/net");
-        for name in self.sysfs.list(class_net) {
-            // Resolved once: a real path resolves to itself, so asking about it is free.
-            if let Some(real) = self.sysfs.try_resolve(&class_net.join(&name))
-                && self.sysfs.is_dir(&real)
-            {
-                self.netdevs
-                    .entry(name.clone())
-                    .or_insert_with(|| new_netdev(&name, real));
-            }
-        }
-        let bus = Path::new("sys/bus/pci/devices");
-        let found = par_map(&self.sysfs.list(bus), |bdf| {
-            let real = self.sysfs.resolve(&bus.join(bdf));
-            let dir = self.sysfs.dir(&real);
-            let class = dir.read_hex("class");
-            class
-                .is_some_and(|c| c >> 16 == 0x02)
-                .then(|| self.read_pci(bdf, real, &dir))
-        });
-        for function in found.into_iter().flatten() {
-            self.pci.entry(function.bdf.clone()).or_insert(function);
-        }
-        let functions: Vec<&Path> = self.pci.values().map(|f| f.real.as_path()).collect();
-        // One listing per function (a thousand VFs, a thousand `net/` directories): in
-        // parallel, then merged in order.
-        let found = par_map(&functions, |real| {
-            let mut dirs = vec![real.join("net")];
-            dirs.extend(
-                self.sysfs
-                    .list(real)
-                    .into_iter()
-                    .filter(|e| e.starts_with("virtio"))
-                    .map(|e| real.join(e).join("net")),
-            );
-            let mut netdevs = Vec::new();
-            for dir in dirs {
-                for name in self.sysfs.list(&dir) {
-                    let real = self.sysfs.resolve(&dir.join(&name));
-                    netdevs.push((name, real));
-                }
-            }
-            netdevs
-        });
-        for (name, real) in found.into_iter().flatten() {
-            self.netdevs
-                .entry(name.clone())
-                .or_insert_with(|| new_netdev(&name, real));
-        }
-        let names: Vec<String> = self.netdevs.keys().cloned().collect();
-        let classified = par_map(&names, |name| {
-            self.netdevs.get(name).map(|dev| self.classify_netdev(dev))
-        });
-        for (dev, parent) in classified.into_iter().flatten() {
-            if let Some((bdf, real)) = parent
-                && !self.pci.contains_key(&bdf)
-            {
-                let function = self.read_pci(&bdf, real.clone(), &self.sysfs.dir(&real));
-                self.pci.insert(bdf, function);
-            }
-            if let Some(function) = dev.pci.as_ref().and_then(|bdf| self.pci.get_mut(bdf)) {
-                function.netdevs.push(dev.name.clone());
-                function.netdevs.sort();
-            }
-            self.netdevs.insert(dev.name.clone(), dev);
-        }
-    }
-
-    fn index_vfs(&mut self) {
-        let s = self.sysfs;
-        for pf in self.pci.values().filter(|f| f.total_vfs.unwrap_or(0) > 0) {
-            let dir = s.dir(&pf.real);
-            for entry in dir.names() {
-                let Some(n) = entry
-                    .strip_prefix("virtfn")
-                    .and_then(|n| n.parse::<i64>().ok())
-                else {
-                    continue;
-                };
-                if let Some(vf) = dir.link_name(&entry) {
-                    self.vf_index.insert(vf, n);
-                }
-            }
-        }
-    }
-
-    /// The sysfs facts of the PCI function `bdf` at `real`, opened as `dir`.
-    fn read_pci(&self, bdf: &str, real: PathBuf, dir: &Dir<'_>) -> PciFn {
-        let hex16 = |file: &str| dir.read_hex(file).and_then(|v| u16::try_from(v).ok());
-        PciFn {
-            bdf: bdf.to_owned(),
-            vendor: hex16("vendor"),
-            device: hex16("device"),
-            sub_vendor: hex16("subsystem_vendor"),
-            sub_device: hex16("subsystem_device"),
-            driver: dir.link_name("driver"),
-            numa: dir.read_i64("numa_node").filter(|n| *n >= 0),
-            total_vfs: dir.read_i64("sriov_totalvfs"),
-            num_vfs: dir.read_i64("sriov_numvfs"),
-            physfn: dir.link_name("physfn"),
-            netdevs: Vec::new(),
-            real,
-        }
-    }
-
-    /// The netdev's facts, and the PCI function owning it (address and directory) when that is
-    /// found through its `device` link; adding the function to the walk is the caller's, so
-    /// netdevs can be classified in parallel.
-    fn classify_netdev(&self, dev: &Netdev) -> (Netdev, Option<(String, PathBuf)>) {
-        let s = self.sysfs;
-        let name = dev.name.as_str();
-        let real = dev.real.clone();
-        let mut parent_pci = None;
-        let dir = s.dir(&real);
-        let parent = dir.link_target("device");
-        let is_virtual = parent.is_none() || real.starts_with("sys/devices/virtual");
-        let mut pci = None;
-        let mut parent_driver = None;
-        if let (false, Some(mut cur)) = (is_virtual, parent) {
-            for _ in 0..MAX_PARENT_WALK {
-                let subsystem = s.link_name(&cur.join("subsystem"));
-                let base = cur.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                let looks_pci = pci_device_name(base).is_some() && s.exists(&cur.join("class"));
-                if subsystem.as_deref() == Some("pci") || (subsystem.is_none() && looks_pci) {
-                    let bdf = base.to_owned();
-                    parent_pci = Some((bdf.clone(), cur.clone()));
-                    pci = Some(bdf);
-                    break;
-                }
-                if subsystem.as_deref() != Some("virtio") {
-                    parent_driver = s.link_name(&cur.join("driver"));
-                    break;
-                }
-                match cur.parent() {
-                    Some(up) => cur = up.to_owned(),
-                    None => break,
-                }
-            }
-        }
-        let type_ = dir.read_i64("type");
-        let flags = dir.read_hex("flags");
-        let link = self.sources.links.link(name);
-        let dev = Netdev {
-            name: name.to_owned(),
-            is_virtual,
-            is_loopback: type_ == Some(ARPHRD_LOOPBACK)
-                || flags.is_some_and(|f| f & IFF_LOOPBACK != 0),
-            phys_port_name: dir.read("phys_port_name"),
-            dev_port: dir.read_i64("dev_port").unwrap_or(0),
-            parent_driver,
-            link,
-            pci,
-            facts: NetdevFacts {
-                address: dir.read("address"),
-                mtu: dir.read_i64("mtu"),
-                operstate: dir.read("operstate"),
-                flags,
-                speed: dir.read_i64("speed"),
-            },
-            real,
-        };
-        (dev, parent_pci)
-    }
-
     /// One candidate per PCI function (or per port netdev of it), per representor, and per
     /// netdev without a PCI function.
     fn candidates(&self) -> Vec<Candidate> {
@@ -629,10 +463,13 @@ impl Walk<'_> {
     /// lower devices of those. Maps interface name to the reason. A route interface need not be
     /// visible itself (a capture may lack the bridge): its ports still point at it.
     fn route_closure(&self, routes: &BTreeSet<String>) -> BTreeMap<String, String> {
-        let master_of: BTreeMap<&str, BTreeSet<String>> = self
-            .netdevs
-            .values()
-            .map(|d| (d.name.as_str(), self.masters(d)))
+        // Each netdev's masters take a listing and a link read: in parallel, like the scan.
+        let netdevs: Vec<&Netdev> = self.netdevs.values().collect();
+        let masters = par_map(&netdevs, |d| self.masters(d));
+        let master_of: BTreeMap<&str, BTreeSet<String>> = netdevs
+            .iter()
+            .map(|d| d.name.as_str())
+            .zip(masters)
             .collect();
         let mut reasons: BTreeMap<String, String> = BTreeMap::new();
         let mut work: Vec<(String, String)> = Vec::new();
@@ -679,7 +516,7 @@ impl Walk<'_> {
         if let Some(master) = dev.link.as_ref().and_then(|l| l.master.clone()) {
             out.insert(master);
         }
-        for entry in s.list(&dev.real) {
+        for entry in s.list_with_prefix(&dev.real, "upper_") {
             if let Some(upper) = entry.strip_prefix("upper_")
                 && self
                     .netdevs
@@ -696,7 +533,7 @@ impl Walk<'_> {
     fn lowers(&self, dev: &Netdev) -> BTreeSet<String> {
         let s = self.sysfs;
         let mut out: BTreeSet<String> = s
-            .list(&dev.real)
+            .list_with_prefix(&dev.real, "lower_")
             .iter()
             .filter_map(|e| e.strip_prefix("lower_").map(str::to_owned))
             .collect();
@@ -746,5 +583,6 @@ mod attrs;
 mod decide;
 mod par;
 mod ports;
+mod scan;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@
 //! representors, and whatever the filter excludes. Virtual interfaces only when included.
 
 mod discover;
+pub(crate) use discover::par_map;
 pub mod filter;
 pub mod fixture;
 pub mod names;

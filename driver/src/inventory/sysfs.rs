@@ -17,7 +17,7 @@ mod memo;
 pub use dir::Dir;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::bounded::{Links, read_listed_regular, read_regular};
 use crate::error::{Error, Result};
-use memo::{Entry, Kind, Memo};
+use memo::{Entry, Kind, Listing, Memo};
 
 /// How many symlinks one resolution may follow before it is taken as a loop (the kernel's
 /// `MAXSYMLINKS`); a path needing more is unreadable.
@@ -102,31 +102,36 @@ impl Sysfs {
     /// [`MAX_LINK_HOPS`] hops: the rest of such a chain is never handed to the OS, which would
     /// follow it without the root clamp.
     pub fn try_resolve(&self, rel: &Path) -> Option<PathBuf> {
-        let mut done: Vec<OsString> = Vec::new();
-        let mut pending: VecDeque<OsString> = components(rel).into();
         // In a directory already listed (so already resolved: only real directories are) only
         // the last component is new, and the listing says whether it is a link.
-        if let Some(memo) = &self.memo
-            && let (Some(parent), Some(name)) = (rel.parent(), rel.file_name())
-            && let Some((dir, listing)) = memo.listed(parent)
-        {
-            match listing.entry(name) {
-                Entry::Is(Kind::Link) | Entry::Unknown => {
-                    done = components(&dir);
-                    pending = VecDeque::from([name.to_owned()]);
-                }
-                Entry::Is(_) | Entry::Absent => return Some(dir.join(name)),
-            }
-        }
+        let (mut here, mut pending, mut listing) = match &self.memo {
+            Some(memo) => match (rel.parent(), rel.file_name()) {
+                (Some(parent), Some(name)) => match memo.listed(parent) {
+                    Some((dir, listing)) => match listing.entry(name) {
+                        Entry::Is(Kind::Link) | Entry::Unknown => {
+                            (dir, VecDeque::from([name.to_owned()]), Some(Some(listing)))
+                        }
+                        Entry::Is(_) | Entry::Absent => return Some(dir.join(name)),
+                    },
+                    None => (PathBuf::new(), components(rel).into(), None),
+                },
+                _ => (PathBuf::new(), components(rel).into(), None),
+            },
+            None => (PathBuf::new(), components(rel).into(), None),
+        };
+        // `here` grows and shrinks in place, and the listing of the directory it names is kept
+        // for the next component: rebuilding the path and looking its parent up again for
+        // every component was most of the user time of a pass's resolutions.
         let mut hops = 0;
         while let Some(part) = pending.pop_front() {
             if part == ".." {
-                done.pop();
+                here.pop();
+                listing = None;
                 continue;
             }
-            done.push(part);
-            let here = join_parts(&done);
-            let Some(target) = self.read_link_real_parent(&here) else {
+            let target = self.read_link_in(&mut here, &mut listing, &part);
+            listing = None;
+            let Some(target) = target else {
                 continue;
             };
             hops += 1;
@@ -137,15 +142,41 @@ impl Sysfs {
                 );
                 return None;
             }
-            done.pop();
+            here.pop();
             if target.is_absolute() {
-                done.clear();
+                here = PathBuf::new();
             }
             for part in components(&target).into_iter().rev() {
                 pending.push_front(part);
             }
         }
-        Some(join_parts(&done))
+        Some(here)
+    }
+
+    /// Steps from the real directory `here` (whose memo listing is `listing`, fetched on first
+    /// use) into its entry `part`, and reads it as a link: `None` when it is not one. Answers
+    /// as [`Sysfs::read_link_real_parent`] of the joined path does.
+    fn read_link_in(
+        &self,
+        here: &mut PathBuf,
+        listing: &mut Option<Option<Arc<Listing>>>,
+        part: &OsStr,
+    ) -> Option<PathBuf> {
+        let Some(memo) = &self.memo else {
+            here.push(part);
+            return fs::read_link(self.root.join(here)).ok();
+        };
+        let entry = match listing.get_or_insert_with(|| memo.listing(&self.root, here)) {
+            Some(listing) => listing.entry(part),
+            None => Entry::Unknown,
+        };
+        here.push(part);
+        match entry {
+            Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => None,
+            Entry::Is(Kind::Link) | Entry::Unknown => {
+                memo.read_link_with(here, || fs::read_link(self.root.join(&*here)).ok())
+            }
+        }
     }
 
     /// `readlink` of root-relative `rel`, whose parent is already resolved; `None` when it is
@@ -240,19 +271,25 @@ impl Sysfs {
     /// Sorted entry names of the directory at `rel` (after resolving it); empty when it is
     /// missing or unreadable.
     pub fn list(&self, rel: &Path) -> Vec<String> {
+        self.list_with_prefix(rel, "")
+    }
+
+    /// The names of [`Sysfs::list`] that start with `prefix`.
+    pub fn list_with_prefix(&self, rel: &Path, prefix: &str) -> Vec<String> {
         let Some(real) = self.try_resolve(rel) else {
             return Vec::new();
         };
         if let Some(memo) = &self.memo
             && let Some(listing) = memo.listing(&self.root, &real)
         {
-            return listing.names();
+            return listing.names_with_prefix(prefix);
         }
         let Ok(entries) = fs::read_dir(self.root.join(real)) else {
             return Vec::new();
         };
         let mut names: Vec<String> = entries
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with(prefix))
             .collect();
         names.sort();
         names
@@ -291,17 +328,15 @@ impl Sysfs {
     }
 }
 
-/// An attribute's bytes as trimmed text; `None` when not UTF-8 or blank.
+/// An attribute's bytes as trimmed text; `None` when not UTF-8 or blank. Trimmed in place:
+/// nearly every attribute ends in a newline, and a copy per read was a tenth of a pass's
+/// allocations.
 fn text_of(bytes: Vec<u8>) -> Option<String> {
-    let text = String::from_utf8(bytes).ok()?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        None
-    } else if trimmed.len() == text.len() {
-        Some(text)
-    } else {
-        Some(trimmed.to_owned())
-    }
+    let mut text = String::from_utf8(bytes).ok()?;
+    text.truncate(text.trim_end().len());
+    let lead = text.len() - text.trim_start().len();
+    text.drain(..lead);
+    (!text.is_empty()).then_some(text)
 }
 
 /// A `0x%x` number, the `0x` optional.
@@ -323,10 +358,6 @@ fn components(path: &Path) -> Vec<OsString> {
             Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
         })
         .collect()
-}
-
-fn join_parts(parts: &[OsString]) -> PathBuf {
-    parts.iter().collect()
 }
 
 #[cfg(test)]

@@ -118,7 +118,11 @@ fn uses_advanced_features(d: &Device) -> bool {
 /// SR-IOV PF consume its budget ([`counters::consume`]); [`layout`] drops that where the
 /// apiserver does not take it.
 pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
-    let mut devices: Vec<Device> = inventory.devices.iter().filter_map(to_api_device).collect();
+    // A thousand devices' attribute maps: converted on the discovery pass's threads.
+    let mut devices: Vec<Device> = crate::inventory::par_map(&inventory.devices, to_api_device)
+        .into_iter()
+        .flatten()
+        .collect();
     for kept in retained {
         if !devices.iter().any(|d| d.name == kept.name) {
             devices.push(kept.clone());

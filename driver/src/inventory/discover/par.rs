@@ -9,7 +9,7 @@ const MAX_THREADS: usize = 4;
 /// `items.iter().map(f).collect()`, on up to [`MAX_THREADS`] threads when there are enough
 /// items, in the order of `items`. The reads behind `f` are independent system calls, so on a
 /// node with two cores two threads nearly halve a large pass; a panic in one is re-raised.
-pub(super) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .min(MAX_THREADS)

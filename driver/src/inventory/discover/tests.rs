@@ -40,3 +40,56 @@ fn inventory_attrs_limits() {
     assert!(!map.contains_key("a39"));
     assert_eq!(map.len(), MAX_ATTRIBUTES);
 }
+
+/// The scan classifies a function's netdevs through the function's descriptors, but
+/// `class/net` still decides where a name lives: pointed at a software device of the same
+/// name, the VF loses its port and the name is that software device's.
+#[test]
+fn inventory_class_net_wins_over_a_functions_net_entry() {
+    use crate::inventory::{AttrValue, fixture};
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    fixture::materialise(&fixture::synthetic_sriov(1, 2), dir.path()).unwrap();
+    let discover = || {
+        crate::inventory::discover(
+            dir.path(),
+            &Sources::sysfs_only(),
+            &BTreeSet::new(),
+            &Filter::default(),
+        )
+    };
+    let before = discover();
+    let vf = before
+        .devices
+        .iter()
+        .find(|d| d.kind == DeviceKind::Vf && d.if_name.is_some())
+        .unwrap();
+    let if_name = vf.if_name.clone().unwrap();
+    let soft = dir.path().join("sys/devices/virtual/net").join(&if_name);
+    std::fs::create_dir_all(&soft).unwrap();
+    std::fs::write(soft.join("mtu"), "9000\n").unwrap();
+    std::fs::write(soft.join("type"), "1\n").unwrap();
+    let link = dir.path().join("sys/class/net").join(&if_name);
+    std::fs::remove_file(&link).unwrap();
+    symlink(format!("../../devices/virtual/net/{if_name}"), &link).unwrap();
+
+    let after = discover();
+    let function = after.devices.iter().find(|d| d.name == vf.name).unwrap();
+    assert_eq!(function.if_name, None);
+    assert_eq!(function.attributes.get("ifName"), None);
+    let soft = after
+        .excluded
+        .iter()
+        .find(|e| e.device.if_name.as_deref() == Some(if_name.as_str()))
+        .unwrap();
+    assert_eq!(soft.device.kind, DeviceKind::Virtual);
+    assert_eq!(
+        soft.device.attributes.get("mtu"),
+        Some(&AttrValue::Int(9000))
+    );
+    assert_eq!(
+        soft.reason,
+        "virtual interface: offered only when a filter include entry matches it"
+    );
+    assert_eq!(after.devices.len(), before.devices.len());
+}

@@ -8,19 +8,25 @@
 //! [`Sysfs`]'s path-based methods give for `dir/name`: whenever the fast way cannot be sure
 //! (no memo, injected faults, an entry that is a link or of unknown type, a directory that
 //! could not be opened), it asks them instead.
+//!
+//! A subdirectory the listing shows as a real directory is opened relative to the descriptor
+//! ([`Dir::child`]): a PCI function's `net/`, and each netdev below it, cost the kernel one
+//! component each instead of the whole path from the root.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+use rustix::fs::{Mode, OFlags};
 
 use super::memo::{Entry, Kind, Listing, Memo};
 use super::{MAX_ATTRIBUTE_BYTES, Sysfs, parse_hex, text_of};
 use crate::bounded::read_listed_regular_at;
+
+/// The first buffer for a link's text: sysfs links (`../../../bus/pci/drivers/ice`) fit.
+const LINK_BYTES: usize = 128;
 
 /// An open directory of a [`Sysfs`] tree (see the module docs). Holds one descriptor until
 /// dropped, so callers keep it for one device's reads, not for a whole pass.
@@ -29,24 +35,9 @@ pub struct Dir<'a> {
     /// Root-relative real path; `None` when the links on the way need too many hops (then
     /// nothing below it is readable).
     real: Option<PathBuf>,
-    /// The descriptor and the listing read through it; `None`: answer by path.
-    open: Option<(Handle, Arc<Listing>)>,
-}
-
-/// How the directory is held: listed through it, or opened for lookups only (its listing was
-/// in the memo already).
-enum Handle {
-    Listed(nix::dir::Dir),
-    Path(OwnedFd),
-}
-
-impl Handle {
-    fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Handle::Listed(dir) => dir.as_fd(),
-            Handle::Path(fd) => fd.as_fd(),
-        }
-    }
+    /// The descriptor and the directory's listing (read through it, or found in the memo);
+    /// `None`: answer by path.
+    open: Option<(OwnedFd, Arc<Listing>)>,
 }
 
 impl Sysfs {
@@ -56,7 +47,7 @@ impl Sysfs {
         let real = self.try_resolve(rel);
         let open = match (&real, &self.memo) {
             (Some(real), Some(memo)) if self.faults.is_empty() => {
-                open(&self.root.join(real), real, memo)
+                open(rustix::fs::CWD, &self.root.join(real), real, memo)
             }
             _ => None,
         };
@@ -68,30 +59,76 @@ impl Sysfs {
     }
 }
 
-/// Opens the directory at `path` (root-relative `real`) and takes its listing from `memo`, or
-/// reads it through the new descriptor and records it there. `None` when it cannot be opened or
-/// could not be listed: reads then go by path and meet the same failure.
-fn open(path: &Path, real: &Path, memo: &Memo) -> Option<(Handle, Arc<Listing>)> {
+/// Opens the directory at `path` (relative to `at`; root-relative `real`) and takes its
+/// listing from `memo`, or lists it through the new descriptor and records it there. `None`
+/// when it cannot be opened or could not be listed: reads then go by path and meet the same
+/// failure.
+fn open(
+    at: BorrowedFd<'_>,
+    path: &Path,
+    real: &Path,
+    memo: &Memo,
+) -> Option<(OwnedFd, Arc<Listing>)> {
     // The path is resolved: a link in its last place now is not what the resolver saw.
-    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     match memo.known(real) {
         Some(None) => None,
         Some(Some(listing)) => {
-            let fd = nix::fcntl::open(path, flags | OFlag::O_PATH, Mode::empty()).ok()?;
-            Some((Handle::Path(fd), listing))
+            let fd = rustix::fs::openat(at, path, flags | OFlags::PATH, Mode::empty()).ok()?;
+            Some((fd, listing))
         }
-        None => match nix::dir::Dir::open(path, flags | OFlag::O_RDONLY, Mode::empty()) {
-            Ok(mut dir) => {
-                let listing = memo.record(real, Some(Listing::from_dir(&mut dir)))?;
-                Some((Handle::Listed(dir), listing))
+        None => match rustix::fs::openat(at, path, flags | OFlags::RDONLY, Mode::empty()) {
+            Ok(fd) => {
+                let listing = memo.record(real, Some(Listing::from_fd(fd.as_fd())))?;
+                Some((fd, listing))
             }
-            Err(Errno::ENOENT) => {
+            Err(rustix::io::Errno::NOENT) => {
                 memo.record(real, Some(Listing::missing()));
                 None
             }
             // Left to the path-based reader, which lists it (or fails) the way it always has.
             Err(_) => None,
         },
+    }
+}
+
+impl<'a> Dir<'a> {
+    /// The subdirectory `name`, opened relative to this one's descriptor when the listing
+    /// says it is a real directory: its real path is then this one's plus `name`, and the
+    /// kernel looks up one component instead of the whole path. Anything else (a link, an
+    /// unknown type, no descriptor) goes through [`Sysfs::dir`], which resolves it.
+    pub fn child(&self, name: &str) -> Dir<'a> {
+        if let (Some((fd, _)), Entry::Is(Kind::Dir), Some(real), Some(memo)) = (
+            &self.open,
+            self.entry(name),
+            self.path(name),
+            &self.sysfs.memo,
+        ) {
+            let open = open(fd.as_fd(), Path::new(name), &real, memo);
+            return Dir {
+                sysfs: self.sysfs,
+                real: Some(real),
+                open,
+            };
+        }
+        match self.path(name) {
+            Some(path) => self.sysfs.dir(&path),
+            None => Dir {
+                sysfs: self.sysfs,
+                real: None,
+                open: None,
+            },
+        }
+    }
+
+    /// [`Sysfs::try_resolve`] of `dir/name`, a link there read through the descriptor (so
+    /// the kernel walks one component, not the whole path) into the memo the resolution uses.
+    pub fn resolve(&self, name: &str) -> Option<PathBuf> {
+        let path = self.path(name)?;
+        if let Some((fd, _)) = &self.open {
+            self.read_link(fd, name, &path);
+        }
+        self.sysfs.try_resolve(&path)
     }
 }
 
@@ -115,19 +152,21 @@ impl Dir<'_> {
 
     /// [`Sysfs::read`] of `dir/name`.
     pub fn read(&self, name: &str) -> Option<String> {
-        let path = self.path(name)?;
+        // The path is built only when it is needed: a descriptor is open only for a resolved
+        // directory, and most reads are the fast kind.
         match (&self.open, self.entry(name)) {
             (Some(_), Entry::Absent) => None,
-            (Some((handle, _)), Entry::Is(Kind::File)) => {
-                match read_listed_regular_at(handle.fd(), OsStr::new(name), MAX_ATTRIBUTE_BYTES) {
+            (Some((fd, _)), Entry::Is(Kind::File)) => {
+                match read_listed_regular_at(fd.as_fd(), OsStr::new(name), MAX_ATTRIBUTE_BYTES) {
                     Ok(bytes) => text_of(bytes),
                     Err(err) => {
+                        let path = self.path(name).unwrap_or_default();
                         tracing::trace!(%err, path = %path.display(), "sysfs read failed; unknown");
                         None
                     }
                 }
             }
-            _ => self.sysfs.read(&path),
+            _ => self.sysfs.read(&self.path(name)?),
         }
     }
 
@@ -143,15 +182,17 @@ impl Dir<'_> {
 
     /// The text of the link `dir/name` (`path`), read through the descriptor and remembered
     /// in the memo; `None` when it is not a link.
-    fn read_link(&self, handle: &Handle, name: &str, path: &Path) -> Option<PathBuf> {
+    fn read_link(&self, fd: &OwnedFd, name: &str, path: &Path) -> Option<PathBuf> {
         match self.entry(name) {
             Entry::Absent | Entry::Is(Kind::File | Kind::Dir | Kind::Other) => None,
             Entry::Is(Kind::Link) | Entry::Unknown => {
                 let memo = self.sysfs.memo.as_ref()?;
                 memo.read_link_with(path, || {
-                    match nix::fcntl::readlinkat(handle.fd(), OsStr::new(name)) {
-                        Ok(text) => Some(PathBuf::from(text)),
-                        Err(Errno::EINTR) => std::fs::read_link(self.sysfs.root.join(path)).ok(),
+                    match rustix::fs::readlinkat(fd, name, Vec::with_capacity(LINK_BYTES)) {
+                        Ok(text) => Some(PathBuf::from(OsString::from_vec(text.into_bytes()))),
+                        Err(rustix::io::Errno::INTR) => {
+                            std::fs::read_link(self.sysfs.root.join(path)).ok()
+                        }
                         Err(_) => None,
                     }
                 })
@@ -162,19 +203,19 @@ impl Dir<'_> {
     /// [`Sysfs::link_name`] of `dir/name`.
     pub fn link_name(&self, name: &str) -> Option<String> {
         let path = self.path(name)?;
-        let Some((handle, _)) = &self.open else {
+        let Some((fd, _)) = &self.open else {
             return self.sysfs.link_name(&path);
         };
-        let target = self.read_link(handle, name, &path)?;
+        let target = self.read_link(fd, name, &path)?;
         Some(target.file_name()?.to_str()?.to_owned())
     }
 
     /// [`Sysfs::link_target`] of `dir/name`.
     pub fn link_target(&self, name: &str) -> Option<PathBuf> {
         let path = self.path(name)?;
-        if let Some((handle, _)) = &self.open {
+        if let Some((fd, _)) = &self.open {
             // Read through the descriptor into the memo, where the resolution finds it.
-            self.read_link(handle, name, &path)?;
+            self.read_link(fd, name, &path)?;
         }
         self.sysfs.link_target(&path)
     }
@@ -199,9 +240,14 @@ impl Dir<'_> {
 
     /// [`Sysfs::list`] of the directory itself.
     pub fn names(&self) -> Vec<String> {
+        self.names_with_prefix("")
+    }
+
+    /// [`Dir::names`] that start with `prefix`.
+    pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
         match (&self.open, &self.real) {
-            (Some((_, listing)), _) => listing.names(),
-            (None, Some(real)) => self.sysfs.list(real),
+            (Some((_, listing)), _) => listing.names_with_prefix(prefix),
+            (None, Some(real)) => self.sysfs.list_with_prefix(real, prefix),
             (None, None) => Vec::new(),
         }
     }

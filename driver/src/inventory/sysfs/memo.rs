@@ -13,10 +13,19 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::io;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use rustix::fs::{FileType, Mode, OFlags, RawDir};
+use rustix::io::Errno;
+
+/// The `getdents64` buffer: glibc's `opendir` size, so a sysfs device directory (some forty
+/// entries, under 2 KiB) comes in one call plus the empty one that says "end".
+const LIST_BUFFER_BYTES: usize = 32 * 1024;
 
 /// The type of a directory entry, as `getdents` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +69,15 @@ struct Builder {
 }
 
 impl Builder {
+    /// Room for a sysfs device directory (some forty names) from the start: growing both
+    /// vectors step by step was a dozen reallocations per directory.
+    fn for_a_device() -> Builder {
+        Builder {
+            names: Vec::with_capacity(1024),
+            entries: Vec::with_capacity(64),
+        }
+    }
+
     fn push(&mut self, name: &[u8], kind: Option<Kind>) {
         // Names are at most 255 bytes; a buffer past 4 GiB is not a directory listing.
         let (Ok(start), Ok(end)) = (
@@ -85,46 +103,32 @@ impl Builder {
 }
 
 impl Listing {
+    /// Lists `dir` by path, as `fs::read_dir` would open it (final links followed), through
+    /// [`Listing::from_fd`].
     fn read(dir: &Path) -> Option<Listing> {
-        let iter = match fs::read_dir(dir) {
-            Ok(iter) => iter,
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        match rustix::fs::openat(rustix::fs::CWD, dir, flags, Mode::empty()) {
+            Ok(fd) => Some(Listing::from_fd(fd.as_fd())),
             // A missing directory has no entries: the kernel says "not found" for every name
             // below it. (Below a file it says "not a directory", which a read reports as an
             // error: that case is left to the kernel.)
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Some(Listing::missing()),
-            Err(_) => return None,
-        };
-        let mut complete = true;
-        let mut entries = Builder::default();
-        for entry in iter {
-            let Ok(entry) = entry else {
-                complete = false;
-                continue;
-            };
-            let kind = entry.file_type().ok().map(|t| {
-                if t.is_symlink() {
-                    Kind::Link
-                } else if t.is_dir() {
-                    Kind::Dir
-                } else if t.is_file() {
-                    Kind::File
-                } else {
-                    Kind::Other
-                }
-            });
-            entries.push(entry.file_name().as_bytes(), kind);
+            Err(Errno::NOENT) => Some(Listing::missing()),
+            Err(_) => None,
         }
-        Some(entries.finish(complete))
     }
 
-    /// The entries of a directory already open (see [`Sysfs::dir`](super::Sysfs::dir)), so
-    /// the descriptor that lists it also serves its reads.
-    pub(super) fn from_dir(dir: &mut nix::dir::Dir) -> Listing {
-        use nix::dir::Type;
+    /// The entries of the directory open as `fd`, by `getdents64` straight into a buffer on
+    /// the stack: `opendir`/`readdir` would add an `fstat`, two `fcntl`s and (nix) an `lseek`
+    /// per directory, and `fs::read_dir` an allocation per entry, for a thousand directories a
+    /// pass. A read error ends the listing as incomplete, so it proves no name absent.
+    pub(super) fn from_fd(fd: BorrowedFd<'_>) -> Listing {
+        let mut buf = [MaybeUninit::<u8>::uninit(); LIST_BUFFER_BYTES];
+        let mut raw = RawDir::new(fd, &mut buf);
         let mut complete = true;
-        let mut entries = Builder::default();
-        for entry in dir.iter() {
-            // readdir keeps failing once it failed: stop there, as `fs::read_dir` does.
+        let mut entries = Builder::for_a_device();
+        while let Some(entry) = raw.next() {
+            // getdents keeps failing once it failed (and `next` would ask again): stop there,
+            // as `fs::read_dir` does.
             let Ok(entry) = entry else {
                 complete = false;
                 break;
@@ -133,12 +137,13 @@ impl Listing {
             if name == b"." || name == b".." {
                 continue;
             }
-            let kind = entry.file_type().map(|t| match t {
-                Type::Symlink => Kind::Link,
-                Type::Directory => Kind::Dir,
-                Type::File => Kind::File,
-                _ => Kind::Other,
-            });
+            let kind = match entry.file_type() {
+                FileType::Symlink => Some(Kind::Link),
+                FileType::Directory => Some(Kind::Dir),
+                FileType::RegularFile => Some(Kind::File),
+                FileType::Unknown => None,
+                _ => Some(Kind::Other),
+            };
             entries.push(name, kind);
         }
         entries.finish(complete)
@@ -162,10 +167,17 @@ impl Listing {
         }
     }
 
-    /// The UTF-8 names, sorted, as [`Sysfs::list`](super::Sysfs::list) returns them.
-    pub(super) fn names(&self) -> Vec<String> {
-        self.entries
+    /// The UTF-8 names that start with `prefix`, sorted, as
+    /// [`Sysfs::list_with_prefix`](super::Sysfs::list_with_prefix) returns them; found without
+    /// allocating the others, which callers looking for `virtfn*` or `upper_*` among forty
+    /// names did per device.
+    pub(super) fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let prefix = prefix.as_bytes();
+        // Sorted by name, so the matches are one run starting where the prefix would sort.
+        let start = self.entries.partition_point(|e| self.name(e) < prefix);
+        self.entries[start..]
             .iter()
+            .take_while(|e| self.name(e).starts_with(prefix))
             .filter_map(|e| std::str::from_utf8(self.name(e)).ok().map(str::to_owned))
             .collect()
     }
@@ -176,13 +188,57 @@ impl Listing {
 #[derive(Debug, Default)]
 pub(super) struct Memo {
     /// Listings by root-relative real directory; `None` when it could not be listed.
-    dirs: Mutex<HashMap<PathBuf, Option<Arc<Listing>>>>,
+    dirs: Mutex<PathMap<Option<Arc<Listing>>>>,
     /// `readlink` results by root-relative path (`None`: not a link).
-    links: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
+    links: Mutex<PathMap<Option<PathBuf>>>,
     /// Directories listed and links read from the kernel, so tests can hold the pass to one
     /// of each per path.
     #[cfg(test)]
     pub(super) asked: Mutex<(usize, usize)>,
+}
+
+/// The memo's tables, keyed by a path's bytes with [`FastHash`]: hashing a `Path` walks its
+/// components, and a pass makes tens of thousands of lookups. The memo only ever stores real
+/// paths, which are built component by component and so spelled one way; a lookup spelled
+/// another way ("a//b") only misses, and the caller asks the kernel.
+type PathMap<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<FastHash>>;
+
+fn key(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
+/// FxHash (rustc's): a multiply and a rotate per eight bytes. Its keys are sysfs paths, which
+/// only the kernel and root name, so there is no one to choose colliding keys.
+#[derive(Default)]
+struct FastHash(u64);
+
+impl Hasher for FastHash {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        self.add(u64::from_le_bytes(word) ^ rest.len() as u64);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FastHash {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -192,14 +248,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Memo {
     /// The listing of real directory `dir` (root-relative), read on first use.
     pub(super) fn listing(&self, root: &Path, dir: &Path) -> Option<Arc<Listing>> {
-        if let Some(known) = lock(&self.dirs).get(dir) {
+        if let Some(known) = lock(&self.dirs).get(key(dir)) {
             return known.clone();
         }
         // The parent's listing, when already read, may say there is no directory here: a
         // missing name lists as empty (as ENOENT would), a file or FIFO not at all (ENOTDIR);
         // asking the kernel would only repeat that.
         if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name())
-            && let Some(Some(up)) = lock(&self.dirs).get(parent)
+            && let Some(Some(up)) = lock(&self.dirs).get(key(parent))
         {
             match up.entry(name) {
                 Entry::Absent => return Some(Arc::new(Listing::missing())),
@@ -213,14 +269,14 @@ impl Memo {
         }
         let listing = Listing::read(&root.join(dir)).map(Arc::new);
         lock(&self.dirs)
-            .entry(dir.to_path_buf())
+            .entry(key(dir).into())
             .or_insert(listing)
             .clone()
     }
 
     /// The listing of `dir` if it was asked for already (`Some(None)`: it could not be listed).
     pub(super) fn known(&self, dir: &Path) -> Option<Option<Arc<Listing>>> {
-        lock(&self.dirs).get(dir).cloned()
+        lock(&self.dirs).get(key(dir)).cloned()
     }
 
     /// Records the listing of `dir` read through an open descriptor (`None`: unlistable); the
@@ -231,7 +287,7 @@ impl Memo {
             lock(&self.asked).0 += 1;
         }
         lock(&self.dirs)
-            .entry(dir.to_path_buf())
+            .entry(key(dir).into())
             .or_insert(listing.map(Arc::new))
             .clone()
     }
@@ -263,7 +319,7 @@ impl Memo {
         rel: &Path,
         read: impl FnOnce() -> Option<PathBuf>,
     ) -> Option<PathBuf> {
-        if let Some(known) = lock(&self.links).get(rel) {
+        if let Some(known) = lock(&self.links).get(key(rel)) {
             return known.clone();
         }
         #[cfg(test)]
@@ -271,15 +327,16 @@ impl Memo {
             lock(&self.asked).1 += 1;
         }
         let target = read();
-        lock(&self.links).insert(rel.to_path_buf(), target.clone());
+        lock(&self.links).insert(key(rel).into(), target.clone());
         target
     }
 
     /// The listing of `dir` if it was already read, with `dir` as it was keyed then.
     pub(super) fn listed(&self, dir: &Path) -> Option<(PathBuf, Arc<Listing>)> {
         let dirs = lock(&self.dirs);
-        let (key, listing) = dirs.get_key_value(dir)?;
-        Some((key.clone(), listing.clone()?))
+        let (found, listing) = dirs.get_key_value(key(dir))?;
+        let listing = listing.clone()?;
+        Some((PathBuf::from(OsStr::from_bytes(found)), listing))
     }
 }
 

@@ -168,8 +168,9 @@ fn inventory_sysfs_memoised_asks_the_kernel_once_per_path() {
 /// [`answers`]' path-based calls for `dir/name`.
 fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let opened = sysfs.dir(Path::new(dir));
+    let child = opened.child(name);
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {:?}",
         opened.read(name),
         opened.read_i64(name),
         opened.read_hex(name),
@@ -179,13 +180,22 @@ fn dir_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
         opened.is_dir(name),
         opened.exists(name),
         opened.names(),
+        opened.resolve(name),
+        (
+            opened.names_with_prefix("n"),
+            sysfs.list_with_prefix(Path::new(dir), "n")
+        ),
+        child.real(),
+        child.names(),
+        ["mtu", "vendor", "device", "missing"]
+            .map(|file| (child.read(file), child.link_name(file))),
     )
 }
 
 fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
     let rel = Path::new(dir).join(name);
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {:?}",
         sysfs.read(&rel),
         sysfs.read_i64(&rel),
         sysfs.read_hex(&rel),
@@ -195,6 +205,18 @@ fn path_answers(sysfs: &Sysfs, dir: &str, name: &str) -> String {
         sysfs.is_dir(&rel),
         sysfs.exists(&rel),
         sysfs.list(Path::new(dir)),
+        sysfs.try_resolve(&rel),
+        {
+            let mut n = sysfs.list(Path::new(dir));
+            n.retain(|e| e.starts_with('n'));
+            (n.clone(), n)
+        },
+        sysfs.try_resolve(&rel).as_deref(),
+        sysfs.list(&rel),
+        ["mtu", "vendor", "device", "missing"].map(|file| (
+            sysfs.read(&rel.join(file)),
+            sysfs.link_name(&rel.join(file))
+        )),
     )
 }
 
