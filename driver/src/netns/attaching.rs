@@ -36,8 +36,9 @@ pub async fn attach<K: Kernel>(
     let mut pod = open(kernel, netns).await?;
     let mut host = open(kernel, &Ns::Host).await?;
     // The pod's name must be free: a move onto a taken name still moves the device and only
-    // then fails the rename (EEXIST), leaving it in the pod under its host name. Checked in
-    // the same round trip as the host lookup the move needs (the session keeps its index).
+    // then fails the rename (EEXIST), leaving it in the pod under its host name. Checked
+    // beside the host lookup the move needs (the session keeps its index); each is one request
+    // on its namespace's socket, answered inside the `sendmsg`.
     let (existing, on_host) = match plan.mode {
         AttachMode::Move => {
             let (in_pod, on_host) = futures::join!(
@@ -128,6 +129,7 @@ async fn attach_steps<S: Session>(
         mac: plan.mac,
         up: None,
         ipv4_conf: Vec::new(),
+        index: None,
     };
     // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT on 6.1
     // and 6.18), so a child gets them all as files. So does a move to an MTU too small for

@@ -108,6 +108,7 @@ mod tests {
             mac: Some([2, 0, 0, 0, 0, 0x10]),
             up: None,
             ipv4_conf: Vec::new(),
+            index: None,
         };
         let message = new_link_message(
             "net1",

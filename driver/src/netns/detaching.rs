@@ -152,6 +152,7 @@ fn back(original: &LinkState) -> LinkChange {
         mac: original.mac,
         up: None,
         ipv4_conf: Vec::new(),
+        index: Some(original.index),
     }
 }
 

@@ -165,6 +165,10 @@ pub struct LinkChange {
     /// `up`; only a move and a change send them (a creation with `IFLA_AF_SPEC` fails with
     /// EAFNOSUPPORT).
     pub ipv4_conf: Vec<(u16, u32)>,
+    /// On a move, the ifindex to ask for in the target namespace (`IFLA_NEW_IFINDEX`; none:
+    /// the device's current one). A device going home asks for the one it had, so the host
+    /// sees it as before also when the pod's namespace had given it another.
+    pub index: Option<u32>,
 }
 
 /// Operations inside one namespace. A session is opened per attach/detach and dropped after,

@@ -414,23 +414,25 @@ impl Session for RtnlSession {
         // IFLA_NET_NS_FD plus IFLA_IFNAME/IFLA_MTU/IFLA_ADDRESS/IFLA_AF_SPEC in one
         // RTM_NEWLINK: the kernel moves first, then applies the rest inside the target
         // namespace (the IPv4 sysctls to the device's new in_device).
+        let wanted = change.index.unwrap_or(index);
         let message = |keep_index: bool| {
             let mut msg = Self::change_message(index, change)
                 .setns_by_fd(fd.as_raw_fd())
                 .build();
             Self::add_ipv4_conf(&mut msg, change);
             if keep_index {
-                msg.attributes
-                    .push(LinkAttribute::NewIfIndex(i32::try_from(index).unwrap_or(0)));
+                msg.attributes.push(LinkAttribute::NewIfIndex(
+                    i32::try_from(wanted).unwrap_or(0),
+                ));
             }
             self::change(RouteNetlinkMessage::SetLink(msg))
         };
-        let keep_index = keeps_index_on_request() && i32::try_from(index).is_ok();
+        let keep_index = keeps_index_on_request() && i32::try_from(wanted).is_ok();
         let context = || format!("moving {name} into namespace {to}");
         // Gone from this namespace, also when the kernel moved it and then refused the name.
         self.indexes.remove(name);
         match blocking(|| self.exchange(message(keep_index))) {
-            Ok(_) => Ok(keep_index.then_some(index)),
+            Ok(_) => Ok(keep_index.then_some(wanted)),
             // The index is taken there: refused before anything moved (the device is still
             // here under its name and index), so it moves without, under a new index.
             Err(e)
@@ -652,7 +654,8 @@ impl Session for RtnlSession {
         del.header.index = index;
         let mut request = NetlinkMessage::from(RouteNetlinkMessage::DelLink(del));
         request.header.flags = NLM_F_REQUEST | NLM_F_ACK;
-        match self.exchange(request) {
+        // Unregistering a device waits in `rcu_barrier()` under RTNL too, as a move does.
+        match blocking(|| self.exchange(request)) {
             Ok(_) => Ok(()),
             // ENODEV: gone since this session looked it up; nothing left to delete.
             Err(e) if e.errno() == Some(ENODEV) => Ok(()),
@@ -704,7 +707,7 @@ fn route_message(index: u32, route: &Route) -> RouteMessage {
     }
 }
 
-/// Runs `f`, a namespace move, which holds the calling thread ~16 ms in the kernel
+/// Runs `f`, a namespace move or a deletion, which holds the calling thread ~16 ms in the kernel
 /// (`rcu_barrier()` under RTNL): on a multi-threaded runtime the worker hands its other tasks
 /// to another thread first, so gRPC calls, checkpoint writes and other pods' hooks go on
 /// meanwhile. Other requests run inline: they take microseconds unless they queue for RTNL
@@ -748,8 +751,10 @@ pub fn kernel_has_8021q() -> bool {
 mod tests {
     use super::*;
 
-    /// The kernel answers a second dump on one netlink socket with EBUSY: sessions of pods
-    /// handled at once must not share a socket. Reads only the process's own links, so it
+    /// Every session has its own socket: the kernel answers a second dump on one netlink
+    /// socket with EBUSY while the first is unread, so sessions of pods handled at once must
+    /// not share one. Twelve host sessions held open together each dump (the dumps run one
+    /// after another: the sockets are synchronous). Reads only the process's own links, so it
     /// needs no privilege.
     #[tokio::test(flavor = "current_thread")]
     async fn concurrent_host_sessions_dump_at_once() {

@@ -105,6 +105,7 @@ async fn resuming_a_cut_short_attach_completes_the_configuration() {
             mac: p.mac,
             up: None,
             ipv4_conf: vec![(19, 1)],
+            index: None,
         },
     )
     .await

@@ -114,8 +114,8 @@ pub(crate) async fn a_move_onto_a_taken_index(_: &Rtnl) -> anyhow::Result<()> {
     detach(&k, &p, Some(&ns), &restore).await?;
     let home = host_link(&k, "knt-x0").await?.context("knt-x0 is home")?;
     ensure!(
-        home.mac == restore.host.mac && home.mtu == restore.host.mtu,
-        "{home:?}"
+        home.mac == restore.host.mac && home.mtu == restore.host.mtu && home.index == index,
+        "home under its own index {index}: {home:?}"
     );
     Ok(())
 }

@@ -84,13 +84,15 @@ impl Session for FakeSession {
         let range = s.mtu_range.get(&link.index).copied();
         // Asked to keep its index (`rtnl` does), the kernel refuses the move where the index
         // is taken; `rtnl` then moves it without, and the kernel picks a free one.
-        let kept = if target_indexes.contains(&link.index) {
+        let wanted = change.index.unwrap_or(link.index);
+        let kept = if target_indexes.contains(&wanted) {
             s.requests += 2;
             s.next_index += 1;
             link.index = s.next_index;
             None
         } else {
-            Some(link.index)
+            link.index = wanted;
+            Some(wanted)
         };
         // Its name taken in the target, it moves under the requested one (the kernel's `pat`).
         if target_has_name {

@@ -17,7 +17,8 @@ use std::io;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::Socket;
@@ -101,55 +102,73 @@ impl Wire {
         })
     }
 
-    /// Sends every request in one `sendmsg` (the kernel handles them in order, each with its
-    /// own answer, also after one fails) and returns each one's replies or refusal. Dumps
-    /// must go alone through [`Wire::dump`]: a dump's answer would interleave with the others.
+    /// Sends the requests in as few `sendmsg` calls as the answers' room allows (the kernel
+    /// handles them in order, each with its own answer, also after one fails) and returns each
+    /// one's replies or refusal. Dumps must go alone through [`Wire::dump`]: a dump's answer
+    /// would interleave with the others.
     pub(crate) fn requests(
         &mut self,
         requests: Vec<NetlinkMessage<RouteNetlinkMessage>>,
     ) -> io::Result<Vec<Result<Vec<RouteNetlinkMessage>, Refusal>>> {
+        let mut out = Vec::with_capacity(requests.len());
+        let mut requests = requests.into_iter().peekable();
+        while requests.peek().is_some() {
+            let batch: Vec<_> = requests.by_ref().take(BATCH).collect();
+            out.extend(self.batch(batch)?);
+        }
+        Ok(out)
+    }
+
+    /// One `sendmsg` of requests and all their answers. Every answer is read, also after one
+    /// could not be decoded, so the socket stays in step for the next exchange.
+    fn batch(
+        &mut self,
+        requests: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+    ) -> io::Result<Vec<Result<Vec<RouteNetlinkMessage>, Refusal>>> {
         let count = requests.len();
-        if count == 0 {
-            return Ok(Vec::new());
-        }
         let first = self.sequence.wrapping_add(1);
-        let mut out = Vec::new();
-        for mut request in requests {
-            self.sequence = self.sequence.wrapping_add(1);
-            request.header.sequence_number = self.sequence;
-            request.header.flags |= NLM_F_REQUEST | NLM_F_ACK;
-            request.header.flags &= !NLM_F_DUMP;
-            request.finalize();
-            let start = out.len();
-            out.resize(start + request.buffer_len(), 0);
-            request.serialize(&mut out[start..]);
-        }
-        self.send(&out)?;
+        let (bytes, last) = frame(requests, self.sequence);
+        self.sequence = last;
+        self.send(&bytes)?;
         let mut answers: Vec<Option<Result<Vec<RouteNetlinkMessage>, Refusal>>> =
             (0..count).map(|_| None).collect();
         let mut replies: Vec<Vec<RouteNetlinkMessage>> = (0..count).map(|_| Vec::new()).collect();
+        let mut undecodable = None;
         let mut open = count;
         while open > 0 {
             self.receive()?;
-            for message in parse(&self.buf)? {
-                let at = message.header.sequence_number.wrapping_sub(first) as usize;
+            for parsed in parse(&self.buf)? {
+                let at = parsed.sequence.wrapping_sub(first) as usize;
                 if at >= count || answers[at].is_some() {
                     continue; // not ours (a stale answer) or after its end
                 }
-                match message.payload {
-                    NetlinkPayload::InnerMessage(m) => replies[at].push(m),
-                    NetlinkPayload::Error(e) => {
-                        answers[at] = Some(match e.code {
-                            None => Ok(std::mem::take(&mut replies[at])),
-                            Some(code) => Err(refusal(code.get(), &e.header)),
-                        });
-                        open -= 1;
+                let message = match parsed.message {
+                    Ok(message) => message,
+                    Err(e) => {
+                        // An answer's end that cannot be read still ends it.
+                        if parsed.kind == NLMSG_ERROR {
+                            answers[at] = Some(Ok(Vec::new()));
+                            open -= 1;
+                        }
+                        undecodable.get_or_insert(e);
+                        continue;
                     }
-                    _ => {}
+                };
+                if let NetlinkPayload::Error(e) = message.payload {
+                    answers[at] = Some(match e.code {
+                        None => Ok(std::mem::take(&mut replies[at])),
+                        Some(code) => Err(refusal(code.get(), &e.header, message.header.flags)),
+                    });
+                    open -= 1;
+                } else if let NetlinkPayload::InnerMessage(m) = message.payload {
+                    replies[at].push(m);
                 }
             }
         }
-        Ok(answers.into_iter().flatten().collect())
+        match undecodable {
+            Some(e) => Err(e),
+            None => Ok(answers.into_iter().flatten().collect()),
+        }
     }
 
     /// One request and its replies.
@@ -164,11 +183,34 @@ impl Wire {
         }
     }
 
-    /// A dump: every reply until the kernel's end-of-dump.
+    /// A dump: every reply until the kernel's end-of-dump. A dump the kernel marks as
+    /// interrupted (the table changed while it was read, `NLM_F_DUMP_INTR`) is read again, up
+    /// to [`DUMP_TRIES`] times: a partial table would look like a missing address or link.
     pub(crate) fn dump(
         &mut self,
-        mut request: NetlinkMessage<RouteNetlinkMessage>,
+        request: NetlinkMessage<RouteNetlinkMessage>,
     ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
+        for _ in 1..DUMP_TRIES {
+            match self.dump_once(request.clone())? {
+                Dumped::Whole(out) => return Ok(out),
+                Dumped::Interrupted => {}
+            }
+        }
+        match self.dump_once(request)? {
+            Dumped::Whole(out) => Ok(out),
+            Dumped::Interrupted => Err(Failure::Io(io::Error::new(
+                io::ErrorKind::Interrupted,
+                format!("a netlink dump was interrupted by changes {DUMP_TRIES} times in a row"),
+            ))),
+        }
+    }
+
+    /// One dump, read to its end (also past a message that cannot be decoded, so the socket
+    /// can run the next one).
+    fn dump_once(
+        &mut self,
+        mut request: NetlinkMessage<RouteNetlinkMessage>,
+    ) -> Result<Dumped, Failure> {
         self.sequence = self.sequence.wrapping_add(1);
         let sequence = self.sequence;
         request.header.sequence_number = sequence;
@@ -178,29 +220,65 @@ impl Wire {
         request.serialize(&mut bytes);
         self.send(&bytes)?;
         let mut out = Vec::new();
-        loop {
+        let mut interrupted = false;
+        let mut undecodable = None;
+        let end = loop {
             self.receive()?;
-            for message in parse(&self.buf)? {
-                if message.header.sequence_number != sequence {
+            let mut end = None;
+            for parsed in parse(&self.buf)? {
+                if parsed.sequence != sequence {
                     continue;
                 }
+                interrupted |= parsed.flags & NLM_F_DUMP_INTR != 0;
+                let message = match parsed.message {
+                    Ok(message) => message,
+                    Err(e) => {
+                        if matches!(parsed.kind, NLMSG_DONE | NLMSG_ERROR) {
+                            end = Some(Ok(()));
+                        }
+                        undecodable.get_or_insert(e);
+                        continue;
+                    }
+                };
+                let flags = message.header.flags;
                 match message.payload {
                     NetlinkPayload::InnerMessage(m) => out.push(m),
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) => match e.code {
-                        Some(code) => {
-                            return Err(Failure::Refused(refusal(code.get(), &e.header)));
-                        }
-                        None => return Ok(out),
-                    },
+                    // The kernel ends a dump that failed half-way with a negative code.
+                    NetlinkPayload::Done(d) if d.code < 0 => {
+                        end = Some(Err(refusal(d.code, &[], 0)));
+                    }
+                    NetlinkPayload::Done(_) => end = Some(Ok(())),
+                    NetlinkPayload::Error(e) => {
+                        end = Some(match e.code {
+                            Some(code) => Err(refusal(code.get(), &e.header, flags)),
+                            None => Ok(()),
+                        });
+                    }
                     _ => {}
                 }
             }
+            if let Some(end) = end {
+                break end;
+            }
+        };
+        end.map_err(Failure::Refused)?;
+        if let Some(e) = undecodable {
+            return Err(Failure::Io(e));
         }
+        Ok(if interrupted {
+            Dumped::Interrupted
+        } else {
+            Dumped::Whole(out)
+        })
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let sent = self.socket.send(bytes, 0)?;
+        let sent = loop {
+            match self.socket.send(bytes, 0) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => break other?,
+            }
+        };
         if sent != bytes.len() {
             return Err(io::Error::other(format!(
                 "netlink sent {sent} of {} bytes",
@@ -213,16 +291,15 @@ impl Wire {
     /// Reads the next datagram whole into the buffer: its size is asked first, so a big
     /// answer (a PF's VF table) is never cut.
     fn receive(&mut self) -> io::Result<()> {
-        let size = self
-            .socket
-            .recv(
+        let size = retry_interrupted(|| {
+            self.socket.recv(
                 &mut &mut [0u8; 0][..],
-                libc_flags::MSG_PEEK | libc_flags::MSG_TRUNC,
+                nix::libc::MSG_PEEK | nix::libc::MSG_TRUNC,
             )
-            .map_err(timed_out)?;
+        })?;
         self.buf.clear();
         self.buf.reserve(size);
-        let read = self.socket.recv(&mut self.buf, 0).map_err(timed_out)?;
+        let read = retry_interrupted(|| self.socket.recv(&mut self.buf, 0))?;
         if read < size {
             return Err(io::Error::other(format!(
                 "a netlink answer was cut at {read} of {size} bytes"
@@ -232,10 +309,31 @@ impl Wire {
     }
 }
 
-/// `MSG_PEEK`, `MSG_TRUNC` (Linux values).
-mod libc_flags {
-    pub const MSG_PEEK: i32 = 2;
-    pub const MSG_TRUNC: i32 = 0x20;
+/// How many requests go in one `sendmsg`: their answers queue on the socket until read, and a
+/// receive buffer that overflows loses them (`ENOBUFS`). 32 lookups of a PF with its VF table
+/// stay well inside the default 208 KiB.
+const BATCH: usize = 32;
+
+/// How many times a dump the kernel interrupted is read again.
+const DUMP_TRIES: usize = 3;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+
+/// A dump's outcome: its replies, or a mark that the table changed while it was read.
+enum Dumped {
+    Whole(Vec<RouteNetlinkMessage>),
+    Interrupted,
+}
+
+/// A receive, again after a signal.
+fn retry_interrupted(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<usize> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other.map_err(timed_out),
+        }
+    }
 }
 
 fn timed_out(e: io::Error) -> io::Error {
@@ -252,22 +350,63 @@ fn timed_out(e: io::Error) -> io::Error {
     }
 }
 
-/// The messages of one datagram.
-fn parse(mut bytes: &[u8]) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>> {
+/// The bytes of requests numbered from `after + 1`, and the last number used. Each asks for an
+/// ack. Flags are the caller's: `NLM_F_DUMP` shares its bits with `NLM_F_EXCL`/`NLM_F_REPLACE`,
+/// so it is cleared only from a `RTM_GET*` (type ≡ 2 mod 4), which must not dump here.
+fn frame(requests: Vec<NetlinkMessage<RouteNetlinkMessage>>, after: u32) -> (Vec<u8>, u32) {
+    let mut sequence = after;
+    let mut out = Vec::new();
+    for mut request in requests {
+        sequence = sequence.wrapping_add(1);
+        request.finalize();
+        request.header.sequence_number = sequence;
+        request.header.flags |= NLM_F_REQUEST | NLM_F_ACK;
+        if request.header.message_type % 4 == 2 {
+            request.header.flags &= !NLM_F_DUMP;
+        }
+        let start = out.len();
+        out.resize(start + request.buffer_len(), 0);
+        request.serialize(&mut out[start..]);
+    }
+    (out, sequence)
+}
+
+/// One message of a datagram: its header's facts, and the message, or why it could not be
+/// decoded (kept apart, so one odd message does not hide the others' answers).
+struct Parsed {
+    sequence: u32,
+    kind: u16,
+    flags: u16,
+    message: io::Result<NetlinkMessage<RouteNetlinkMessage>>,
+}
+
+/// The messages of one datagram. Only a broken frame (a length that does not fit) fails the
+/// whole datagram: past it nothing can be found.
+fn parse(mut bytes: &[u8]) -> io::Result<Vec<Parsed>> {
     let mut out = Vec::new();
     while bytes.len() >= 16 {
-        let length = NetlinkBuffer::new_checked(bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
-            .length() as usize;
+        let header = NetlinkBuffer::new_checked(bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let length = header.length() as usize;
         if length < 16 || length > bytes.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("a netlink message claims {length} bytes of {}", bytes.len()),
             ));
         }
-        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[..length])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        out.push(message);
+        out.push(Parsed {
+            sequence: header.sequence_number(),
+            kind: header.message_type(),
+            flags: header.flags(),
+            message: NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[..length]).map_err(
+                |e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("an undecodable netlink answer: {e}"),
+                    )
+                },
+            ),
+        });
         bytes = &bytes[((length + 3) & !3).min(bytes.len())..];
     }
     Ok(out)
@@ -276,12 +415,23 @@ fn parse(mut bytes: &[u8]) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>
 /// `NLMSGERR_ATTR_MSG`: the kernel's text for a refusal.
 const NLMSGERR_ATTR_MSG: u16 = 1;
 
-/// The refusal with `code` (negative errno); `rest` is what follows the code in the error
-/// message: the request's header (capped ack: without its payload), then extended-ack
-/// attributes.
-fn refusal(code: i32, rest: &[u8]) -> Refusal {
+/// The refusal with `code` (negative errno). `rest` is what follows the code in the error
+/// message: the request (its header only when the error's `flags` say `NLM_F_CAPPED`), then,
+/// with `NLM_F_ACK_TLVS`, extended-ack attributes.
+fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
     let mut message = None;
-    let mut attrs = rest.get(16..).unwrap_or_default();
+    let request = if flags & NLM_F_CAPPED != 0 {
+        16
+    } else {
+        rest.get(..4)
+            .map(|l| u32::from_ne_bytes([l[0], l[1], l[2], l[3]]) as usize)
+            .map_or(rest.len(), |l| (l + 3) & !3)
+    };
+    let mut attrs = if flags & NLM_F_ACK_TLVS != 0 {
+        rest.get(request..).unwrap_or_default()
+    } else {
+        &[]
+    };
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
@@ -366,7 +516,7 @@ mod tests {
         rest.extend_from_slice(&len.to_ne_bytes());
         rest.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
         rest.extend_from_slice(text);
-        let r = refusal(-22, &rest);
+        let r = refusal(-22, &rest, NLM_F_CAPPED | NLM_F_ACK_TLVS);
         assert_eq!(r.errno, 22);
         assert_eq!(
             r.message.as_deref(),
@@ -377,5 +527,105 @@ mod tests {
             "{}",
             r.to_io()
         );
+    }
+
+    /// More requests than one `sendmsg` carries: all answered, in order, and the socket is in
+    /// step after.
+    #[test]
+    fn many_requests_are_sent_in_batches() {
+        let mut wire = Wire::open().unwrap();
+        let n = BATCH * 3 + 5;
+        let requests = (0..n)
+            .map(|i| get_link(if i % 7 == 3 { "knt-absent0" } else { "lo" }))
+            .collect();
+        let answers = wire.requests(requests).unwrap();
+        assert_eq!(answers.len(), n);
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(a.is_err(), i % 7 == 3, "answer {i}: {a:?}");
+        }
+        assert!(!wire.request(get_link("lo")).unwrap().is_empty());
+    }
+
+    fn flags_of(bytes: &[u8], at: usize) -> u16 {
+        u16::from_ne_bytes([bytes[at + 6], bytes[at + 7]])
+    }
+
+    /// `NLM_F_EXCL`/`NLM_F_REPLACE` share bits with `NLM_F_DUMP`: a creation keeps them (else
+    /// the kernel would add a second route beside an existing one, or replace a host link),
+    /// a lookup loses the dump bits.
+    #[test]
+    fn framing_keeps_creation_flags_and_strips_dump_from_lookups() {
+        use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+        use netlink_packet_route::route::RouteMessage;
+        let mut create =
+            NetlinkMessage::from(RouteNetlinkMessage::NewRoute(RouteMessage::default()));
+        create.header.flags = NLM_F_CREATE | NLM_F_EXCL;
+        let mut replace =
+            NetlinkMessage::from(RouteNetlinkMessage::NewLink(LinkMessage::default()));
+        replace.header.flags = NLM_F_REPLACE;
+        let mut lookup = get_link("lo");
+        lookup.header.flags = NLM_F_DUMP;
+        let (bytes, last) = frame(vec![create, replace, lookup], 41);
+        assert_eq!(last, 44);
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while at < bytes.len() {
+            let len = u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            let seq = u32::from_ne_bytes(bytes[at + 8..at + 12].try_into().unwrap());
+            seen.push((seq, flags_of(&bytes, at)));
+            at += (len + 3) & !3;
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (42, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL),
+                (43, NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE),
+                (44, NLM_F_REQUEST | NLM_F_ACK),
+            ]
+        );
+    }
+
+    /// One message that cannot be decoded is reported as such; the others around it are
+    /// still read (so their requests are answered and the socket stays in step).
+    #[test]
+    fn an_undecodable_message_does_not_hide_the_others() {
+        let ack = |seq: u32| {
+            let mut m = vec![0u8; 36];
+            m[0..4].copy_from_slice(&36u32.to_ne_bytes());
+            m[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            m[6..8].copy_from_slice(&NLM_F_CAPPED.to_ne_bytes());
+            m[8..12].copy_from_slice(&seq.to_ne_bytes());
+            m
+        };
+        // RTM_NEWLINK with 4 bytes where its 16-byte ifinfomsg belongs.
+        let mut odd = vec![0u8; 20];
+        odd[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        odd[4..6].copy_from_slice(&16u16.to_ne_bytes());
+        odd[8..12].copy_from_slice(&2u32.to_ne_bytes());
+        let datagram = [ack(1), odd, ack(2)].concat();
+        let parsed = parse(&datagram).unwrap();
+        assert_eq!(parsed.len(), 3);
+        assert!(parsed[0].message.is_ok());
+        let err = parsed[1].message.as_ref().unwrap_err().to_string();
+        assert!(err.contains("undecodable netlink answer"), "{err}");
+        assert_eq!((parsed[1].sequence, parsed[1].kind), (2, 16));
+        assert!(parsed[2].message.is_ok());
+        assert_eq!(parsed[2].sequence, 2);
+    }
+
+    /// Without `NLM_F_CAPPED` the error carries the whole request before the attributes;
+    /// without `NLM_F_ACK_TLVS` there are none to read.
+    #[test]
+    fn refusal_skips_an_uncapped_request() {
+        let mut rest = vec![0u8; 24];
+        rest[0..4].copy_from_slice(&22u32.to_ne_bytes()); // 22, padded to 24
+        let text = b"Invalid prefix\0";
+        let len = u16::try_from(4 + text.len()).unwrap();
+        rest.extend_from_slice(&len.to_ne_bytes());
+        rest.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
+        rest.extend_from_slice(text);
+        let r = refusal(-22, &rest, NLM_F_ACK_TLVS);
+        assert_eq!(r.message.as_deref(), Some("Invalid prefix"));
+        assert_eq!(refusal(-22, &rest, 0).message, None);
     }
 }

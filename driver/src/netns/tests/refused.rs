@@ -20,6 +20,7 @@ async fn half_moved(k: &FakeKernel) {
         mac: None,
         up: None,
         ipv4_conf: Vec::new(),
+        index: None,
     };
     host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
 }

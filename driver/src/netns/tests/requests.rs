@@ -111,10 +111,13 @@ async fn a_move_onto_a_taken_index_takes_a_new_one_and_looks_it_up() {
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     let names: Vec<String> = k.links(&pod()).into_iter().map(|l| l.name).collect();
     assert_eq!(names, ["eth0"]);
+    // Home under the index it had, not the one the pod gave it.
     assert!(
+        k.links(&Ns::Host).iter().any(|l| l.name == "ens1f0v0"
+            && l.mac == restore.host.mac
+            && l.index == restore.host.index),
+        "{:?}",
         k.links(&Ns::Host)
-            .iter()
-            .any(|l| l.name == "ens1f0v0" && l.mac == restore.host.mac)
     );
 }
 
