@@ -125,11 +125,16 @@ async fn detach_device<K: Kernel>(
     let mut host = open(kernel, &Ns::Host).await?;
     let current = match host.find_link(&original.name).await? {
         Some(l) if l.index == original.index => Some(l),
-        _ => host
-            .links()
-            .await?
-            .into_iter()
-            .find(|l| l.index == original.index && l.kind == original.kind),
+        _ => {
+            let links = host.links().await?;
+            // Its index, or, where it had to take another one in the pod (its own was taken
+            // there) and kept that one on the way back, its hardware identity.
+            let at = links
+                .iter()
+                .position(|l| l.index == original.index && l.kind == original.kind)
+                .or_else(|| links.iter().position(|l| same_hardware(l, original)));
+            at.and_then(|at| links.into_iter().nth(at))
+        }
     };
     let Some(current) = current else {
         tracing::warn!(device = %plan.device, ifname = %original.name,
@@ -142,6 +147,14 @@ async fn detach_device<K: Kernel>(
 /// Whether a link can be told apart from the pod's own by more than its index or name.
 pub(super) fn identifiable(original: &LinkState) -> bool {
     original.mac.is_some() || original.permanent_mac.is_some() || original.pci_address.is_some()
+}
+
+/// `link` is the device recorded as `original` by what no rename, move or MAC change alters:
+/// its permanent MAC or its PCI function (virtual devices have neither).
+fn same_hardware(link: &LinkState, original: &LinkState) -> bool {
+    link.kind == original.kind
+        && ((original.permanent_mac.is_some() && link.permanent_mac == original.permanent_mac)
+            || (original.pci_address.is_some() && link.pci_address == original.pci_address))
 }
 
 /// The move back: the device's original name, MTU and MAC.

@@ -167,7 +167,8 @@ pub struct LinkChange {
     pub ipv4_conf: Vec<(u16, u32)>,
     /// On a move, the ifindex to ask for in the target namespace (`IFLA_NEW_IFINDEX`; none:
     /// the device's current one). A device going home asks for the one it had, so the host
-    /// sees it as before also when the pod's namespace had given it another.
+    /// sees it as before also when the pod's namespace had given it another. Anything but a
+    /// move leaves it unread (an index cannot change in place).
     pub index: Option<u32>,
 }
 

@@ -228,6 +228,38 @@ async fn deleted_namespace_then_detach_restores_the_returned_device() {
     assert_eq!(host, restore.host);
 }
 
+/// Its own index taken in the pod, the device moved in under another; the pod's namespace
+/// died and the kernel returned it under that one. Detach finds it by its hardware (permanent
+/// MAC, PCI function) and puts it back in every respect but the index, which only a move
+/// could give back.
+#[tokio::test]
+async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
+    let (k, index) = kernel();
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0x0c, 0, 0, 0, 0, 9], "0000:a2:01.0");
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    k.add_link(
+        &pod(),
+        "eth0",
+        1500,
+        [0xcc, 0, 0, 0, 0, 1],
+        Some("veth"),
+        &[],
+    );
+    k.renumber(&pod(), "eth0", index);
+    let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    assert_ne!(link.index, index);
+    k.delete_namespace(&pod());
+    detach(&k, &p, Some(&pod()), &restore).await.unwrap();
+    let home = k
+        .links(&Ns::Host)
+        .into_iter()
+        .find(|l| l.pci_address == restore.host.pci_address)
+        .expect("the device is on the host");
+    assert_eq!(home.index, link.index);
+    assert_eq!(LinkState { index, ..home }, restore.host);
+}
+
 #[tokio::test]
 async fn virtual_device_destroyed_with_the_namespace_is_not_an_error() {
     let k = FakeKernel::new();

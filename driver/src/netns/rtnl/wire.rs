@@ -81,6 +81,11 @@ pub(crate) struct Wire {
     socket: Socket,
     sequence: u32,
     buf: Vec<u8>,
+    /// Set when an exchange failed half-way (a cut or unreadable datagram, a timeout): answers
+    /// of it may still be queued, and would be taken for the next exchange's. The socket is
+    /// then refused, and the session's owner opens a new one (sessions are per attach or
+    /// detach; a socket cannot be reopened here, in a namespace the thread has left).
+    out_of_step: bool,
 }
 
 impl Wire {
@@ -99,6 +104,7 @@ impl Wire {
             socket,
             sequence: 0,
             buf: Vec::with_capacity(32 * 1024),
+            out_of_step: false,
         })
     }
 
@@ -110,13 +116,30 @@ impl Wire {
         &mut self,
         requests: Vec<NetlinkMessage<RouteNetlinkMessage>>,
     ) -> io::Result<Vec<Result<Vec<RouteNetlinkMessage>, Refusal>>> {
+        self.in_step()?;
         let mut out = Vec::with_capacity(requests.len());
         let mut requests = requests.into_iter().peekable();
         while requests.peek().is_some() {
             let batch: Vec<_> = requests.by_ref().take(BATCH).collect();
-            out.extend(self.batch(batch)?);
+            match self.batch(batch) {
+                Ok(answers) => out.extend(answers),
+                Err(e) => {
+                    self.out_of_step = true;
+                    return Err(e);
+                }
+            }
         }
         Ok(out)
+    }
+
+    fn in_step(&self) -> io::Result<()> {
+        if self.out_of_step {
+            return Err(io::Error::other(
+                "this netlink socket is out of step after an earlier failed exchange; \
+                 a new session opens a new one",
+            ));
+        }
+        Ok(())
     }
 
     /// One `sendmsg` of requests and all their answers. Every answer is read, also after one
@@ -190,6 +213,18 @@ impl Wire {
         &mut self,
         request: NetlinkMessage<RouteNetlinkMessage>,
     ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
+        self.in_step()?;
+        let out = self.dump_tries(request);
+        if matches!(out, Err(Failure::Io(_))) {
+            self.out_of_step = true;
+        }
+        out
+    }
+
+    fn dump_tries(
+        &mut self,
+        request: NetlinkMessage<RouteNetlinkMessage>,
+    ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         for _ in 1..DUMP_TRIES {
             match self.dump_once(request.clone())? {
                 Dumped::Whole(out) => return Ok(out),
@@ -198,10 +233,9 @@ impl Wire {
         }
         match self.dump_once(request)? {
             Dumped::Whole(out) => Ok(out),
-            Dumped::Interrupted => Err(Failure::Io(io::Error::new(
-                io::ErrorKind::Interrupted,
-                format!("a netlink dump was interrupted by changes {DUMP_TRIES} times in a row"),
-            ))),
+            Dumped::Interrupted => Err(Failure::Io(io::Error::other(format!(
+                "a netlink dump was interrupted by changes {DUMP_TRIES} times in a row"
+            )))),
         }
     }
 
@@ -245,7 +279,11 @@ impl Wire {
                     NetlinkPayload::InnerMessage(m) => out.push(m),
                     // The kernel ends a dump that failed half-way with a negative code.
                     NetlinkPayload::Done(d) if d.code < 0 => {
-                        end = Some(Err(refusal(d.code, &[], 0)));
+                        // Its ext-ack attributes follow the code directly.
+                        end = Some(Err(Refusal {
+                            errno: d.code.checked_neg().unwrap_or(i32::MAX),
+                            message: ext_ack_text(&d.extended_ack),
+                        }));
                     }
                     NetlinkPayload::Done(_) => end = Some(Ok(())),
                     NetlinkPayload::Error(e) => {
@@ -310,12 +348,14 @@ impl Wire {
 }
 
 /// How many requests go in one `sendmsg`: their answers queue on the socket until read, and a
-/// receive buffer that overflows loses them (`ENOBUFS`). 32 lookups of a PF with its VF table
-/// stay well inside the default 208 KiB.
+/// receive buffer that overflows loses them (`ENOBUFS`). Batches are changes (adds of
+/// addresses and routes), answered by acks of a few dozen bytes, so 32 stay far inside the
+/// default 208 KiB; a lookup of a PF with its VF table (tens of KiB) goes alone.
 const BATCH: usize = 32;
 
-/// How many times a dump the kernel interrupted is read again.
-const DUMP_TRIES: usize = 3;
+/// How many times a dump the kernel interrupted is read again: the host's link table changes
+/// whenever a runtime adds a veth, so on a busy node one read in a row may not be enough.
+const DUMP_TRIES: usize = 8;
 
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -419,7 +459,6 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 /// message: the request (its header only when the error's `flags` say `NLM_F_CAPPED`), then,
 /// with `NLM_F_ACK_TLVS`, extended-ack attributes.
 fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
-    let mut message = None;
     let request = if flags & NLM_F_CAPPED != 0 {
         16
     } else {
@@ -427,11 +466,20 @@ fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
             .map(|l| u32::from_ne_bytes([l[0], l[1], l[2], l[3]]) as usize)
             .map_or(rest.len(), |l| (l + 3) & !3)
     };
-    let mut attrs = if flags & NLM_F_ACK_TLVS != 0 {
+    let attrs = if flags & NLM_F_ACK_TLVS != 0 {
         rest.get(request..).unwrap_or_default()
     } else {
         &[]
     };
+    Refusal {
+        errno: code.checked_neg().unwrap_or(i32::MAX),
+        message: ext_ack_text(attrs),
+    }
+}
+
+/// The kernel's text (`NLMSGERR_ATTR_MSG`) among ext-ack attributes.
+fn ext_ack_text(mut attrs: &[u8]) -> Option<String> {
+    let mut message = None;
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
@@ -445,10 +493,7 @@ fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
         }
         attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
     }
-    Refusal {
-        errno: code.checked_neg().unwrap_or(i32::MAX),
-        message,
-    }
+    message
 }
 
 #[cfg(test)]
@@ -627,5 +672,27 @@ mod tests {
         let r = refusal(-22, &rest, NLM_F_ACK_TLVS);
         assert_eq!(r.message.as_deref(), Some("Invalid prefix"));
         assert_eq!(refusal(-22, &rest, 0).message, None);
+    }
+
+    /// After a failed exchange the socket refuses further ones instead of handing their
+    /// caller the failed one's late answers.
+    #[test]
+    fn a_socket_out_of_step_refuses_further_exchanges() {
+        let mut wire = Wire::open().unwrap();
+        wire.out_of_step = true;
+        let e = wire
+            .request(get_link("lo"))
+            .unwrap_err()
+            .into_io()
+            .to_string();
+        assert!(e.contains("out of step"), "{e}");
+        let e = wire
+            .dump(NetlinkMessage::from(RouteNetlinkMessage::GetLink(
+                LinkMessage::default(),
+            )))
+            .unwrap_err()
+            .into_io()
+            .to_string();
+        assert!(e.contains("out of step"), "{e}");
     }
 }
