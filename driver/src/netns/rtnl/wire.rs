@@ -253,61 +253,14 @@ impl Wire {
         let mut bytes = vec![0; request.buffer_len()];
         request.serialize(&mut bytes);
         self.send(&bytes)?;
-        let mut out = Vec::new();
-        let mut interrupted = false;
-        let mut undecodable = None;
-        let end = loop {
+        let mut read = DumpRead::default();
+        loop {
             self.receive()?;
-            let mut end = None;
-            for parsed in parse(&self.buf)? {
-                if parsed.sequence != sequence {
-                    continue;
-                }
-                interrupted |= parsed.flags & NLM_F_DUMP_INTR != 0;
-                let message = match parsed.message {
-                    Ok(message) => message,
-                    Err(e) => {
-                        if matches!(parsed.kind, NLMSG_DONE | NLMSG_ERROR) {
-                            end = Some(Ok(()));
-                        }
-                        undecodable.get_or_insert(e);
-                        continue;
-                    }
-                };
-                let flags = message.header.flags;
-                match message.payload {
-                    NetlinkPayload::InnerMessage(m) => out.push(m),
-                    // The kernel ends a dump that failed half-way with a negative code.
-                    NetlinkPayload::Done(d) if d.code < 0 => {
-                        // Its ext-ack attributes follow the code directly.
-                        end = Some(Err(Refusal {
-                            errno: d.code.checked_neg().unwrap_or(i32::MAX),
-                            message: ext_ack_text(&d.extended_ack),
-                        }));
-                    }
-                    NetlinkPayload::Done(_) => end = Some(Ok(())),
-                    NetlinkPayload::Error(e) => {
-                        end = Some(match e.code {
-                            Some(code) => Err(refusal(code.get(), &e.header, flags)),
-                            None => Ok(()),
-                        });
-                    }
-                    _ => {}
-                }
+            if read.take(parse(&self.buf)?, sequence) {
+                break;
             }
-            if let Some(end) = end {
-                break end;
-            }
-        };
-        end.map_err(Failure::Refused)?;
-        if let Some(e) = undecodable {
-            return Err(Failure::Io(e));
         }
-        Ok(if interrupted {
-            Dumped::Interrupted
-        } else {
-            Dumped::Whole(out)
-        })
+        read.outcome()
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
@@ -364,6 +317,74 @@ const NLMSG_DONE: u16 = 3;
 enum Dumped {
     Whole(Vec<RouteNetlinkMessage>),
     Interrupted,
+}
+
+/// A dump's answer as its datagrams come in.
+#[derive(Default)]
+struct DumpRead {
+    out: Vec<RouteNetlinkMessage>,
+    interrupted: bool,
+    undecodable: Option<io::Error>,
+    end: Option<Result<(), Refusal>>,
+}
+
+impl DumpRead {
+    /// Takes one datagram's messages of the dump numbered `sequence`; true once it has ended.
+    fn take(&mut self, parsed: Vec<Parsed>, sequence: u32) -> bool {
+        for parsed in parsed {
+            if parsed.sequence != sequence {
+                continue;
+            }
+            self.interrupted |= parsed.flags & NLM_F_DUMP_INTR != 0;
+            let message = match parsed.message {
+                Ok(message) => message,
+                Err(e) => {
+                    if matches!(parsed.kind, NLMSG_DONE | NLMSG_ERROR) {
+                        self.end = Some(Ok(()));
+                    }
+                    self.undecodable.get_or_insert(e);
+                    continue;
+                }
+            };
+            let flags = message.header.flags;
+            match message.payload {
+                NetlinkPayload::InnerMessage(m) => self.out.push(m),
+                // The kernel ends a dump that failed half-way with a negative code; its
+                // ext-ack attributes follow the code directly.
+                NetlinkPayload::Done(d) if d.code < 0 => {
+                    self.end = Some(Err(Refusal {
+                        errno: d.code.checked_neg().unwrap_or(i32::MAX),
+                        message: ext_ack_text(&d.extended_ack),
+                    }));
+                }
+                NetlinkPayload::Done(_) => self.end = Some(Ok(())),
+                NetlinkPayload::Error(e) => {
+                    self.end = Some(match e.code {
+                        Some(code) => Err(refusal(code.get(), &e.header, flags)),
+                        None => Ok(()),
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.end.is_some()
+    }
+
+    /// The ended dump: the kernel's refusal first, then an unreadable part, then whether the
+    /// table changed while it was read.
+    fn outcome(self) -> Result<Dumped, Failure> {
+        if let Some(Err(refused)) = self.end {
+            return Err(Failure::Refused(refused));
+        }
+        if let Some(e) = self.undecodable {
+            return Err(Failure::Io(e));
+        }
+        Ok(if self.interrupted {
+            Dumped::Interrupted
+        } else {
+            Dumped::Whole(self.out)
+        })
+    }
 }
 
 /// A receive, again after a signal.
@@ -497,202 +518,4 @@ fn ext_ack_text(mut attrs: &[u8]) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
-
-    fn get_link(name: &str) -> NetlinkMessage<RouteNetlinkMessage> {
-        let mut m = LinkMessage::default();
-        m.attributes.push(LinkAttribute::IfName(name.to_owned()));
-        NetlinkMessage::from(RouteNetlinkMessage::GetLink(m))
-    }
-
-    /// Answers come back per request, in one send, the failed one with its errno, the later
-    /// one still answered. Reads only the process's own links: no privilege needed.
-    #[test]
-    fn pipelined_requests_answer_each() {
-        let mut wire = Wire::open().unwrap();
-        let answers = wire
-            .requests(vec![
-                get_link("lo"),
-                get_link("knt-absent0"),
-                get_link("lo"),
-            ])
-            .unwrap();
-        assert_eq!(answers.len(), 3);
-        let index = |a: &Result<Vec<RouteNetlinkMessage>, Refusal>| match a {
-            Ok(replies) => replies.iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(l.header.index),
-                _ => None,
-            }),
-            Err(_) => None,
-        };
-        assert_eq!(index(&answers[0]), Some(1));
-        let Err(refused) = &answers[1] else {
-            panic!("knt-absent0 found: {:?}", answers[1]);
-        };
-        assert_eq!(refused.errno, 19, "ENODEV");
-        assert_eq!(index(&answers[2]), Some(1));
-    }
-
-    /// A dump is read to its end; the socket is usable after it.
-    #[test]
-    fn dump_then_request() {
-        let mut wire = Wire::open().unwrap();
-        let links = wire
-            .dump(NetlinkMessage::from(RouteNetlinkMessage::GetLink(
-                LinkMessage::default(),
-            )))
-            .unwrap();
-        assert!(
-            links
-                .iter()
-                .any(|m| matches!(m, RouteNetlinkMessage::NewLink(l) if l.header.index == 1))
-        );
-        assert!(!wire.request(get_link("lo")).unwrap().is_empty());
-    }
-
-    /// The kernel's extended-ack text is kept with the errno.
-    #[test]
-    fn refusal_reads_the_kernels_message() {
-        let mut rest = vec![0u8; 16];
-        let text = b"MTU greater than device maximum\0";
-        let len = u16::try_from(4 + text.len()).unwrap();
-        rest.extend_from_slice(&len.to_ne_bytes());
-        rest.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
-        rest.extend_from_slice(text);
-        let r = refusal(-22, &rest, NLM_F_CAPPED | NLM_F_ACK_TLVS);
-        assert_eq!(r.errno, 22);
-        assert_eq!(
-            r.message.as_deref(),
-            Some("MTU greater than device maximum")
-        );
-        assert!(
-            r.to_io().to_string().contains("Invalid argument"),
-            "{}",
-            r.to_io()
-        );
-    }
-
-    /// More requests than one `sendmsg` carries: all answered, in order, and the socket is in
-    /// step after.
-    #[test]
-    fn many_requests_are_sent_in_batches() {
-        let mut wire = Wire::open().unwrap();
-        let n = BATCH * 3 + 5;
-        let requests = (0..n)
-            .map(|i| get_link(if i % 7 == 3 { "knt-absent0" } else { "lo" }))
-            .collect();
-        let answers = wire.requests(requests).unwrap();
-        assert_eq!(answers.len(), n);
-        for (i, a) in answers.iter().enumerate() {
-            assert_eq!(a.is_err(), i % 7 == 3, "answer {i}: {a:?}");
-        }
-        assert!(!wire.request(get_link("lo")).unwrap().is_empty());
-    }
-
-    fn flags_of(bytes: &[u8], at: usize) -> u16 {
-        u16::from_ne_bytes([bytes[at + 6], bytes[at + 7]])
-    }
-
-    /// `NLM_F_EXCL`/`NLM_F_REPLACE` share bits with `NLM_F_DUMP`: a creation keeps them (else
-    /// the kernel would add a second route beside an existing one, or replace a host link),
-    /// a lookup loses the dump bits.
-    #[test]
-    fn framing_keeps_creation_flags_and_strips_dump_from_lookups() {
-        use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
-        use netlink_packet_route::route::RouteMessage;
-        let mut create =
-            NetlinkMessage::from(RouteNetlinkMessage::NewRoute(RouteMessage::default()));
-        create.header.flags = NLM_F_CREATE | NLM_F_EXCL;
-        let mut replace =
-            NetlinkMessage::from(RouteNetlinkMessage::NewLink(LinkMessage::default()));
-        replace.header.flags = NLM_F_REPLACE;
-        let mut lookup = get_link("lo");
-        lookup.header.flags = NLM_F_DUMP;
-        let (bytes, last) = frame(vec![create, replace, lookup], 41);
-        assert_eq!(last, 44);
-        let mut at = 0;
-        let mut seen = Vec::new();
-        while at < bytes.len() {
-            let len = u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-            let seq = u32::from_ne_bytes(bytes[at + 8..at + 12].try_into().unwrap());
-            seen.push((seq, flags_of(&bytes, at)));
-            at += (len + 3) & !3;
-        }
-        assert_eq!(
-            seen,
-            vec![
-                (42, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL),
-                (43, NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE),
-                (44, NLM_F_REQUEST | NLM_F_ACK),
-            ]
-        );
-    }
-
-    /// One message that cannot be decoded is reported as such; the others around it are
-    /// still read (so their requests are answered and the socket stays in step).
-    #[test]
-    fn an_undecodable_message_does_not_hide_the_others() {
-        let ack = |seq: u32| {
-            let mut m = vec![0u8; 36];
-            m[0..4].copy_from_slice(&36u32.to_ne_bytes());
-            m[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-            m[6..8].copy_from_slice(&NLM_F_CAPPED.to_ne_bytes());
-            m[8..12].copy_from_slice(&seq.to_ne_bytes());
-            m
-        };
-        // RTM_NEWLINK with 4 bytes where its 16-byte ifinfomsg belongs.
-        let mut odd = vec![0u8; 20];
-        odd[0..4].copy_from_slice(&20u32.to_ne_bytes());
-        odd[4..6].copy_from_slice(&16u16.to_ne_bytes());
-        odd[8..12].copy_from_slice(&2u32.to_ne_bytes());
-        let datagram = [ack(1), odd, ack(2)].concat();
-        let parsed = parse(&datagram).unwrap();
-        assert_eq!(parsed.len(), 3);
-        assert!(parsed[0].message.is_ok());
-        let err = parsed[1].message.as_ref().unwrap_err().to_string();
-        assert!(err.contains("undecodable netlink answer"), "{err}");
-        assert_eq!((parsed[1].sequence, parsed[1].kind), (2, 16));
-        assert!(parsed[2].message.is_ok());
-        assert_eq!(parsed[2].sequence, 2);
-    }
-
-    /// Without `NLM_F_CAPPED` the error carries the whole request before the attributes;
-    /// without `NLM_F_ACK_TLVS` there are none to read.
-    #[test]
-    fn refusal_skips_an_uncapped_request() {
-        let mut rest = vec![0u8; 24];
-        rest[0..4].copy_from_slice(&22u32.to_ne_bytes()); // 22, padded to 24
-        let text = b"Invalid prefix\0";
-        let len = u16::try_from(4 + text.len()).unwrap();
-        rest.extend_from_slice(&len.to_ne_bytes());
-        rest.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
-        rest.extend_from_slice(text);
-        let r = refusal(-22, &rest, NLM_F_ACK_TLVS);
-        assert_eq!(r.message.as_deref(), Some("Invalid prefix"));
-        assert_eq!(refusal(-22, &rest, 0).message, None);
-    }
-
-    /// After a failed exchange the socket refuses further ones instead of handing their
-    /// caller the failed one's late answers.
-    #[test]
-    fn a_socket_out_of_step_refuses_further_exchanges() {
-        let mut wire = Wire::open().unwrap();
-        wire.out_of_step = true;
-        let e = wire
-            .request(get_link("lo"))
-            .unwrap_err()
-            .into_io()
-            .to_string();
-        assert!(e.contains("out of step"), "{e}");
-        let e = wire
-            .dump(NetlinkMessage::from(RouteNetlinkMessage::GetLink(
-                LinkMessage::default(),
-            )))
-            .unwrap_err()
-            .into_io()
-            .to_string();
-        assert!(e.contains("out of step"), "{e}");
-    }
-}
+mod tests;
