@@ -6,11 +6,13 @@
 //! Each of `KNIC_SOAK_PODS` pods (default 4) has its own veth (peer in a shared peer namespace)
 //! and its own pod namespace, and runs its share of the cycles in its own task, all at once on
 //! one multi-threaded runtime sharing one `Rtnl`: capture + attach (renamed `net1`, an IPv4 and
-//! an IPv6 address, a route) then detach, as the NRI hook does. Open fds (`/proc/self/fd`),
-//! RSS and threads (`/proc/self/status`), links in the host namespace and named network
-//! namespaces are printed after a warm-up and after each fifth of the cycles; fds and threads
-//! must not grow and links and namespaces must be unchanged (the run fails otherwise), RSS is
-//! printed as a series, so a leak shows as a trend and allocator warm-up as a plateau. Per-cycle median/p99 are
+//! an IPv6 address, a route) then detach, as the NRI hook does. Open fds (`/proc/self/fd`,
+//! network-namespace handles counted apart), RSS and threads (`/proc/self/status`), links in
+//! the host namespace and named network namespaces are printed after a warm-up and after each
+//! fifth of the cycles; fds and threads must not grow, namespace handles must not outnumber
+//! threads (each thread keeps at most one, of its own namespace), links and namespaces must be
+//! unchanged (the run fails otherwise); RSS is printed as a series, so a leak shows as a trend
+//! and allocator warm-up as a plateau. Per-cycle median/p99 are
 //! printed too, but this is not a timed test: the pods contend for the same rtnl lock, so a
 //! cycle here is slower than in the attach benchmark.
 //!
@@ -134,7 +136,13 @@ fn plan(i: usize) -> AttachPlan {
 /// What must stay flat across the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Resources {
+    /// Open fds but the namespace handles below.
     fds: usize,
+    /// Open network-namespace handles: each thread that ever ran a pod session keeps one of
+    /// its own namespace, to return to (`Rtnl`), for its life. Bounded by the threads, not
+    /// by the cycles: the runtime replaces a worker that blocks in a move, so which threads
+    /// hold one changes over a run.
+    netns_fds: usize,
     rss_kib: u64,
     threads: u64,
     host_links: usize,
@@ -152,8 +160,19 @@ fn status_field(name: &str) -> anyhow::Result<u64> {
 }
 
 fn resources() -> anyhow::Result<Resources> {
+    let mut fds = 0;
+    let mut netns_fds = 0;
+    for fd in std::fs::read_dir("/proc/self/fd")? {
+        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+        if target.to_string_lossy().starts_with("net:[") {
+            netns_fds += 1;
+        } else {
+            fds += 1;
+        }
+    }
     Ok(Resources {
-        fds: std::fs::read_dir("/proc/self/fd")?.count(),
+        fds,
+        netns_fds,
         rss_kib: status_field("VmRSS:")?,
         threads: status_field("Threads:")?,
         host_links: ip(&["-o", "link", "show"])?.lines().count(),
@@ -246,13 +265,13 @@ fn soak() -> anyhow::Result<()> {
     let before = resources()?;
     println!();
     println!(
-        "{:<16} {:>8} {:>10} {:>8} {:>11} {:>12}",
-        "", "open fds", "RSS (KiB)", "threads", "host links", "named netns"
+        "{:<16} {:>8} {:>10} {:>10} {:>8} {:>11} {:>12}",
+        "", "open fds", "netns fds", "RSS (KiB)", "threads", "host links", "named netns"
     );
     let row = |name: &str, r: &Resources| {
         println!(
-            "{name:<16} {:>8} {:>10} {:>8} {:>11} {:>12}",
-            r.fds, r.rss_kib, r.threads, r.host_links, r.namespaces
+            "{name:<16} {:>8} {:>10} {:>10} {:>8} {:>11} {:>12}",
+            r.fds, r.netns_fds, r.rss_kib, r.threads, r.host_links, r.namespaces
         );
     };
     row("start", &started);
@@ -298,8 +317,10 @@ fn soak() -> anyhow::Result<()> {
     );
     drop(setup);
     // Fewer fds or threads than at the baseline is fine (an idle runtime worker or a cached
-    // socket may close); more is what a leak looks like. Links and namespaces are exact.
+    // socket may close); more is what a leak looks like. Namespace handles are at most one
+    // per live thread. Links and namespaces are exact.
     let flat = after.fds <= before.fds
+        && after.netns_fds as u64 <= after.threads
         && after.threads <= before.threads
         && after.host_links == before.host_links
         && after.namespaces == before.namespaces;
