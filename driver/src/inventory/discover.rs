@@ -581,6 +581,7 @@ fn pcie_root(real: &Path) -> Option<String> {
 
 mod attrs;
 mod decide;
+mod identity;
 mod par;
 mod ports;
 mod scan;

@@ -175,6 +175,12 @@ fn io_err(n: usize, path: &Path, e: io::Error) -> Error {
 /// benchmark, where real hardware of that size is not at hand. VF routing IDs follow the
 /// kernel rule (PF RID + offset 8 + n), spilling into the next bus like real ARI devices.
 pub fn synthetic_sriov(pfs: usize, vfs: usize) -> String {
+    synthetic_sriov_with(pfs, vfs, true)
+}
+
+/// [`synthetic_sriov`], with or without each PCI function's `uevent` (Linux always writes
+/// one; without, discovery reads the identity files one by one, and must decide the same).
+pub fn synthetic_sriov_with(pfs: usize, vfs: usize, uevent: bool) -> String {
     use std::fmt::Write as _;
     let mut t = String::new();
     let mut ifindex = 10;
@@ -204,6 +210,9 @@ pub fn synthetic_sriov(pfs: usize, vfs: usize) -> String {
         let _ = writeln!(t, "{pf_dir}/sriov_totalvfs = {}", vfs.max(1));
         let _ = writeln!(t, "{pf_dir}/sriov_numvfs = {vfs}");
         let _ = writeln!(t, "{pf_dir}/driver -> ../../../bus/pci/drivers/ice");
+        if uevent {
+            pci_uevent(&mut t, &pf_dir, &pf, "ice", 0x159b, 0x0003);
+        }
         netdev(
             &mut t,
             &root,
@@ -239,12 +248,26 @@ pub fn synthetic_sriov(pfs: usize, vfs: usize) -> String {
             }
             let _ = writeln!(t, "{vf_dir}/physfn -> ../{pf}");
             let _ = writeln!(t, "{vf_dir}/driver -> ../../../bus/pci/drivers/iavf");
+            if uevent {
+                pci_uevent(&mut t, &vf_dir, &vf, "iavf", 0x1889, 0x0000);
+            }
             let mac = format!("02:{p:02x}:00:{:02x}:{:02x}:01", n >> 8, n & 0xff);
             netdev(&mut t, &root, &vf, &format!("{pf_if}v{n}"), ifindex, &mac);
             ifindex += 1;
         }
     }
     t
+}
+
+/// An Intel network function's `uevent`, as `pci_uevent` writes it after the driver's line.
+fn pci_uevent(t: &mut String, dir: &str, bdf: &str, driver: &str, device: u16, sub_device: u16) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        t,
+        "{dir}/uevent = <<EOF\nDRIVER={driver}\nPCI_CLASS=20000\nPCI_ID=8086:{device:04X}\n\
+         PCI_SUBSYS_ID=8086:{sub_device:04X}\nPCI_SLOT_NAME={bdf}\n\
+         MODALIAS=pci:v00008086d0000{device:04X}sv00008086sd0000{sub_device:04X}bc02sc00i00\nEOF"
+    );
 }
 
 fn netdev(t: &mut String, root: &str, bdf: &str, name: &str, ifindex: usize, mac: &str) {

@@ -216,8 +216,10 @@ fn inventory_e810_real_pf_speed_read_errors_are_unknown() {
     tree.write(&format!("{net}/speed"), "-1");
     let inv = tree.discover_default();
     assert_eq!(device(&inv, "pci-0000-a2-00-0").attr("speed"), None);
-    // Even class/net, vendor and the bus link failing does not fail discovery.
+    // Even class/net, vendor and the bus link failing does not fail discovery. (The vendor is
+    // in `uevent` too, which is read first: both fail here.)
     let faulty = Sysfs::new(tree.root())
+        .with_fault("sys/devices/pci0000:a2/0000:a2:00.0/uevent", 5)
         .with_fault("sys/devices/pci0000:a2/0000:a2:00.0/vendor", 5)
         .with_fault("sys/devices/pci0000:a2/0000:a2:00.0/numa_node", 22);
     let inv = discover_in(

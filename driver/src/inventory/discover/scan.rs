@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::identity::PciIdentity;
 use super::par::par_map;
 use super::{ARPHRD_LOOPBACK, IFF_LOOPBACK, MAX_PARENT_WALK, Netdev, NetdevFacts, PciFn, Walk};
 use crate::inventory::names::pci_device_name;
@@ -35,9 +36,9 @@ impl Walk<'_> {
         let found = par_map(&bus.names(), |bdf| {
             let real = bus.resolve(bdf).unwrap_or_else(|| bus_path.join(bdf));
             let dir = self.sysfs.dir(&real);
-            let class = dir.read_hex("class");
-            class.is_some_and(|c| c >> 16 == 0x02).then(|| {
-                let function = self.read_pci(bdf, real, &dir);
+            let identity = PciIdentity::read(&dir);
+            identity.class.is_some_and(|c| c >> 16 == 0x02).then(|| {
+                let function = self.read_pci(bdf, real, &dir, identity);
                 let netdevs = self.function_netdevs(&function, &dir);
                 (function, netdevs)
             })
@@ -100,7 +101,8 @@ impl Walk<'_> {
             if let Some((bdf, real)) = parent
                 && !self.pci.contains_key(&bdf)
             {
-                let function = self.read_pci(&bdf, real.clone(), &self.sysfs.dir(&real));
+                let dir = self.sysfs.dir(&real);
+                let function = self.read_pci(&bdf, real.clone(), &dir, PciIdentity::read(&dir));
                 self.pci.insert(bdf, function);
             }
             if let Some(function) = dev.pci.as_ref().and_then(|bdf| self.pci.get_mut(bdf)) {
@@ -145,8 +147,13 @@ impl Walk<'_> {
     }
 
     /// The sysfs facts of the PCI function `bdf` at `real`, opened as `dir`.
-    pub(super) fn read_pci(&self, bdf: &str, real: PathBuf, dir: &Dir<'_>) -> PciFn {
-        let hex16 = |file: &str| dir.read_hex(file).and_then(|v| u16::try_from(v).ok());
+    pub(super) fn read_pci(
+        &self,
+        bdf: &str,
+        real: PathBuf,
+        dir: &Dir<'_>,
+        identity: PciIdentity,
+    ) -> PciFn {
         let total_vfs = dir.read_i64("sriov_totalvfs");
         let mut virtfns = Vec::new();
         if total_vfs.unwrap_or(0) > 0 {
@@ -164,10 +171,10 @@ impl Walk<'_> {
         }
         PciFn {
             bdf: bdf.to_owned(),
-            vendor: hex16("vendor"),
-            device: hex16("device"),
-            sub_vendor: hex16("subsystem_vendor"),
-            sub_device: hex16("subsystem_device"),
+            vendor: identity.vendor,
+            device: identity.device,
+            sub_vendor: identity.sub_vendor,
+            sub_device: identity.sub_device,
             driver: dir.link_name("driver"),
             numa: dir.read_i64("numa_node").filter(|n| *n >= 0),
             total_vfs,

@@ -93,3 +93,46 @@ fn inventory_class_net_wins_over_a_functions_net_entry() {
     );
     assert_eq!(after.devices.len(), before.devices.len());
 }
+
+/// A PCI function's identity comes from its `uevent` when the kernel wrote one, from the single
+/// files otherwise: the same tree either way gives the same inventory, and where the two
+/// disagree the `uevent` (the kernel's one read) is what counts, so the fallback is not what
+/// the first case passed on.
+#[test]
+fn inventory_uevent_and_identity_files_agree() {
+    use crate::inventory::{AttrValue, fixture};
+    let discover = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        fixture::materialise(text, dir.path()).unwrap();
+        let inv = crate::inventory::discover(
+            dir.path(),
+            &Sources::sysfs_only(),
+            &BTreeSet::new(),
+            &Filter::default(),
+        );
+        (dir, inv)
+    };
+    let (_a, with) = discover(&fixture::synthetic_sriov_with(2, 3, true));
+    let (_b, without) = discover(&fixture::synthetic_sriov_with(2, 3, false));
+    assert_eq!(with.devices.len(), 8);
+    assert_eq!(
+        format!("{:?}", with.devices),
+        format!("{:?}", without.devices)
+    );
+
+    // The device file says one thing, `uevent` another: `uevent` wins.
+    let text =
+        fixture::synthetic_sriov_with(1, 1, true).replace("PCI_ID=8086:1889", "PCI_ID=8086:1592");
+    let (_c, changed) = discover(&text);
+    let vf = changed
+        .devices
+        .iter()
+        .find(|d| d.kind == DeviceKind::Vf)
+        .unwrap();
+    assert_eq!(
+        vf.attributes.get("pciDevice"),
+        Some(&AttrValue::Str("1592".into())),
+        "{:?}",
+        vf.attributes
+    );
+}
