@@ -7,7 +7,7 @@
 //! and its own pod namespace, and runs its share of the cycles in its own task, all at once on
 //! one multi-threaded runtime sharing one `Rtnl`: capture + attach (renamed `net1`, an IPv4 and
 //! an IPv6 address, a route) then detach, as the NRI hook does. Open fds (`/proc/self/fd`,
-//! network-namespace handles counted apart), RSS and threads (`/proc/self/status`), links in
+//! handles of the process's own network namespace counted apart), RSS and threads (`/proc/self/status`), links in
 //! the host namespace and named network namespaces are printed after a warm-up and after each
 //! fifth of the cycles; fds and threads must not grow, namespace handles must not outnumber
 //! threads (each thread keeps at most one, of its own namespace), links and namespaces must be
@@ -138,8 +138,8 @@ fn plan(i: usize) -> AttachPlan {
 struct Resources {
     /// Open fds but the namespace handles below.
     fds: usize,
-    /// Open network-namespace handles: each thread that ever ran a pod session keeps one of
-    /// its own namespace, to return to (`Rtnl`), for its life. Bounded by the threads, not
+    /// Open handles of the process's own network namespace: each thread that ever ran a pod
+    /// session keeps one, to return to (`Rtnl`), for its life. Bounded by the threads, not
     /// by the cycles: the runtime replaces a worker that blocks in a move, so which threads
     /// hold one changes over a run.
     netns_fds: usize,
@@ -160,11 +160,15 @@ fn status_field(name: &str) -> anyhow::Result<u64> {
 }
 
 fn resources() -> anyhow::Result<Resources> {
+    // Only handles of the process's own namespace are the executor's way home; one of a pod's
+    // namespace left open would keep a deleted pod's namespace (and its devices) alive, so it
+    // counts with the other fds, which must not grow.
+    let own = std::fs::read_link("/proc/self/ns/net")?;
     let mut fds = 0;
     let mut netns_fds = 0;
     for fd in std::fs::read_dir("/proc/self/fd")? {
         let target = std::fs::read_link(fd?.path()).unwrap_or_default();
-        if target.to_string_lossy().starts_with("net:[") {
+        if target == own {
             netns_fds += 1;
         } else {
             fds += 1;

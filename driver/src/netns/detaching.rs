@@ -6,7 +6,7 @@
 use super::{
     AttachPlan, Kernel, LinkChange, LinkState, Ns, Restore, Session, is_same_device, open, vf,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Puts the node back: the device returns to the host with its original name, MTU, MAC, admin
 /// state and host addresses; a VLAN child created for the pod is deleted. Works when the pod
@@ -127,13 +127,32 @@ async fn detach_device<K: Kernel>(
         Some(l) if l.index == original.index => Some(l),
         _ => {
             let links = host.links().await?;
-            // Its index, or, where it had to take another one in the pod (its own was taken
-            // there) and kept that one on the way back, its hardware identity.
-            let at = links
-                .iter()
-                .position(|l| l.index == original.index && l.kind == original.kind)
-                .or_else(|| links.iter().position(|l| same_hardware(l, original)));
-            at.and_then(|at| links.into_iter().nth(at))
+            // Recorded with a hardware identity, the device is found by it alone: its index may
+            // have changed (it had to take another in the pod and kept that one on the way
+            // back), and then another device may hold its old one. Without one, by index.
+            let mut found: Vec<LinkState> = if has_hardware(original) {
+                links
+                    .into_iter()
+                    .filter(|l| same_hardware(l, original))
+                    .collect()
+            } else {
+                links
+                    .into_iter()
+                    .filter(|l| l.index == original.index && l.kind == original.kind)
+                    .collect()
+            };
+            if found.len() > 1 {
+                return Err(Error::kernel(
+                    Ns::Host,
+                    format!("restoring {}", original.name),
+                    format!(
+                        "{} host links match its recorded identity; not guessing which one \
+                         to rename and reconfigure",
+                        found.len()
+                    ),
+                ));
+            }
+            found.pop()
         }
     };
     let Some(current) = current else {
@@ -149,12 +168,19 @@ pub(super) fn identifiable(original: &LinkState) -> bool {
     original.mac.is_some() || original.permanent_mac.is_some() || original.pci_address.is_some()
 }
 
-/// `link` is the device recorded as `original` by what no rename, move or MAC change alters:
-/// its permanent MAC or its PCI function (virtual devices have neither).
+/// Whether the record has what no rename, move or MAC change alters: a permanent MAC or a PCI
+/// function (virtual devices have neither).
+fn has_hardware(original: &LinkState) -> bool {
+    original.permanent_mac.is_some() || original.pci_address.is_some()
+}
+
+/// `link` is the device recorded as `original` by its hardware: every part of the identity the
+/// record has matches (a PCI function alone can carry several netdevs).
 fn same_hardware(link: &LinkState, original: &LinkState) -> bool {
-    link.kind == original.kind
-        && ((original.permanent_mac.is_some() && link.permanent_mac == original.permanent_mac)
-            || (original.pci_address.is_some() && link.pci_address == original.pci_address))
+    has_hardware(original)
+        && link.kind == original.kind
+        && (original.permanent_mac.is_none() || link.permanent_mac == original.permanent_mac)
+        && (original.pci_address.is_none() || link.pci_address == original.pci_address)
 }
 
 /// The move back: the device's original name, MTU and MAC.

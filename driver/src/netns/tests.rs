@@ -260,6 +260,51 @@ async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
     assert_eq!(LinkState { index, ..home }, restore.host);
 }
 
+/// Two host links carry the recorded hardware identity: detach refuses to pick one, names the
+/// rule, and changes neither.
+#[tokio::test]
+async fn a_returned_device_is_not_guessed_among_lookalikes() {
+    let (k, index) = kernel();
+    k.set_hardware(&Ns::Host, "ens1f0v0", [0x0c, 0, 0, 0, 0, 9], "0000:a2:01.0");
+    let p = plan(AttachMode::Move);
+    let restore = capture(&k, &p).await.unwrap();
+    k.add_link(
+        &pod(),
+        "eth0",
+        1500,
+        [0xcc, 0, 0, 0, 0, 1],
+        Some("veth"),
+        &[],
+    );
+    k.renumber(&pod(), "eth0", index);
+    attach(&k, &p, &pod(), &restore, false).await.unwrap();
+    k.delete_namespace(&pod());
+    k.add_link(
+        &Ns::Host,
+        "lookalike",
+        1500,
+        [0x0c, 0, 0, 0, 0, 8],
+        None,
+        &[],
+    );
+    k.set_hardware(
+        &Ns::Host,
+        "lookalike",
+        [0x0c, 0, 0, 0, 0, 9],
+        "0000:a2:01.0",
+    );
+    let before = k.links(&Ns::Host);
+    let err = detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 host links match its recorded identity; not guessing"),
+        "{err}"
+    );
+    assert_eq!(k.links(&Ns::Host), before);
+}
+
 #[tokio::test]
 async fn virtual_device_destroyed_with_the_namespace_is_not_an_error() {
     let k = FakeKernel::new();

@@ -81,9 +81,9 @@ pub(crate) struct Wire {
     socket: Socket,
     sequence: u32,
     buf: Vec<u8>,
-    /// Set when an exchange failed half-way (a cut or unreadable datagram, a timeout): answers
-    /// of it may still be queued, and would be taken for the next exchange's. The socket is
-    /// then refused, and the session's owner opens a new one (sessions are per attach or
+    /// Set when a datagram of an exchange could not be read (a timeout, a cut, a broken frame):
+    /// answers of it may still be queued, and a later exchange would have to read past them
+    /// (or take a stale one that parses for its own). The socket is then refused, and the session's owner opens a new one (sessions are per attach or
     /// detach; a socket cannot be reopened here, in a namespace the thread has left).
     out_of_step: bool,
 }
@@ -121,13 +121,7 @@ impl Wire {
         let mut requests = requests.into_iter().peekable();
         while requests.peek().is_some() {
             let batch: Vec<_> = requests.by_ref().take(BATCH).collect();
-            match self.batch(batch) {
-                Ok(answers) => out.extend(answers),
-                Err(e) => {
-                    self.out_of_step = true;
-                    return Err(e);
-                }
-            }
+            out.extend(self.batch(batch)?);
         }
         Ok(out)
     }
@@ -159,8 +153,7 @@ impl Wire {
         let mut undecodable = None;
         let mut open = count;
         while open > 0 {
-            self.receive()?;
-            for parsed in parse(&self.buf)? {
+            for parsed in self.next_datagram()? {
                 let at = parsed.sequence.wrapping_sub(first) as usize;
                 if at >= count || answers[at].is_some() {
                     continue; // not ours (a stale answer) or after its end
@@ -214,17 +207,6 @@ impl Wire {
         request: NetlinkMessage<RouteNetlinkMessage>,
     ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         self.in_step()?;
-        let out = self.dump_tries(request);
-        if matches!(out, Err(Failure::Io(_))) {
-            self.out_of_step = true;
-        }
-        out
-    }
-
-    fn dump_tries(
-        &mut self,
-        request: NetlinkMessage<RouteNetlinkMessage>,
-    ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         for _ in 1..DUMP_TRIES {
             match self.dump_once(request.clone())? {
                 Dumped::Whole(out) => return Ok(out),
@@ -254,13 +236,19 @@ impl Wire {
         request.serialize(&mut bytes);
         self.send(&bytes)?;
         let mut read = DumpRead::default();
-        loop {
-            self.receive()?;
-            if read.take(parse(&self.buf)?, sequence) {
-                break;
-            }
-        }
+        while !read.take(self.next_datagram()?, sequence) {}
         read.outcome()
+    }
+
+    /// The next datagram's messages. A datagram that cannot be read (a timeout, a cut, a
+    /// broken frame) leaves the exchange's other answers unread, queued for whatever comes
+    /// next on this socket: it is then out of step for good.
+    fn next_datagram(&mut self) -> io::Result<Vec<Parsed>> {
+        let parsed = self.receive().and_then(|()| parse(&self.buf));
+        if parsed.is_err() {
+            self.out_of_step = true;
+        }
+        parsed
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
