@@ -228,12 +228,9 @@ async fn deleted_namespace_then_detach_restores_the_returned_device() {
     assert_eq!(host, restore.host);
 }
 
-/// Its own index taken in the pod, the device moved in under another; the pod's namespace
-/// died and the kernel returned it under that one. Detach finds it by its hardware (permanent
-/// MAC, PCI function) and puts it back in every respect but the index, which only a move
-/// could give back.
-#[tokio::test]
-async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
+/// A NIC port (permanent MAC, PCI function) whose index the pod's own link had: attached under
+/// another index, then returned by the kernel under that one when the pod's namespace died.
+async fn returned_under_another_index() -> (FakeKernel, AttachPlan, Restore, LinkState) {
     let (k, index) = kernel();
     k.set_hardware(&Ns::Host, "ens1f0v0", [0x0c, 0, 0, 0, 0, 9], "0000:a2:01.0");
     let p = plan(AttachMode::Move);
@@ -250,6 +247,17 @@ async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
     let link = attach(&k, &p, &pod(), &restore, false).await.unwrap();
     assert_ne!(link.index, index);
     k.delete_namespace(&pod());
+    (k, p, restore, link)
+}
+
+/// Its own index taken in the pod, the device moved in under another; the pod's namespace
+/// died and the kernel returned it under that one. Detach finds it by its hardware (permanent
+/// MAC, PCI function) and puts it back in every respect but the index, which only a move
+/// could give back.
+#[tokio::test]
+async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
+    let (k, p, restore, link) = returned_under_another_index().await;
+    let index = restore.host.index;
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     let home = k
         .links(&Ns::Host)
@@ -264,21 +272,7 @@ async fn a_device_returned_under_another_index_is_found_by_its_hardware() {
 /// rule, and changes neither.
 #[tokio::test]
 async fn a_returned_device_is_not_guessed_among_lookalikes() {
-    let (k, index) = kernel();
-    k.set_hardware(&Ns::Host, "ens1f0v0", [0x0c, 0, 0, 0, 0, 9], "0000:a2:01.0");
-    let p = plan(AttachMode::Move);
-    let restore = capture(&k, &p).await.unwrap();
-    k.add_link(
-        &pod(),
-        "eth0",
-        1500,
-        [0xcc, 0, 0, 0, 0, 1],
-        Some("veth"),
-        &[],
-    );
-    k.renumber(&pod(), "eth0", index);
-    attach(&k, &p, &pod(), &restore, false).await.unwrap();
-    k.delete_namespace(&pod());
+    let (k, p, restore, _) = returned_under_another_index().await;
     k.add_link(
         &Ns::Host,
         "lookalike",
