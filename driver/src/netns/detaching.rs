@@ -127,20 +127,10 @@ async fn detach_device<K: Kernel>(
         Some(l) if l.index == original.index => Some(l),
         _ => {
             let links = host.links().await?;
-            // Recorded with a hardware identity, the device is found by it alone: its index may
-            // have changed (it had to take another in the pod and kept that one on the way
-            // back), and then another device may hold its old one. Without one, by index.
-            let mut found: Vec<LinkState> = if has_hardware(original) {
-                links
-                    .into_iter()
-                    .filter(|l| same_hardware(l, original))
-                    .collect()
-            } else {
-                links
-                    .into_iter()
-                    .filter(|l| l.index == original.index && l.kind == original.kind)
-                    .collect()
-            };
+            let mut found: Vec<LinkState> = links
+                .into_iter()
+                .filter(|l| is_recorded(l, original))
+                .collect();
             if found.len() > 1 {
                 return Err(Error::kernel(
                     Ns::Host,
@@ -168,19 +158,20 @@ pub(super) fn identifiable(original: &LinkState) -> bool {
     original.mac.is_some() || original.permanent_mac.is_some() || original.pci_address.is_some()
 }
 
-/// Whether the record has what no rename, move or MAC change alters: a permanent MAC or a PCI
-/// function (virtual devices have neither).
-fn has_hardware(original: &LinkState) -> bool {
-    original.permanent_mac.is_some() || original.pci_address.is_some()
-}
-
-/// `link` is the device recorded as `original` by its hardware: every part of the identity the
-/// record has matches (a PCI function alone can carry several netdevs).
-fn same_hardware(link: &LinkState, original: &LinkState) -> bool {
-    has_hardware(original)
-        && link.kind == original.kind
-        && (original.permanent_mac.is_none() || link.permanent_mac == original.permanent_mac)
-        && (original.pci_address.is_none() || link.pci_address == original.pci_address)
+/// `link` is the device recorded as `original`. Recorded with a hardware identity (a permanent
+/// MAC, a PCI function: what no rename, move or MAC change alters), by every part of it that
+/// the record has (a PCI function alone can carry several netdevs), not by index: its index may
+/// have changed (it had to take another in the pod and kept that one on the way back), and then
+/// another device may hold its old one. Without one, by index.
+fn is_recorded(link: &LinkState, original: &LinkState) -> bool {
+    let hardware = original.permanent_mac.is_some() || original.pci_address.is_some();
+    link.kind == original.kind
+        && if hardware {
+            (original.permanent_mac.is_none() || link.permanent_mac == original.permanent_mac)
+                && (original.pci_address.is_none() || link.pci_address == original.pci_address)
+        } else {
+            link.index == original.index
+        }
 }
 
 /// The move back: the device's original name, MTU and MAC.

@@ -83,8 +83,9 @@ pub(crate) struct Wire {
     buf: Vec<u8>,
     /// Set when a datagram of an exchange could not be read (a timeout, a cut, a broken frame):
     /// answers of it may still be queued, and a later exchange would have to read past them
-    /// (or take a stale one that parses for its own). The socket is then refused, and the session's owner opens a new one (sessions are per attach or
-    /// detach; a socket cannot be reopened here, in a namespace the thread has left).
+    /// (or take a stale one that parses for its own). The socket is then refused, and the
+    /// session's owner opens a new one (sessions are per attach or detach; a socket cannot be
+    /// reopened here, in a namespace the thread has left).
     out_of_step: bool,
 }
 
@@ -207,18 +208,14 @@ impl Wire {
         request: NetlinkMessage<RouteNetlinkMessage>,
     ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         self.in_step()?;
-        for _ in 1..DUMP_TRIES {
-            match self.dump_once(request.clone())? {
-                Dumped::Whole(out) => return Ok(out),
-                Dumped::Interrupted => {}
+        for _ in 0..DUMP_TRIES {
+            if let Dumped::Whole(out) = self.dump_once(request.clone())? {
+                return Ok(out);
             }
         }
-        match self.dump_once(request)? {
-            Dumped::Whole(out) => Ok(out),
-            Dumped::Interrupted => Err(Failure::Io(io::Error::other(format!(
-                "a netlink dump was interrupted by changes {DUMP_TRIES} times in a row"
-            )))),
-        }
+        Err(Failure::Io(io::Error::other(format!(
+            "a netlink dump was interrupted by changes {DUMP_TRIES} times in a row"
+        ))))
     }
 
     /// One dump, read to its end (also past a message that cannot be decoded, so the socket
@@ -229,11 +226,9 @@ impl Wire {
     ) -> Result<Dumped, Failure> {
         self.sequence = self.sequence.wrapping_add(1);
         let sequence = self.sequence;
-        request.header.sequence_number = sequence;
         request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        request.finalize();
-        let mut bytes = vec![0; request.buffer_len()];
-        request.serialize(&mut bytes);
+        let mut bytes = Vec::new();
+        encode(request, sequence, &mut bytes);
         self.send(&bytes)?;
         let mut read = DumpRead::default();
         while !read.take(self.next_datagram()?, sequence) {}
@@ -252,12 +247,7 @@ impl Wire {
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let sent = loop {
-            match self.socket.send(bytes, 0) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                other => break other?,
-            }
-        };
+        let sent = retry_interrupted(|| self.socket.send(bytes, 0))?;
         if sent != bytes.len() {
             return Err(io::Error::other(format!(
                 "netlink sent {sent} of {} bytes",
@@ -375,7 +365,7 @@ impl DumpRead {
     }
 }
 
-/// A receive, again after a signal.
+/// A send or receive, again after a signal.
 fn retry_interrupted(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<usize> {
     loop {
         match f() {
@@ -408,16 +398,22 @@ fn frame(requests: Vec<NetlinkMessage<RouteNetlinkMessage>>, after: u32) -> (Vec
     for mut request in requests {
         sequence = sequence.wrapping_add(1);
         request.finalize();
-        request.header.sequence_number = sequence;
         request.header.flags |= NLM_F_REQUEST | NLM_F_ACK;
         if request.header.message_type % 4 == 2 {
             request.header.flags &= !NLM_F_DUMP;
         }
-        let start = out.len();
-        out.resize(start + request.buffer_len(), 0);
-        request.serialize(&mut out[start..]);
+        encode(request, sequence, &mut out);
     }
     (out, sequence)
+}
+
+/// Appends `request`, numbered `sequence`, with its flags as they are, to `out`.
+fn encode(mut request: NetlinkMessage<RouteNetlinkMessage>, sequence: u32, out: &mut Vec<u8>) {
+    request.header.sequence_number = sequence;
+    request.finalize();
+    let start = out.len();
+    out.resize(start + request.buffer_len(), 0);
+    request.serialize(&mut out[start..]);
 }
 
 /// One message of a datagram: its header's facts, and the message, or why it could not be
