@@ -512,15 +512,30 @@ fn stop_signals() -> SigSet {
     set
 }
 
-/// Blocks SIGINT and SIGTERM (they stay pending until [`run`] can handle them), then moves
+/// Blocks SIGINT and SIGTERM on this thread (and on every thread it starts later), so that one
+/// sent before [`run`] installs its handlers waits, pending, instead of killing the demo
+/// half-way or being lost.
+///
+/// That holds even for a process that inherited them *ignored* (a shell without job control
+/// starts `cmd &` with SIGINT ignored, and exec keeps it so): Linux never discards a blocked
+/// signal as ignored, since its action may change before it is unblocked, and [`run`]
+/// installs tokio's handlers before unblocking. Only a signal sent before this call, while the
+/// process is still starting, meets the inherited action: the default kills a demo that has
+/// created nothing yet, an inherited "ignore" discards it.
+pub fn hold_stop_signals() -> anyhow::Result<()> {
+    stop_signals()
+        .thread_block()
+        .context("blocking SIGINT and SIGTERM until their handlers are installed")
+}
+
+/// Holds SIGINT and SIGTERM ([`hold_stop_signals`]: they stay pending until [`run`] can handle
+/// them), then moves
 /// the process into a network and a mount namespace of its own, with a sysfs that shows that
 /// network namespace on /sys and a private tmpfs on the temp directory. Must run before any
 /// other thread exists: namespaces and signal masks are per thread, and threads started later
 /// (the runtime's) inherit them from this one.
 pub fn isolate() -> anyhow::Result<Isolated> {
-    stop_signals()
-        .thread_block()
-        .context("blocking SIGINT and SIGTERM until their handlers are installed")?;
+    hold_stop_signals()?;
     let tmp = std::env::temp_dir();
     if tmp.canonicalize().is_ok_and(|t| t == Path::new("/")) {
         bail!(
@@ -642,4 +657,75 @@ pub async fn run(_isolated: Isolated) -> anyhow::Result<()> {
         attach.map(fmt).unwrap_or_default()
     );
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Set in the re-executed test binary: that process is the child the test observes.
+    const CHILD: &str = "KNIC_TEST_HOLD_CHILD";
+    const TEST: &str = "demo::tests::a_held_signal_waits_even_when_inherited_ignored";
+
+    /// The bit of `signal` in a `/proc/*/status` signal mask line (`SigIgn:`, `SigPnd:`).
+    fn in_mask(status: &str, line: &str, signal: Signal) -> bool {
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map(str::trim)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .unwrap();
+        mask & (1 << (signal as u32 - 1)) != 0
+    }
+
+    /// The child: started with SIGINT ignored, it holds the stop signals and raises SIGINT,
+    /// which must then be pending on its thread rather than discarded.
+    fn child() {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        assert!(
+            in_mask(&status, "SigIgn:", Signal::SIGINT),
+            "the child was meant to start with SIGINT ignored"
+        );
+        hold_stop_signals().unwrap();
+        nix::sys::signal::raise(Signal::SIGINT).unwrap();
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        assert!(
+            in_mask(&status, "SigPnd:", Signal::SIGINT),
+            "SIGINT was discarded:\n{status}"
+        );
+        println!("knic-test: SIGINT pending");
+    }
+
+    /// The demo is often started by scripts (`knic-driver demo &`) that leave SIGINT ignored;
+    /// once the signals are held, a Ctrl-C sent before the handlers exist must still wait for
+    /// them. Observed in a re-executed copy of this test binary started through
+    /// `env --ignore-signal`, as such a shell starts it.
+    #[test]
+    fn a_held_signal_waits_even_when_inherited_ignored() {
+        if std::env::var_os(CHILD).is_some() {
+            return child();
+        }
+        let probe = std::process::Command::new("env")
+            .args(["--ignore-signal=INT", "true"])
+            .status();
+        if !probe.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: needs coreutils' `env --ignore-signal` (coreutils 8.31 or later)");
+            return;
+        }
+        let out = std::process::Command::new("env")
+            .arg("--ignore-signal=INT,TERM")
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("knic-test: SIGINT pending"),
+            "{}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -37,6 +37,12 @@ fn skip_reason() -> Option<String> {
     if Command::new("ip").arg("-V").output().is_err() {
         return Some("needs `ip` (iproute2)".into());
     }
+    let env = Command::new("env")
+        .args(["--default-signal=INT", "true"])
+        .status();
+    if !env.is_ok_and(|s| s.success()) {
+        return Some("needs coreutils' `env --default-signal` (coreutils 8.31 or later)".into());
+    }
     None
 }
 
@@ -75,8 +81,14 @@ impl Sandbox {
     }
 
     fn spawn(&self) -> Demo {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.netns, BIN, "demo"])
+        // Through `env --default-signal`: a test runner started by a shell without job control
+        // (`cargo test &` in a script, some CI agents) passes SIGINT on *ignored*, and a SIGINT
+        // that reaches the demo before its first instruction would then be discarded, not
+        // fatal; the demo ran to the end and the test read "SIGINT was lost". What the demo
+        // itself does once it runs is the same either way (`hold_stop_signals`).
+        let mut child = Command::new("env")
+            .args(["--default-signal=INT,TERM", "ip", "netns", "exec"])
+            .args([&self.netns, BIN, "demo"])
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("TMPDIR", self.tmp.path())
