@@ -319,6 +319,20 @@ pub fn same_status(a: &NetworkStatus, b: &NetworkStatus) -> bool {
     a == b
 }
 
+/// Whether a live template's spec is the one knic wants, as the apiserver stores it: it keeps
+/// the claim template's `spec.metadata` as an empty object (`metadata: {}`) where knic sends
+/// none. Compared plainly, every reconcile on a real cluster found the template changed and
+/// deleted and re-created it (pods created in that gap waited for their claim); the fake API
+/// had echoed knic's own form back.
+pub fn same_template_spec(
+    live: &ResourceClaimTemplateSpec,
+    desired: &ResourceClaimTemplateSpec,
+) -> bool {
+    let empty = ObjectMeta::default();
+    live.spec == desired.spec
+        && live.metadata.as_ref().unwrap_or(&empty) == desired.metadata.as_ref().unwrap_or(&empty)
+}
+
 /// Whether a template of that name is one knic generated for `network` (its label says so).
 pub fn is_ours(template: &ResourceClaimTemplate, network: &str) -> bool {
     template.labels().get(NETWORK_LABEL).map(String::as_str) == Some(network)

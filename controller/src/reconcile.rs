@@ -48,7 +48,7 @@ pub use crate::plan::{
     FINALIZER, Plan, REQUEST_NAME, address_count, condition, exhausted_condition, plan, reason,
     template, template_spec,
 };
-use crate::plan::{generated_message, is_ours, is_ready, same_status};
+use crate::plan::{generated_message, is_ours, is_ready, same_status, same_template_spec};
 use crate::{Error, FIELD_MANAGER, Result};
 use knic_proto::network::CONDITION_EXHAUSTED;
 
@@ -455,11 +455,13 @@ async fn generate(
                 continue;
             }
             Some(existing)
-                if existing.spec == desired.spec
+                if same_template_spec(&existing.spec, &desired.spec)
                     && existing.metadata.owner_references == desired.metadata.owner_references => {}
             current => {
                 let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
-                if let Some(existing) = current.filter(|e| e.spec != desired.spec) {
+                if let Some(existing) =
+                    current.filter(|e| !same_template_spec(&e.spec, &desired.spec))
+                {
                     // A template's spec is immutable: replace it. Claims already made from the
                     // old one keep it; pods created in the gap get their claim once it is back
                     // (the resourceclaim controller retries).

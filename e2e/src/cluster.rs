@@ -114,6 +114,7 @@ impl Cluster {
             fake: None,
             tmp: tempfile::Builder::new().prefix("knic-e2e-").tempdir()?,
         };
+        ensure_crds(&cluster.client).await?;
         cluster.create_namespace().await?;
         Ok(cluster)
     }
@@ -374,4 +375,40 @@ fn namespace_for(test: &str) -> String {
         .take(40)
         .collect();
     format!("knic-e2e-{}-{nanos:08x}", slug.trim_matches('-'))
+}
+
+/// Applies knic's CRDs (`Network`, `NetworkAddress`, as the chart ships them: both are
+/// generated from the same types) and waits until the apiserver serves them. A real twin then
+/// never meets a cluster without them (the IPAM twins once failed with "404 page not found"
+/// because nothing had installed them); applying again is a no-op.
+pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use knic_proto::network::{Network, NetworkAddress};
+    use kube::{CustomResourceExt, ResourceExt};
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [Network::crd(), NetworkAddress::crd()] {
+        let name = crd.name_any();
+        api.patch(
+            &name,
+            &PatchParams::apply("knic-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("applying CRD {name}"))?;
+        crate::harness::eventually(
+            &format!("CRD {name} established"),
+            std::time::Duration::from_secs(30),
+            || async {
+                let crd = api.get(&name).await?;
+                let established = crd
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter().flatten())
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }

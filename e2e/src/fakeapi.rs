@@ -263,6 +263,13 @@ impl Store {
         if resource == "events" {
             return events::refusal(&target.group_version, &target.namespace, name, obj);
         }
+        if resource == "resourceclaimtemplates"
+            && let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut)
+        {
+            // As a real apiserver stores it: the claim template's ObjectMeta is a struct, not a
+            // pointer, so it comes back as `{}` when the writer sent none.
+            spec.entry("metadata").or_insert_with(|| json!({}));
+        }
         if resource != "resourceslices" {
             return crate::admission::refusal(resource, obj);
         }

@@ -331,10 +331,29 @@ pub fn scenario_trials<E: ScenarioEnv>(scenarios: &[(&str, Scenario<E>)]) -> Vec
         scenarios,
         |cluster, label, scenario: Scenario<E>| async move {
             let mut env = E::setup(cluster, label).await?;
-            let outcome = scenario(&mut env).await;
+            let outcome = unpanicked(scenario(&mut env)).await;
             env.finish(outcome).await
         },
     )
+}
+
+/// The scenario's outcome with a panic (a failed `assert!`) turned into an error, so the
+/// environment's teardown still runs: on a real cluster a panicking twin otherwise left its
+/// namespaces and a Network behind, and the next run's Network overlapped the leftover and was
+/// refused.
+pub async fn unpanicked<F: Future<Output = anyhow::Result<()>>>(scenario: F) -> anyhow::Result<()> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(scenario).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic without a message");
+            Err(anyhow::anyhow!("the scenario panicked: {text}"))
+        }
+    }
 }
 
 /// `[(name, scenario)]` for async scenario functions `async fn name(&mut Env) -> Result<()>`,

@@ -10,7 +10,6 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use knic_controller::network::{
     CONDITION_INVALID, CONDITION_READY, NETWORK_LABEL, Network, NetworkAddress, validate_network,
 };
@@ -18,8 +17,8 @@ use knic_controller::reconcile::{self, FINALIZER};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_proto::network::exhaustion_selector;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -185,30 +184,6 @@ fn message(n: &Network, type_: &str) -> String {
 
 /// Installs the CRDs on a real cluster from the same Rust types the chart's YAML is generated
 /// from; the fake needs none.
-async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [Network::crd(), NetworkAddress::crd()] {
-        let name = crd.name_any();
-        api.patch(
-            &name,
-            &PatchParams::apply("knic-e2e").force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-        eventually(&format!("CRD {name} established"), WAIT, || async {
-            let crd = api.get(&name).await?;
-            let established = crd
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter().flatten())
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(established.then_some(()))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 impl ScenarioEnv for Env {
     async fn setup(real: Option<RealCluster>, test: String) -> anyhow::Result<Env> {
         setup(real, &test).await
@@ -225,9 +200,6 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
         Some(r) => Cluster::real(r, test).await?,
         None => Cluster::fake(test).await?,
     };
-    if real.is_some() {
-        install_crds(&cluster.client).await?;
-    }
     // The namespace ends in eight hex digits of a clock; with the test's slug that is unique.
     let tail: String = cluster
         .namespace
@@ -300,7 +272,7 @@ async fn templates_follow_namespaces(env: &mut Env) -> anyhow::Result<()> {
     let template = api.get(&name).await?;
     assert_eq!(
         serde_json::to_value(&template.spec)?,
-        json!({"spec": {"devices": {
+        json!({"metadata": {}, "spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "vf.knic.dev",
                 "selectors": [
@@ -389,6 +361,23 @@ async fn templates_follow_namespaces(env: &mut Env) -> anyhow::Result<()> {
     // Selecting one more namespace adds a template; deselecting removes it.
     env.label_namespace(&s2, true).await?;
     env.wait_templates(&name, &[&s1, &s2]).await?;
+    // Those reconciles left the unchanged template alone: not deleted and re-created (as every
+    // reconcile did on a real apiserver, which stores `metadata: {}`), not even rewritten.
+    let again = api.get(&name).await?;
+    ensure!(
+        (
+            again.metadata.uid.as_deref(),
+            again.metadata.resource_version.as_deref()
+        ) == (
+            template.metadata.uid.as_deref(),
+            template.metadata.resource_version.as_deref()
+        ),
+        "the template in {s1} was written again: uid/resourceVersion {:?}/{:?} -> {:?}/{:?}",
+        template.metadata.uid,
+        template.metadata.resource_version,
+        again.metadata.uid,
+        again.metadata.resource_version
+    );
     env.label_namespace(&s1, false).await?;
     env.wait_templates(&name, &[&s2]).await?;
     // Deselection does not change the generation, so wait for the status to list it.

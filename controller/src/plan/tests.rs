@@ -315,3 +315,32 @@ fn conditions_keep_transition_time_while_status_holds() {
 fn finalizer_is_knic_owned() {
     assert!(FINALIZER.starts_with(knic_proto::DRIVER_NAME));
 }
+
+/// The template as a real v1.36 apiserver gives it back (recorded from the shared cluster):
+/// `spec.metadata` is `{}` where knic sent none; that is the same template, not a change.
+#[test]
+fn a_template_stored_with_empty_metadata_is_unchanged() {
+    let n = network("blue", 0, 100, "192.0.2.0/24");
+    let Plan::Generate(desired) = plan(&n, std::slice::from_ref(&n)) else {
+        panic!("valid network must generate");
+    };
+    let mut stored = serde_json::to_value(&*desired).expect("json");
+    stored["metadata"] = serde_json::json!({});
+    let live: ResourceClaimTemplateSpec = serde_json::from_value(stored).expect("template spec");
+    assert_ne!(
+        live, *desired,
+        "the plain comparison that re-created templates"
+    );
+    assert!(same_template_spec(&live, &desired));
+    // A real difference still counts, in the spec and in the claim metadata alike.
+    let mut other = live.clone();
+    other.metadata = Some(ObjectMeta {
+        labels: Some(BTreeMap::from([("a".to_owned(), "b".to_owned())])),
+        ..ObjectMeta::default()
+    });
+    assert!(!same_template_spec(&other, &desired));
+    let Plan::Generate(mtu) = plan(&network("blue", 0, 101, "192.0.2.0/24"), &[]) else {
+        panic!("valid network must generate");
+    };
+    assert!(!same_template_spec(&live, &mtu));
+}
