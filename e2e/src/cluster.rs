@@ -2,6 +2,7 @@
 //! `KNIC_E2E_KUBECONFIG` is set. Both are driven through the same `kube::Client` calls with
 //! real objects and real field names, so the fake cannot drift into a private dialect.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -12,6 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::fakeapi::FakeApi;
+use crate::gates::{self, ENV_FEATURE_GATES, ENV_HARNESS, Harness, Needs};
 
 /// The environment variables that switch the e2e tests to a real cluster.
 pub const ENV_KUBECONFIG: &str = "KNIC_E2E_KUBECONFIG";
@@ -33,6 +35,11 @@ pub struct RealCluster {
     pub kubelet_dir: PathBuf,
     /// The runtime's NRI socket.
     pub nri_socket: PathBuf,
+    /// The shared cluster's kit, when `KNIC_E2E_HARNESS` names it: twins may then restart its
+    /// apiserver with other feature gates.
+    pub harness: Option<Harness>,
+    /// `KNIC_E2E_FEATURE_GATES`, for a cluster without the kit.
+    pub feature_gates: BTreeMap<String, bool>,
 }
 
 impl RealCluster {
@@ -51,7 +58,58 @@ impl RealCluster {
             node: var(ENV_NODE)?,
             kubelet_dir: var(ENV_KUBELET_DIR)?.into(),
             nri_socket: var(ENV_NRI_SOCKET)?.into(),
+            harness: Harness::from_env()?,
+            feature_gates: match std::env::var(ENV_FEATURE_GATES) {
+                Ok(list) => gates::parse(&list).with_context(|| ENV_FEATURE_GATES)?,
+                Err(_) => BTreeMap::new(),
+            },
         }))
+    }
+
+    /// Which of [`gates::GATES`] the apiserver runs with off now.
+    pub fn gates_off(&self) -> anyhow::Result<BTreeSet<String>> {
+        Ok(match &self.harness {
+            Some(h) => gates::off_in(&h.gates()?),
+            None => gates::off_in(&self.feature_gates),
+        })
+    }
+
+    /// Why a scenario with `needs` cannot run on this cluster, if it cannot: the kit can
+    /// switch gates, a cluster without it runs only what its gates allow.
+    pub fn refusal(&self, needs: Needs) -> Option<String> {
+        let Some(want) = needs.off_at_start() else {
+            let Needs::FakeOnly(why) = needs else {
+                return None;
+            };
+            return Some(why.to_owned());
+        };
+        if self.harness.is_some() {
+            return None;
+        }
+        let have = match self.gates_off() {
+            Ok(have) => have,
+            Err(e) => return Some(format!("{e:#}")),
+        };
+        if let Needs::TurnedOff(gate) = needs {
+            return Some(format!(
+                "turning {gate} off needs the harness kit ({ENV_HARNESS}) to restart the apiserver"
+            ));
+        }
+        (have != want).then(|| {
+            format!(
+                "needs {} off, this cluster has {} off ({ENV_FEATURE_GATES}); with                  {ENV_HARNESS} the twin switches them itself",
+                list(&want),
+                list(&have)
+            )
+        })
+    }
+}
+
+fn list(gates: &BTreeSet<String>) -> String {
+    if gates.is_empty() {
+        "none".to_owned()
+    } else {
+        gates.iter().cloned().collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -68,6 +126,8 @@ pub struct Cluster {
     pub namespace: String,
     /// The fake, when running without a cluster.
     pub fake: Option<FakeApi>,
+    /// The real cluster's settings, when running against one.
+    pub real: Option<RealCluster>,
     /// Temporary files of this test.
     pub tmp: tempfile::TempDir,
 }
@@ -96,6 +156,7 @@ impl Cluster {
             node: "knic-node-1".into(),
             namespace: namespace_for(test),
             fake: Some(fake),
+            real: None,
             tmp,
         };
         cluster.create_namespace().await?;
@@ -112,11 +173,46 @@ impl Cluster {
             node: real.node.clone(),
             namespace: namespace_for(test),
             fake: None,
+            real: Some(real.clone()),
             tmp: tempfile::Builder::new().prefix("knic-e2e-").tempdir()?,
         };
         ensure_crds(&cluster.client).await?;
         cluster.create_namespace().await?;
         Ok(cluster)
+    }
+
+    /// Sets the fake's gates as a scenario with [`Needs::Off`] needs them; on a real cluster
+    /// the trial has already restarted the apiserver so (or the cluster runs so).
+    pub fn start_with_gates_off(&self, off: &[&str]) -> anyhow::Result<()> {
+        if self.fake.is_some() {
+            for gate in off {
+                self.turn_gate_off(gate)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns `gate` off while the scenario runs: a flag on the fake; on the real cluster the
+    /// apiserver restarts without it (the kit's `up --restart`), as an operator's change does.
+    pub fn turn_gate_off(&self, gate: &str) -> anyhow::Result<()> {
+        if let Some(fake) = &self.fake {
+            match gate {
+                gates::PARTITIONABLE => fake.set_partitionable_devices(false),
+                gates::CONSUMABLE => fake.set_consumable_capacity(false),
+                gates::TAINTS => fake.set_device_taints(false),
+                other => anyhow::bail!("the fake API has no gate {other}"),
+            }
+            return Ok(());
+        }
+        let real = self.real.as_ref().context("neither a fake nor a real cluster")?;
+        let harness = real
+            .harness
+            .as_ref()
+            .with_context(|| format!("turning {gate} off needs {ENV_HARNESS}"))?;
+        let mut off = real.gates_off()?;
+        off.insert(gate.to_owned());
+        harness.switch(&off)?;
+        Ok(())
     }
 
     async fn create_namespace(&self) -> anyhow::Result<()> {
@@ -311,14 +407,39 @@ impl Cluster {
 
     /// The pool has settled: after a moment for the last sync, three seconds (three rescans at
     /// one per second, plus any resync the driver might be looping on) see no slice write.
+    /// On a real cluster, where requests cannot be counted, the node's slices must keep their
+    /// names and resourceVersions over those seconds (any write, even a no-op update that
+    /// changed nothing, would have moved a resourceVersion).
     pub async fn no_more_slice_writes(&self) -> anyhow::Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         let before = self.slice_writes();
+        let versions_before = self.slice_versions().await?;
         tokio::time::sleep(std::time::Duration::from_secs(3)).await;
         let during = self.slice_writes() - before;
+        let versions_after = self.slice_versions().await?;
         println!("slice writes after settling: {during}");
         anyhow::ensure!(during == 0, "{during} slice writes after the pool settled");
+        anyhow::ensure!(
+            versions_before == versions_after,
+            "the node's slices were written after the pool settled: {versions_before:?} -> \
+             {versions_after:?}"
+        );
         Ok(())
+    }
+
+    /// Each of the node's knic slices by name, with its resourceVersion.
+    async fn slice_versions(&self) -> anyhow::Result<Vec<(String, String)>> {
+        Ok(self
+            .slices()
+            .await?
+            .into_iter()
+            .map(|s| {
+                (
+                    s.metadata.name.unwrap_or_default(),
+                    s.metadata.resource_version.unwrap_or_default(),
+                )
+            })
+            .collect())
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 
 use crate::cluster::{ENV_KUBECONFIG, RealCluster};
+use crate::gates::Needs;
 
 /// Reads the real-cluster settings; prints why real-cluster trials are skipped when unset, and
 /// exits with status 2 when they are set but incomplete.
@@ -280,36 +281,6 @@ pub type Scenario<E> = for<'a> fn(
     Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>,
 >;
 
-/// The twin trials of every scenario: `fake/<name>` against the in-process API, and
-/// `real/<name>` against the configured cluster, reported ignored when there is none. `run`
-/// gets the cluster (`None` for the fake), the trial's name and the scenario.
-pub fn backend_trials<S, F, Fut>(
-    real: &Option<RealCluster>,
-    scenarios: &[(&str, S)],
-    run: F,
-) -> Vec<Trial>
-where
-    S: Copy + Send + 'static,
-    F: Fn(Option<RealCluster>, String, S) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
-    let mut trials = Vec::new();
-    for backend in ["fake", "real"] {
-        for (name, scenario) in scenarios {
-            let test = format!("{backend}/{name}");
-            let cluster = if backend == "real" {
-                real.clone()
-            } else {
-                None
-            };
-            let (scenario, label, run) = (*scenario, test.clone(), run.clone());
-            let ignored = backend == "real" && real.is_none();
-            trials.push(trial(test, ignored, move || run(cluster, label, scenario)));
-        }
-    }
-    trials
-}
-
 /// A test binary's environment, built fresh for every trial and torn down after it, so the
 /// registration of its scenarios is one call ([`scenario_trials`]).
 pub trait ScenarioEnv: Sized + 'static {
@@ -323,18 +294,54 @@ pub trait ScenarioEnv: Sized + 'static {
     fn finish(self, outcome: anyhow::Result<()>) -> impl Future<Output = anyhow::Result<()>>;
 }
 
-/// The fake and real twins of every scenario of `E`, each run in a fresh environment.
-pub fn scenario_trials<E: ScenarioEnv>(scenarios: &[(&str, Scenario<E>)]) -> Vec<Trial> {
+/// The fake and real twins of every scenario of `E`, each run in a fresh environment. A real
+/// twin whose needs the cluster cannot meet is reported ignored with the reason (printed once);
+/// one the harness kit can meet first switches the apiserver's gates.
+pub fn scenario_trials<E: ScenarioEnv>(scenarios: &[(&str, Scenario<E>, Needs)]) -> Vec<Trial> {
     let real = real_cluster();
-    backend_trials(
-        &real,
-        scenarios,
-        |cluster, label, scenario: Scenario<E>| async move {
-            let mut env = E::setup(cluster, label).await?;
-            let outcome = unpanicked(scenario(&mut env)).await;
-            env.finish(outcome).await
-        },
-    )
+    let mut trials = Vec::new();
+    for backend in ["fake", "real"] {
+        for &(name, scenario, needs) in scenarios {
+            let test = format!("{backend}/{name}");
+            let (cluster, ignored) = match (backend, &real) {
+                ("fake", _) => (None, false),
+                (_, None) => (None, true),
+                (_, Some(r)) => match r.refusal(needs) {
+                    Some(why) => {
+                        eprintln!("skipped: {test}: {why}");
+                        (None, true)
+                    }
+                    None => (Some(r.clone()), false),
+                },
+            };
+            let label = test.clone();
+            trials.push(trial(test, ignored, move || async move {
+                let harness = cluster.as_ref().and_then(|r| r.harness.as_ref());
+                if let (Some(harness), Some(off)) = (harness, needs.off_at_start()) {
+                    harness.switch(&off)?;
+                }
+                let mut env = E::setup(cluster, label).await?;
+                let outcome = unpanicked(scenario(&mut env)).await;
+                env.finish(outcome).await
+            }));
+        }
+    }
+    trials
+}
+
+/// Runs a test binary's trials and exits with their verdict; on the shared cluster the
+/// apiserver's gates are put back as they were before the first trial switched them.
+pub fn run_trials(args: &libtest_mimic::Arguments, trials: Vec<Trial>) -> ! {
+    let real = RealCluster::from_env().ok().flatten();
+    let before = real.as_ref().and_then(|r| r.gates_off().ok());
+    let conclusion = libtest_mimic::run(args, trials);
+    if let (Some(harness), Some(before)) = (real.as_ref().and_then(|r| r.harness.as_ref()), before)
+        && let Err(e) = harness.switch(&before)
+    {
+        eprintln!("error: putting the cluster's feature gates back: {e:#}");
+        std::process::exit(1);
+    }
+    conclusion.exit()
 }
 
 /// The scenario's outcome with a panic (a failed `assert!`) turned into an error, so the
@@ -356,16 +363,19 @@ pub async fn unpanicked<F: Future<Output = anyhow::Result<()>>>(scenario: F) -> 
     }
 }
 
-/// `[(name, scenario)]` for async scenario functions `async fn name(&mut Env) -> Result<()>`,
-/// named after the function.
+/// `[(name, scenario, needs)]` for async scenario functions `async fn name(&mut Env) ->
+/// Result<()>`, named after the function; `name => needs` says what a real cluster must offer
+/// ([`crate::gates::Needs`], default `On`).
 #[macro_export]
 macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident $(=> $needs:expr)?),* $(,)?) => {
         [$({
             let scenario: $crate::harness::Scenario<_> = |e| Box::pin($name(e));
-            (stringify!($name), scenario)
+            (stringify!($name), scenario, $crate::scenarios!(@needs $($needs)?))
         }),*]
     };
+    (@needs) => { $crate::gates::Needs::On };
+    (@needs $needs:expr) => { $needs };
 }
 
 fn missing_in_vm(reason: &str) -> String {

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod driver;
 pub mod fakeapi;
 pub mod fuzz;
+pub mod gates;
 pub mod grpcwire;
 pub mod harness;
 pub mod helm;

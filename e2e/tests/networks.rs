@@ -15,6 +15,7 @@ use knic_controller::network::{
 };
 use knic_controller::reconcile::{self, FINALIZER};
 use knic_e2e::cluster::{Cluster, RealCluster};
+use knic_e2e::gates::Needs;
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_proto::network::exhaustion_selector;
 use kube::ResourceExt;
@@ -659,10 +660,6 @@ async fn unbounded_selectors_are_refused(env: &mut Env) -> anyhow::Result<()> {
 /// refuses (stored by an apiserver that accepted it) is replaced by one with today's selector.
 /// Fake API only: a real v1.36 apiserver cannot hold such a template.
 async fn legacy_templates_are_replaced(env: &mut Env) -> anyhow::Result<()> {
-    if env.cluster.fake.is_none() {
-        eprintln!("skipped: a real v1.36 apiserver refuses the legacy template this starts from");
-        return Ok(());
-    }
     let ns = env.namespace("up", true).await?;
     let fake = env.cluster.fake.as_ref().context("fake API")?;
     let name = env.name("up");
@@ -726,7 +723,9 @@ fn main() {
         templates_follow_namespaces,
         overlap_is_invalid_until_fixed,
         deletion_cleans_up,
-        legacy_templates_are_replaced,
+        legacy_templates_are_replaced => Needs::FakeOnly(
+            "a real v1.36 apiserver refuses the legacy template this starts from"
+        ),
         unbounded_selectors_are_refused,
         orphaned_addresses_collected,
     ]);

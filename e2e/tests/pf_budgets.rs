@@ -9,6 +9,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
+use knic_e2e::gates::{Needs, PARTITIONABLE};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 
 const PF: &str = "pci-0000-a2-00-0";
@@ -170,11 +171,7 @@ async fn budgets_published_as_counters(env: &mut Env) -> anyhow::Result<()> {
 }
 
 async fn gate_off_publishes_plain_devices(env: &mut Env) -> anyhow::Result<()> {
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRAPartitionableDevices gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_partitionable_devices(false);
+    env.cluster.start_with_gates_off(&[PARTITIONABLE])?;
     env.start()?;
     let pool = env.pool(1).await?;
     plain_pool(&pool)?;
@@ -186,15 +183,10 @@ async fn gate_off_publishes_plain_devices(env: &mut Env) -> anyhow::Result<()> {
 }
 
 async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<()> {
-    if env.cluster.fake.is_none() {
-        println!("skipped: a real cluster's DRAPartitionableDevices gate cannot be switched");
-        return Ok(());
-    }
     env.start()?;
     env.pool(2).await?;
     // The apiserver restarts without the gate and the kubelet wipes the node's slices.
-    let fake = env.cluster.fake.as_ref().context("fake")?;
-    fake.set_partitionable_devices(false);
+    env.cluster.turn_gate_off(PARTITIONABLE)?;
     env.cluster.wipe_slices().await?;
     let pool = env.pool(1).await?;
     plain_pool(&pool)?;
@@ -209,11 +201,7 @@ async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<
 async fn publisher_falls_back_within_one_sync(env: &mut Env) -> anyhow::Result<()> {
     use knic_driver::api::slices::Publisher;
     use knic_driver::slices::Mode;
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRAPartitionableDevices gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_partitionable_devices(false);
+    env.cluster.start_with_gates_off(&[PARTITIONABLE])?;
     let root = env.cluster.tmp.path().join("sysfs-root");
     let inventory = knic_driver::inventory::discover(
         &root,
@@ -251,9 +239,11 @@ fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
         budgets_published_as_counters,
-        gate_off_publishes_plain_devices,
-        gate_turned_off_later_falls_back_once,
-        publisher_falls_back_within_one_sync,
+        // Ordered so the shared cluster's apiserver restarts as few times as it can: the gate
+        // is turned off once, and the gate-off scenarios then find it off.
+        gate_turned_off_later_falls_back_once => Needs::TurnedOff(PARTITIONABLE),
+        gate_off_publishes_plain_devices => Needs::Off(&[PARTITIONABLE]),
+        publisher_falls_back_within_one_sync => Needs::Off(&[PARTITIONABLE]),
     ]);
-    libtest_mimic::run(&args, trials).exit();
+    knic_e2e::harness::run_trials(&args, trials);
 }

@@ -11,6 +11,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
+use knic_e2e::gates::{CONSUMABLE, Needs, PARTITIONABLE};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 use serde_json::json;
@@ -193,11 +194,7 @@ async fn capacity_mode_publishes_a_shareable_parent(env: &mut Env) -> anyhow::Re
 }
 
 async fn gate_off_publishes_child_slots(env: &mut Env) -> anyhow::Result<()> {
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRAConsumableCapacity gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_consumable_capacity(false);
+    env.cluster.start_with_gates_off(&[CONSUMABLE])?;
     env.start()?;
     let names = [SLOTS.as_slice(), &[VF0, VF1]].concat();
     let pool = env.pool(2, &names).await?;
@@ -209,15 +206,10 @@ async fn gate_off_publishes_child_slots(env: &mut Env) -> anyhow::Result<()> {
 }
 
 async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<()> {
-    if env.cluster.fake.is_none() {
-        println!("skipped: a real cluster's DRAConsumableCapacity gate cannot be switched");
-        return Ok(());
-    }
     env.start()?;
     capacity_pool(&env.pool(2, &[PF, VF0, VF1]).await?)?;
     // The apiserver restarts without the gate and the kubelet wipes the node's slices.
-    let fake = env.cluster.fake.as_ref().context("fake")?;
-    fake.set_consumable_capacity(false);
+    env.cluster.turn_gate_off(CONSUMABLE)?;
     env.cluster.wipe_slices().await?;
     let names = [SLOTS.as_slice(), &[VF0, VF1]].concat();
     slot_pool(&env.pool(2, &names).await?)?;
@@ -227,12 +219,7 @@ async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<
 }
 
 async fn both_gates_off_publish_plain_slots(env: &mut Env) -> anyhow::Result<()> {
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRA gates cannot be switched");
-        return Ok(());
-    };
-    fake.set_consumable_capacity(false);
-    fake.set_partitionable_devices(false);
+    env.cluster.start_with_gates_off(&[CONSUMABLE, PARTITIONABLE])?;
     env.start()?;
     let names = [SLOTS.as_slice(), &[VF0, VF1]].concat();
     let pool = env.pool(1, &names).await?;
@@ -249,11 +236,7 @@ async fn both_gates_off_publish_plain_slots(env: &mut Env) -> anyhow::Result<()>
 async fn publisher_falls_back_within_one_sync(env: &mut Env) -> anyhow::Result<()> {
     use knic_driver::api::slices::Publisher;
     use knic_driver::sharing::{ShareMode, SharePolicy, Sharing};
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRAConsumableCapacity gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_consumable_capacity(false);
+    env.cluster.start_with_gates_off(&[CONSUMABLE])?;
     let root = env.cluster.tmp.path().join("sysfs-root");
     let inventory = knic_driver::inventory::discover(
         &root,
@@ -357,11 +340,7 @@ async fn shares_are_prepared_with_their_share_ids(env: &mut Env) -> anyhow::Resu
 /// 25G: a slot whose config asks 20G fits, a second asking 10G is refused naming the first, and
 /// a slot asking nothing gets the policy's 100M default.
 async fn slots_keep_the_ports_bandwidth_at_prepare(env: &mut Env) -> anyhow::Result<()> {
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRAConsumableCapacity gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_consumable_capacity(false);
+    env.cluster.start_with_gates_off(&[CONSUMABLE])?;
     env.start()?;
     let mut names = SLOTS.to_vec();
     names.extend([VF0, VF1]);
@@ -410,12 +389,13 @@ fn main() {
     let args = knic_e2e::harness::arguments();
     let trials = scenario_trials::<Env>(&knic_e2e::scenarios![
         capacity_mode_publishes_a_shareable_parent,
-        gate_off_publishes_child_slots,
-        gate_turned_off_later_falls_back_once,
-        both_gates_off_publish_plain_slots,
-        publisher_falls_back_within_one_sync,
         shares_are_prepared_with_their_share_ids,
-        slots_keep_the_ports_bandwidth_at_prepare,
+        // Ordered so the shared cluster's apiserver restarts as few times as it can.
+        gate_turned_off_later_falls_back_once => Needs::TurnedOff(CONSUMABLE),
+        gate_off_publishes_child_slots => Needs::Off(&[CONSUMABLE]),
+        publisher_falls_back_within_one_sync => Needs::Off(&[CONSUMABLE]),
+        slots_keep_the_ports_bandwidth_at_prepare => Needs::Off(&[CONSUMABLE]),
+        both_gates_off_publish_plain_slots => Needs::Off(&[CONSUMABLE, PARTITIONABLE]),
     ]);
-    libtest_mimic::run(&args, trials).exit();
+    knic_e2e::harness::run_trials(&args, trials);
 }

@@ -14,6 +14,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::driver::{DriverConfig, DriverProcess, fixture_tree};
+use knic_e2e::gates::{Needs, TAINTS};
 use knic_e2e::harness::{ScenarioEnv, eventually, scenario_trials};
 use knic_proto::health::v1::HealthStatus::{Healthy, Unhealthy};
 
@@ -123,12 +124,9 @@ impl Env {
         .await
     }
 
-    /// Fails if the driver writes slices after a settling pause, over three rescans (fake API
-    /// only: a real cluster's request log is not visible).
+    /// Fails if the driver writes slices after a settling pause, over three rescans (on a real
+    /// cluster: if a slice's resourceVersion moves).
     async fn no_more_writes(&self) -> anyhow::Result<()> {
-        if self.cluster.fake.is_none() {
-            return Ok(());
-        }
         self.cluster.no_more_slice_writes().await
     }
 }
@@ -290,11 +288,7 @@ async fn vanished_device_stays_tainted_until_it_returns(env: &mut Env) -> anyhow
 }
 
 async fn gate_off_publishes_untainted_devices(env: &mut Env) -> anyhow::Result<()> {
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRADeviceTaints gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_device_taints(false);
+    env.cluster.start_with_gates_off(&[TAINTS])?;
     env.set_pf_link("down")?;
     env.start()?;
     env.devices_when("the pool with the PF down", |d| {
@@ -325,11 +319,7 @@ async fn gate_off_publishes_untainted_devices(env: &mut Env) -> anyhow::Result<(
 /// taints, the same sync republishes without them, and the next sync writes nothing.
 async fn publisher_stops_sending_taints_within_one_sync(env: &mut Env) -> anyhow::Result<()> {
     use knic_driver::api::slices::Publisher;
-    let Some(fake) = env.cluster.fake.as_ref() else {
-        println!("skipped: a real cluster's DRADeviceTaints gate cannot be switched");
-        return Ok(());
-    };
-    fake.set_device_taints(false);
+    env.cluster.start_with_gates_off(&[TAINTS])?;
     env.set_pf_link("down")?;
     let inventory = knic_driver::inventory::discover(
         &env.root,
@@ -367,8 +357,8 @@ fn main() {
         link_down_taints_and_link_up_clears,
         unbound_driver_taints_until_bound_again,
         vanished_device_stays_tainted_until_it_returns,
-        gate_off_publishes_untainted_devices,
-        publisher_stops_sending_taints_within_one_sync,
+        gate_off_publishes_untainted_devices => Needs::Off(&[TAINTS]),
+        publisher_stops_sending_taints_within_one_sync => Needs::Off(&[TAINTS]),
     ]);
-    libtest_mimic::run(&args, trials).exit();
+    knic_e2e::harness::run_trials(&args, trials);
 }
