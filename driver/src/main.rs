@@ -1,5 +1,6 @@
 //! `knic-driver`: the per-node DaemonSet binary.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use knic_driver::api::slices::{Publisher, PublisherSettings};
 use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
 use knic_driver::cdi::CdiSpecs;
 use knic_driver::claims::checkpoint::CheckpointStore;
+use knic_driver::claims::orphans::{self, OrphanSettings};
 use knic_driver::http;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
@@ -244,6 +246,16 @@ struct RunArgs {
     #[arg(long, env = "KNIC_RESCAN_SECONDS", default_value_t = 60,
         value_parser = clap::value_parser!(u64).range(1..))]
     rescan_seconds: u64,
+    /// Seconds nothing of a prepared claim may be in a pod before knic asks the API whether
+    /// its ResourceClaim still exists (the kubelet's own unprepare normally comes first).
+    #[arg(long, env = "KNIC_ORPHAN_IDLE_SECONDS", default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    orphan_idle_seconds: u64,
+    /// Seconds between the API's first "gone" answer about a prepared claim (its devices are
+    /// withheld from then on) and knic unpreparing it itself, after a second such answer.
+    #[arg(long, env = "KNIC_ORPHAN_GRACE_SECONDS", default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    orphan_grace_seconds: u64,
     /// The node's SR-IOV policy, YAML or JSON (`pools:` entries selecting PFs by `pfNames`,
     /// `pciAddresses` or `pciIds`, each with `numVfs` and optionally `vfDriver`); knic creates
     /// and binds the VFs it asks for before every scan. Unset: VFs are left as they are.
@@ -543,7 +555,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Slices carry the devices plus the list of full networks (see `exhaustion`); the preparer,
     // the checkpoint and health keep seeing devices as discovered.
     let (exhausted_tx, exhausted_rx) = tokio::sync::watch::channel(None);
-    let first_published = exhaustion::mark(&devices_rx.borrow(), None);
+    // The devices of prepared claims the API says are gone are not offered (see
+    // `claims::orphans`), until knic has unprepared them.
+    let (withheld_tx, withheld_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    let (offered_tx, offered_rx) = tokio::sync::watch::channel(devices_rx.borrow().clone());
+    tokio::spawn(slices::withhold::apply(
+        devices_rx.clone(),
+        withheld_rx,
+        offered_tx,
+    ));
+    tokio::spawn(orphans::reap(
+        wired.preparer.clone(),
+        Arc::new(KubeClaims::new(client.clone())),
+        events.clone(),
+        OrphanSettings {
+            idle: std::time::Duration::from_secs(args.orphan_idle_seconds),
+            grace: std::time::Duration::from_secs(args.orphan_grace_seconds),
+            ..OrphanSettings::default()
+        },
+        withheld_tx,
+        stop_rx.clone(),
+    ));
+    let first_published = exhaustion::mark(&offered_rx.borrow(), None);
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(knic_driver::api::networks::watch_networks(
@@ -551,11 +584,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         exhausted_tx,
         synced_tx,
     ));
-    tokio::spawn(exhaustion::apply(
-        devices_rx.clone(),
-        exhausted_rx,
-        published_tx,
-    ));
+    tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
     let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);

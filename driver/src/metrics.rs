@@ -58,6 +58,10 @@ pub struct DriverMetrics {
     /// Kubernetes Events by reason and outcome (`sent`, `suppressed` by the rate limit,
     /// `failed`).
     pub events: Counter<2>,
+    /// Prepared claims the API says are gone, not yet unprepared (their devices withheld).
+    pub orphaned_claims: Gauge<0>,
+    /// Orphaned claims unprepared by knic itself, by result.
+    pub orphans_unprepared: Counter<1>,
 }
 
 impl DriverMetrics {
@@ -159,6 +163,16 @@ impl DriverMetrics {
                 "Kubernetes Events about claims and pods, by reason and outcome (sent, suppressed, failed).",
                 ["reason", "outcome"],
             )?,
+            orphaned_claims: r.gauge(
+                "knic_driver_orphaned_claims",
+                "Prepared claims whose ResourceClaim the API says is gone (deleted, re-created or deallocated) and that no pod uses, not yet unprepared; their devices are withheld from the slices.",
+                [],
+            )?,
+            orphans_unprepared: r.counter(
+                "knic_driver_orphaned_claims_unprepared_total",
+                "Orphaned claims knic unprepared itself because the kubelet never did, by result.",
+                ["result"],
+            )?,
             registry: r,
         };
         for method in ["NodePrepareResources", "NodeUnprepareResources"] {
@@ -170,6 +184,7 @@ impl DriverMetrics {
             m.attaches.touch([result]);
             m.detaches.touch([result]);
             m.checkpoint_writes.touch([result]);
+            m.orphans_unprepared.touch([result]);
         }
         Ok(m)
     }

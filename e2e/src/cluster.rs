@@ -223,7 +223,24 @@ impl Cluster {
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
-        Ok(())
+        self.service_account_ready(&self.namespace).await
+    }
+
+    /// On a real cluster, waits for the namespace's `default` ServiceAccount: the apiserver
+    /// refuses a pod until the controller-manager has made it ("error looking up service
+    /// account …/default"), which a twin creating its pod at once ran into.
+    async fn service_account_ready(&self, namespace: &str) -> anyhow::Result<()> {
+        if self.fake.is_some() {
+            return Ok(());
+        }
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), namespace);
+        crate::harness::eventually(
+            &format!("ServiceAccount {namespace}/default"),
+            std::time::Duration::from_secs(60),
+            || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
+        )
+        .await
     }
 
     /// Makes sure the Node object exists (the fake starts empty; a real cluster has it) and
@@ -463,6 +480,7 @@ impl Cluster {
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
+        self.service_account_ready(&name).await?;
         Ok(name)
     }
 

@@ -84,11 +84,25 @@ pub fn off_in(gates: &BTreeMap<String, bool>) -> BTreeSet<String> {
         .collect()
 }
 
-/// `gates` with exactly `off` of [`GATES`] off and the rest of them on; other gates untouched.
+/// Gates that must be off when one of [`GATES`] is: a v1.36 apiserver refuses to start with
+/// "DRADeviceTaintRules is enabled, but depends on features that are disabled:
+/// [DRADeviceTaints]".
+const DEPENDENTS: [(&str, &str); 1] = [(TAINTS, "DRADeviceTaintRules")];
+
+/// `gates` with exactly `off` of [`GATES`] off and the rest of them on, and the gates that
+/// depend on one of them following it; other gates untouched.
 pub fn with_off(gates: &BTreeMap<String, bool>, off: &BTreeSet<String>) -> BTreeMap<String, bool> {
     let mut next = gates.clone();
     for gate in GATES {
         next.insert(gate.to_owned(), !off.contains(gate));
+    }
+    for (gate, dependent) in DEPENDENTS {
+        if off.contains(gate) {
+            next.insert(dependent.to_owned(), false);
+        } else if gates.get(dependent) == Some(&false) && off_in(gates).contains(gate) {
+            // Switched off with its gate: back on with it.
+            next.insert(dependent.to_owned(), true);
+        }
     }
     next
 }
@@ -119,6 +133,54 @@ impl Harness {
         Ok(Some(Harness { up, dir }))
     }
 
+    /// `up --restart <component>`: stops it, starts it, waits until it is healthy and the
+    /// node Ready again.
+    pub fn restart(&self, component: &str) -> anyhow::Result<()> {
+        // Through a shell that closes every inherited descriptor first: the component `up`
+        // starts lives on, and would otherwise keep whatever this test process holds open
+        // without close-on-exec (a `flock` of the caller kept the lock for the apiserver's
+        // whole life, and every other user of the cluster waited on it).
+        let out = std::process::Command::new("bash")
+            .args([
+                "-c",
+                r#"for fd in /proc/self/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-"; done; exec "$0" "$@""#,
+            ])
+            .arg(&self.up)
+            .args(["--restart", component])
+            .env("HARNESS_DIR", &self.dir)
+            .output()
+            .with_context(|| format!("running {} --restart {component}", self.up.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} --restart {component}: {}",
+                self.up.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops a component (SIGTERM, as `up` does) and waits until it has exited; `restart`
+    /// starts it again.
+    pub fn stop(&self, component: &str) -> anyhow::Result<()> {
+        let file = self.dir.join("pids").join(format!("{component}.pid"));
+        let pid: i32 = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a pid", file.display()))?;
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+            .with_context(|| format!("stopping {component} (pid {pid})"))?;
+        for _ in 0..300 {
+            if nix::sys::signal::kill(pid, None).is_err() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!("{component} (pid {pid}) did not exit within 30 s of SIGTERM")
+    }
+
     fn file(&self) -> PathBuf {
         self.dir.join("conf/feature-gates.txt")
     }
@@ -129,6 +191,20 @@ impl Harness {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading the cluster's gates from {}", file.display()))?;
         parse(&text)
+    }
+
+    /// Puts the gate list back as `gates` (read with [`Harness::gates`] before the switches),
+    /// restarting the apiserver only when it differs.
+    pub fn restore(&self, gates: &BTreeMap<String, bool>) -> anyhow::Result<()> {
+        if self.gates()? == *gates {
+            return Ok(());
+        }
+        std::fs::write(self.file(), format!("{}\n", render(gates)))
+            .with_context(|| format!("writing {}", self.file().display()))?;
+        self.restart("kube-apiserver")
+            .with_context(|| format!("restarting the apiserver with {}", render(gates)))?;
+        eprintln!("real cluster: apiserver restarted with its gates back: {}", render(gates));
+        Ok(())
     }
 
     /// Restarts the apiserver with exactly `off` of [`GATES`] off, unless it already runs so;
@@ -142,27 +218,8 @@ impl Harness {
         std::fs::write(self.file(), format!("{}\n", render(&next)))
             .with_context(|| format!("writing {}", self.file().display()))?;
         let started = std::time::Instant::now();
-        // Through a shell that closes every inherited descriptor first: the apiserver `up`
-        // starts lives on, and would otherwise keep whatever this test process holds open
-        // without close-on-exec (a `flock` of the caller kept the lock for the apiserver's
-        // whole life, and every other user of the cluster waited on it).
-        let out = std::process::Command::new("bash")
-            .args([
-                "-c",
-                r#"for fd in /proc/self/fd/*; do n=${fd##*/}; [ "$n" -gt 2 ] && eval "exec $n>&-"; done; exec "$0" "$@""#,
-            ])
-            .arg(&self.up)
-            .args(["--restart", "kube-apiserver"])
-            .env("HARNESS_DIR", &self.dir)
-            .output()
-            .with_context(|| format!("running {} --restart kube-apiserver", self.up.display()))?;
-        if !out.status.success() {
-            bail!(
-                "restarting the apiserver with {}: {}",
-                render(&next),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        self.restart("kube-apiserver")
+            .with_context(|| format!("restarting the apiserver with {}", render(&next)))?;
         eprintln!(
             "real cluster: apiserver restarted with {} in {:.1?}",
             render(&next),
@@ -188,6 +245,22 @@ mod tests {
              Other=true"
         );
         assert_eq!(off_in(&parse("").unwrap()), BTreeSet::new());
+    }
+
+    #[test]
+    fn a_dependent_gate_follows_its_gate_off_and_back() {
+        let on = parse("DRADeviceTaints=true,DRADeviceTaintRules=true").unwrap();
+        let off = with_off(&on, &BTreeSet::from([TAINTS.to_owned()]));
+        assert_eq!(
+            (off[TAINTS], off["DRADeviceTaintRules"]),
+            (false, false),
+            "a v1.36 apiserver refuses DRADeviceTaintRules without DRADeviceTaints"
+        );
+        let back = with_off(&off, &BTreeSet::new());
+        assert_eq!((back[TAINTS], back["DRADeviceTaintRules"]), (true, true));
+        // A cluster that runs without the rules keeps them off.
+        let without = parse("DRADeviceTaints=true,DRADeviceTaintRules=false").unwrap();
+        assert!(!with_off(&without, &BTreeSet::new())["DRADeviceTaintRules"]);
     }
 
     #[test]

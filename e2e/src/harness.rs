@@ -332,11 +332,14 @@ pub fn scenario_trials<E: ScenarioEnv>(scenarios: &[(&str, Scenario<E>, Needs)])
 /// Runs a test binary's trials and exits with their verdict; on the shared cluster the
 /// apiserver's gates are put back as they were before the first trial switched them.
 pub fn run_trials(args: &libtest_mimic::Arguments, trials: Vec<Trial>) -> ! {
-    let real = RealCluster::from_env().ok().flatten();
-    let before = real.as_ref().and_then(|r| r.gates_off().ok());
+    let harness = RealCluster::from_env()
+        .ok()
+        .flatten()
+        .and_then(|r| r.harness);
+    let before = harness.as_ref().and_then(|h| h.gates().ok());
     let conclusion = libtest_mimic::run(args, trials);
-    if let (Some(harness), Some(before)) = (real.as_ref().and_then(|r| r.harness.as_ref()), before)
-        && let Err(e) = harness.switch(&before)
+    if let (Some(harness), Some(before)) = (&harness, before)
+        && let Err(e) = harness.restore(&before)
     {
         eprintln!("error: putting the cluster's feature gates back: {e:#}");
         std::process::exit(1);

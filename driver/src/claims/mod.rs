@@ -26,6 +26,7 @@ pub mod budget;
 pub mod checkpoint;
 pub mod functions;
 pub mod ipam;
+pub mod orphans;
 pub mod plan;
 mod store;
 

@@ -6,17 +6,17 @@ use std::sync::Mutex as StdMutex;
 const DRIVER: &str = "knic.dev";
 
 /// A claim builder over the real JSON shape, so fixtures read like `kubectl get -o json`.
-struct ClaimBuilder(serde_json::Value);
+pub(super) struct ClaimBuilder(serde_json::Value);
 
 impl ClaimBuilder {
-    fn new(name: &str, uid: &str) -> Self {
+    pub(super) fn new(name: &str, uid: &str) -> Self {
         ClaimBuilder(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}},
         }))
     }
-    fn allocated(mut self, results: &[(&str, &str, &str)]) -> Self {
+    pub(super) fn allocated(mut self, results: &[(&str, &str, &str)]) -> Self {
         let results: Vec<_> = results
             .iter()
             .map(|(req, driver, dev)| json!({"request": req, "driver": driver, "pool": "node-a", "device": dev}))
@@ -31,19 +31,19 @@ impl ClaimBuilder {
             .push(json!({"source": source, "opaque": {"driver": driver, "parameters": params}}));
         self
     }
-    fn reserved_for(mut self, pods: &[(&str, &str)]) -> Self {
+    pub(super) fn reserved_for(mut self, pods: &[(&str, &str)]) -> Self {
         self.0["status"]["reservedFor"] = pods
             .iter()
             .map(|(n, u)| json!({"resource": "pods", "name": n, "uid": u}))
             .collect();
         self
     }
-    fn build(self) -> ResourceClaim {
+    pub(super) fn build(self) -> ResourceClaim {
         serde_json::from_value(self.0).unwrap()
     }
 }
 
-fn wanted(uid: &str) -> ClaimRef {
+pub(super) fn wanted(uid: &str) -> ClaimRef {
     ClaimRef {
         namespace: "ns".into(),
         name: "claim".into(),
@@ -122,9 +122,9 @@ fn resolve_rejections_name_the_field() {
 }
 
 #[derive(Default)]
-struct MemClaims {
-    claims: StdMutex<Map<String, ResourceClaim>>,
-    gets: std::sync::atomic::AtomicUsize,
+pub(super) struct MemClaims {
+    pub(super) claims: StdMutex<Map<String, ResourceClaim>>,
+    pub(super) gets: std::sync::atomic::AtomicUsize,
 }
 
 impl ClaimSource for MemClaims {
@@ -163,12 +163,12 @@ fn store_in(dir: &tempfile::TempDir) -> Arc<ClaimStore> {
 }
 
 /// A preparer on the checkpoint in `dir` that snapshots published devices.
-fn in_dir(source: Arc<MemClaims>, dir: &tempfile::TempDir) -> Preparer {
+pub(super) fn in_dir(source: Arc<MemClaims>, dir: &tempfile::TempDir) -> Preparer {
     Preparer::new(DRIVER, source, store_in(dir)).with_devices(devices())
 }
 
 /// Claim `claim` (uid `u1`) with `results` allocated, reserved for pod `p`.
-fn claim_u1(results: &[(&str, &str, &str)]) -> ResourceClaim {
+pub(super) fn claim_u1(results: &[(&str, &str, &str)]) -> ResourceClaim {
     ClaimBuilder::new("claim", "u1")
         .allocated(results)
         .reserved_for(&[("p", "pu")])
@@ -176,7 +176,7 @@ fn claim_u1(results: &[(&str, &str, &str)]) -> ResourceClaim {
 }
 
 /// The answer of a prepare of `claim` that must succeed.
-async fn prepared(preparer: &Preparer, claim: ClaimRef) -> Vec<PreparedAnswer> {
+pub(super) async fn prepared(preparer: &Preparer, claim: ClaimRef) -> Vec<PreparedAnswer> {
     let uid = claim.uid.clone();
     match preparer.prepare(&[claim]).await.remove(&uid) {
         Some(Ok(answer)) => answer,
@@ -184,7 +184,7 @@ async fn prepared(preparer: &Preparer, claim: ClaimRef) -> Vec<PreparedAnswer> {
     }
 }
 
-fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
+pub(super) fn add(source: &Arc<MemClaims>, claim: ResourceClaim) {
     let name = claim.metadata.name.clone().unwrap();
     source.claims.lock().unwrap().insert(name, claim);
 }

@@ -11,6 +11,7 @@ pub mod counters;
 pub mod exhaustion;
 pub mod rescan;
 pub mod taints;
+pub mod withhold;
 
 use std::collections::BTreeMap;
 
