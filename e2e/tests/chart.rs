@@ -273,8 +273,8 @@ fn controller_deployment() -> anyhow::Result<()> {
     }
     let format = value("KNIC_LOG_FORMAT").and_then(|v| v.value.as_deref());
     ensure!(
-        matches!(format, Some("text" | "json")),
-        "KNIC_LOG_FORMAT {format:?} is not text or json (the controller's values)"
+        format.is_some_and(|f| knic_proto::logging::LogFormat::parse(f).is_ok()),
+        "KNIC_LOG_FORMAT {format:?} is not a log format the binaries take"
     );
     ensure!(
         container
@@ -490,6 +490,54 @@ fn driver_daemonset_with_sriov_pools() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Both binaries take one set of `--log-format` values: the schema's, each of which the shared
+/// parser accepts, and the DaemonSet and the Deployment pass theirs on unchanged.
+fn log_format_is_one_for_both() -> anyhow::Result<()> {
+    let schema = chart_file("values.schema.json")?;
+    let allowed = schema
+        .pointer("/$defs/logFormat/enum")
+        .and_then(Value::as_array)
+        .context("values.schema.json has no $defs.logFormat enum")?;
+    for value in allowed {
+        let value = value.as_str().context("a log format that is no string")?;
+        knic_proto::logging::LogFormat::parse(value)
+            .with_context(|| format!("the schema allows {value:?}"))?;
+    }
+    for component in ["driver", "controller"] {
+        let at = format!("/properties/{component}/properties/logFormat/$ref");
+        ensure!(
+            schema.pointer(&at).and_then(Value::as_str) == Some("#/$defs/logFormat"),
+            "{component}.logFormat does not use $defs.logFormat"
+        );
+    }
+    // Every allowed value (human, the old spelling, included) reaches both binaries as is.
+    for value in allowed {
+        let value = value.as_str().unwrap_or_default();
+        let rendered = helm::render(
+            &json!({"driver": {"logFormat": value}, "controller": {"logFormat": value}}),
+            None,
+        )?;
+        let set = one(rendered.all::<DaemonSet>(), "DaemonSet")?;
+        let deployment = one(rendered.all::<Deployment>(), "Deployment")?;
+        let pods = [
+            set.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+            deployment
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref()),
+        ];
+        for pod in pods {
+            let passed = pod
+                .and_then(|p| p.containers.first())
+                .and_then(|c| c.env.as_ref())
+                .and_then(|env| env.iter().find(|v| v.name == "KNIC_LOG_FORMAT"))
+                .and_then(|v| v.value.as_deref());
+            ensure!(passed == Some(value), "{value}: KNIC_LOG_FORMAT {passed:?}");
+        }
+    }
+    Ok(())
+}
+
 fn check(name: &str, f: fn() -> anyhow::Result<()>) -> Trial {
     Trial::test(name, move || {
         f().map_err(|e| Failed::from(format!("{e:#}")))
@@ -511,6 +559,10 @@ fn main() {
         check("chart/rbac_controller_is_minimal", || {
             minimal(CONTROLLER_SA, CONTROLLER)
         }),
+        check(
+            "chart/log_format_is_one_for_both",
+            log_format_is_one_for_both,
+        ),
         check("chart/controller_deployment", controller_deployment),
         check("chart/driver_daemonset", driver_daemonset),
         check(
