@@ -257,6 +257,13 @@ struct RunArgs {
     #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9461",
         value_parser = http_address)]
     http_address: String,
+    /// Read a claim's pod for its labels, for Networks with `stableAddresses.by: label`. Needs
+    /// `get` on pods cluster-wide, which RBAC grants as whole objects (spec and env values
+    /// included) for every pod; the chart grants it only with `driver.podLabelReads`. Off:
+    /// no pod is ever read and such claims fail prepare saying why.
+    #[arg(long, env = "KNIC_POD_LABEL_READS", default_value_t = false,
+        action = clap::ArgAction::Set)]
+    pod_label_reads: bool,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -447,7 +454,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ))
     });
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
-        registry_dir = %paths.registry_dir.display(),
+        registry_dir = %paths.registry_dir.display(), pod_label_reads = args.pod_label_reads,
         "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
     // The preparer and health see the devices as published: shared parents as child slots
@@ -475,7 +482,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         kernel: Rtnl::new(None).with_sysctl_root(&args.sysctl_dir),
         status: Arc::new(KubeStatus::new(client.clone())),
         address_book: Some((
-            Arc::new(KubeAddressBook::new(client.clone())),
+            Arc::new(
+                KubeAddressBook::new(client.clone()).with_pod_label_reads(args.pod_label_reads),
+            ),
             args.node_name.clone(),
         )),
         pool: args.node_name.clone(),

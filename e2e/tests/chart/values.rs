@@ -201,6 +201,10 @@ fn schema_refuses_bad_values() -> anyhow::Result<()> {
             "at '/driver/logFormat': value must be one of 'text', 'json', 'human'",
         ),
         (
+            json!({"driver": {"podLabelReads": "yes"}}),
+            "at '/driver/podLabelReads': got string, want boolean",
+        ),
+        (
             json!({"image": {"pullPolicy": "Sometimes"}}),
             "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
         ),
