@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use knic_controller::leader::Elector;
 use knic_controller::reconcile::{self, Config};
+use knic_proto::logging::{self, LogFormat};
 use knic_proto::metrics::Health;
 
 /// How long the leader lease lasts without renewal (client-go's default).
@@ -21,14 +22,10 @@ const LEASE_DURATION: Duration = Duration::from_secs(15);
 const READY_LEASE: &str = "leader lease held or healthy standby";
 /// `/healthz` fails when the runtime has not run the heartbeat task for this long.
 const HEALTH_STALL: Duration = Duration::from_secs(30);
+/// How long tasks still running at exit (watches, the webhook's caches) get to stop.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 /// How long a stopping replica tries to release the lease before leaving it to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -44,8 +41,9 @@ struct Args {
     #[arg(long, env = "KNIC_API_TIMEOUT_SECONDS", default_value_t = 15,
         value_parser = clap::value_parser!(u64).range(1..=600))]
     api_timeout_seconds: u64,
-    /// Log line format.
-    #[arg(long, env = "KNIC_LOG_FORMAT", value_enum, default_value = "text")]
+    /// Log line format: text (one readable line per event; human is the same) or json (one
+    /// object per line: timestamp, level, target, message and the event's fields). On stderr.
+    #[arg(long, env = "KNIC_LOG_FORMAT", value_parser = LogFormat::parse, default_value = "text")]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,knic_controller=debug`).
     #[arg(long, env = "KNIC_LOG_LEVEL", default_value = "info")]
@@ -169,28 +167,35 @@ fn dns_label(value: &str) -> Result<String, String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// Not `#[tokio::main]`: the runtime is shut down before the error that stopped the
+/// controller is reported, so no background task's log line can follow it: the reason is the
+/// last line.
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    match run(args).await {
+    if let Err(e) = logging::init(args.log_format, &args.log_level) {
+        eprintln!("knic-controller: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    let format = args.log_format;
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+        .and_then(|runtime| {
+            let result = runtime.block_on(run(args));
+            runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+            result
+        });
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("knic-controller: {}", error_text(&e));
+            logging::fatal(format, "knic-controller", &error_text(&e));
             std::process::ExitCode::FAILURE
         }
     }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("--log-level {:?}", args.log_level))?;
-    match args.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init(),
-    }
     let config = match &args.kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)

@@ -76,12 +76,27 @@ fn leader_namespace_must_be_a_namespace_name() {
 
 #[test]
 fn log_settings_and_booleans_are_checked() {
+    // The driver's texts (knic_proto::logging), word for word.
     fails_with(
         &["--log-format", "xml"],
         &[],
-        "invalid value 'xml' for '--log-format <LOG_FORMAT>'",
+        "invalid value 'xml' for '--log-format <LOG_FORMAT>': \"xml\" is not a log format: use \
+         text (one readable line per event; human is the same) or json (one object per line)",
     );
-    fails_with(&["--log-level", "info,["], &[], "--log-level \"info,[\"");
+    let out = run(&["--log-level", "info,["], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "knic-controller: invalid --log-level/KNIC_LOG_LEVEL \"info,[\": invalid filter \
+         directive (want a tracing filter: a level such as info, or comma-separated \
+         target=level directives such as info,knic_driver=debug)\n"
+    );
+    // The driver's old spelling of text is accepted (the run fails later, on the kubeconfig).
+    fails_with(
+        &["--log-format", "human"],
+        &[],
+        "knic-controller: reading kubeconfig /nonexistent/knt-kubeconfig",
+    );
     fails_with(
         &["--leader-elect", "maybe"],
         &[],

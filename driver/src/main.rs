@@ -28,9 +28,9 @@ use knic_driver::slices::{self, PoolOwner};
 use knic_driver::sriov::writes::LiveWrites;
 use knic_driver::sriov::{Provisioner, SriovPolicy};
 use knic_driver::wiring::{self, FailClosed, Parts};
+use knic_proto::logging::{self, LogFormat};
 use knic_proto::metrics::Health;
 use tokio::signal::unix::{SignalKind, signal};
-use tracing_subscriber::EnvFilter;
 
 /// The driver's readiness conditions, as `/readyz` names them when they do not hold.
 const READY_SLICES: &str = "ResourceSlices published";
@@ -46,12 +46,13 @@ const NETWORKS_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5
 #[derive(Debug, Parser)]
 #[command(name = "knic-driver", version, about)]
 struct Cli {
-    /// Log line format.
+    /// Log line format: text (one readable line per event; human is the same) or json (one
+    /// object per line: timestamp, level, target, message and the event's fields). On stderr.
     #[arg(
         long,
         env = "KNIC_LOG_FORMAT",
-        value_enum,
-        default_value = "human",
+        value_parser = LogFormat::parse,
+        default_value = "text",
         global = true
     )]
     log_format: LogFormat,
@@ -60,14 +61,6 @@ struct Cli {
     log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// One readable line per event.
-    Human,
-    /// One JSON object per line, for log pipelines.
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,6 +269,13 @@ struct RunArgs {
     #[arg(long, env = "KNIC_HTTP_ADDRESS", default_value = "0.0.0.0:9461",
         value_parser = http_address)]
     http_address: String,
+    /// Read a claim's pod for its labels, for Networks with `stableAddresses.by: label`. Needs
+    /// `get` on pods cluster-wide, which RBAC grants as whole objects (spec and env values
+    /// included) for every pod; the chart grants it only with `driver.podLabelReads`. Off:
+    /// no pod is ever read and such claims fail prepare saying why.
+    #[arg(long, env = "KNIC_POD_LABEL_READS", default_value_t = false,
+        action = clap::ArgAction::Set)]
+    pod_label_reads: bool,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -285,19 +285,6 @@ fn http_address(value: &str) -> Result<String, String> {
     knic_proto::metrics::listen_address(value)
         .map(|_| value.to_owned())
         .map_err(|e| e.to_string())
-}
-
-fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(level)
-        .with_context(|| format!("invalid --log-level/KNIC_LOG_LEVEL {level:?}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-    Ok(())
 }
 
 async fn kube_client(
@@ -479,7 +466,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ))
     });
     tracing::info!(node = %args.node_name, plugin_dir = %paths.plugin_dir.display(),
-        registry_dir = %paths.registry_dir.display(), "knic-driver starting");
+        registry_dir = %paths.registry_dir.display(), pod_label_reads = args.pod_label_reads,
+        "knic-driver starting");
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(Vec::new());
     // The preparer and health see the devices as published: shared parents as child slots
     // once the publisher has found the apiserver without consumable capacity.
@@ -506,7 +494,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         kernel: Rtnl::new(None).with_sysctl_root(&args.sysctl_dir),
         status: Arc::new(KubeStatus::new(client.clone())),
         address_book: Some((
-            Arc::new(KubeAddressBook::new(client.clone())),
+            Arc::new(
+                KubeAddressBook::new(client.clone()).with_pod_label_reads(args.pod_label_reads),
+            ),
             args.node_name.clone(),
         )),
         pool: args.node_name.clone(),
@@ -657,11 +647,7 @@ fn error_text(error: &anyhow::Error) -> String {
 }
 
 fn report(format: LogFormat, error: &anyhow::Error) {
-    let text = error_text(error);
-    match format {
-        LogFormat::Json => tracing::error!("{text}"),
-        LogFormat::Human => eprintln!("knic-driver: {text}"),
-    }
+    logging::fatal(format, "knic-driver", &error_text(error));
 }
 
 /// Not `#[tokio::main]`: the demo moves into namespaces of its own before the runtime starts,
@@ -678,8 +664,8 @@ fn main() -> std::process::ExitCode {
         .log_level
         .clone()
         .unwrap_or_else(|| default_level.to_string());
-    if let Err(e) = init_logging(cli.log_format, &level) {
-        eprintln!("knic-driver: {}", error_text(&e));
+    if let Err(e) = logging::init(cli.log_format, &level) {
+        eprintln!("knic-driver: {e}");
         return std::process::ExitCode::from(2);
     }
     let isolated = match cli.command {

@@ -96,10 +96,12 @@ fn log_level_is_checked() {
         &[("NODE_NAME", "n1"), ("KNIC_LOG_LEVEL", "debug[")],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("invalid --log-level/KNIC_LOG_LEVEL \"debug[\""),
-        "{}",
-        stderr(&out)
+    // The controller's text (knic_proto::logging), word for word.
+    assert_eq!(
+        stderr(&out),
+        "knic-driver: invalid --log-level/KNIC_LOG_LEVEL \"debug[\": invalid filter directive \
+         (want a tracing filter: a level such as info, or comma-separated target=level \
+         directives such as info,knic_driver=debug)\n"
     );
 }
 
@@ -113,9 +115,26 @@ fn log_format_is_checked() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("invalid value 'xml' for '--log-format <LOG_FORMAT>'"),
+        err.contains(
+            "invalid value 'xml' for '--log-format <LOG_FORMAT>': \"xml\" is not a log format: \
+             use text (one readable line per event; human is the same) or json (one object per \
+             line)"
+        ),
         "{err}"
     );
+    // Both spellings of text, the driver's old one and the controller's, get past the check
+    // (and fail later, on the node name).
+    for text in ["human", "text"] {
+        let out = run(
+            dir.path(),
+            &[("NODE_NAME", "Bad_Name"), ("KNIC_LOG_FORMAT", text)],
+        );
+        let err = stderr(&out);
+        assert!(
+            err.starts_with("knic-driver: invalid --node-name/NODE_NAME"),
+            "{text}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -8,6 +8,8 @@
 //! * Admission policies (chart/policies.rs): evaluated against allowed and forbidden requests.
 //! * The controller Deployment and the driver DaemonSet: the same image, only flags and
 //!   variables the binaries know, probes on the HTTP port, the least privilege each needs.
+//! * The driver's RBAC on a real apiserver with a node-bound token (chart/rbac_real.rs, a
+//!   real twin): no pod readable by default, the opt-in's pod read, what the driver needs.
 //! * Values (chart/values.rs): `helm lint --strict` clean, values.schema.json refusing bad
 //!   values by name, kubeVersion refusing 1.33, extendedResourceName only on 1.36+, NOTES.
 
@@ -28,10 +30,12 @@ use serde_json::{Value, json};
 mod policies;
 #[path = "chart/rbac.rs"]
 mod rbac;
+#[path = "chart/rbac_real.rs"]
+mod rbac_real;
 #[path = "chart/values.rs"]
 mod values;
 
-use rbac::{CONTROLLER, DRIVER, Rbac, covers, minimal};
+use rbac::{CONTROLLER, DRIVER, DRIVER_POD_LABEL_READS, Rbac, covers, minimal};
 
 /// The namespace the chart is rendered into.
 const RELEASE_NAMESPACE: &str = helm::RELEASE_NAMESPACE;
@@ -273,8 +277,8 @@ fn controller_deployment() -> anyhow::Result<()> {
     }
     let format = value("KNIC_LOG_FORMAT").and_then(|v| v.value.as_deref());
     ensure!(
-        matches!(format, Some("text" | "json")),
-        "KNIC_LOG_FORMAT {format:?} is not text or json (the controller's values)"
+        format.is_some_and(|f| knic_proto::logging::LogFormat::parse(f).is_ok()),
+        "KNIC_LOG_FORMAT {format:?} is not a log format the binaries take"
     );
     ensure!(
         container
@@ -490,6 +494,111 @@ fn driver_daemonset_with_sriov_pools() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The driver's `KNIC_POD_LABEL_READS` in `rendered`'s DaemonSet.
+fn pod_label_reads_env(rendered: &Rendered) -> anyhow::Result<Option<String>> {
+    let set = one(rendered.all::<DaemonSet>(), "DaemonSet")?;
+    Ok(set
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.env.as_ref())
+        .and_then(|env| env.iter().find(|v| v.name == "KNIC_POD_LABEL_READS"))
+        .and_then(|v| v.value.clone()))
+}
+
+/// By default the driver can read no pod and is told so; `driver.podLabelReads: true` adds
+/// exactly `get` on pods and turns the driver's reads on, together (the all-on values too).
+fn pod_label_reads_are_opt_in() -> anyhow::Result<()> {
+    ensure!(
+        default_value("driver.podLabelReads")? == "false",
+        "podLabelReads must be off by default"
+    );
+    let defaults = defaults()?;
+    let pod_grants: Vec<_> = Rbac::of(defaults)
+        .grants(DRIVER_SA)?
+        .into_iter()
+        .filter(|(group, resource, ..)| group.is_empty() && resource == "pods")
+        .collect();
+    ensure!(
+        pod_grants.is_empty(),
+        "the default driver role grants pods: {pod_grants:?}"
+    );
+    ensure!(
+        pod_label_reads_env(defaults)?.as_deref() == Some("false"),
+        "default KNIC_POD_LABEL_READS {:?}",
+        pod_label_reads_env(defaults)?
+    );
+    let with: Vec<_> = DRIVER
+        .iter()
+        .chain(DRIVER_POD_LABEL_READS)
+        .copied()
+        .collect();
+    for values in [
+        json!({"driver": {"podLabelReads": true}}),
+        helm::all_on_values()?,
+    ] {
+        let rendered = helm::render(&values, None)?;
+        let rbac = Rbac::of(&rendered);
+        covers(&rbac, DRIVER_SA, &with).with_context(|| format!("values {values}"))?;
+        minimal(&rbac, DRIVER_SA, &with).with_context(|| format!("values {values}"))?;
+        ensure!(
+            pod_label_reads_env(&rendered)?.as_deref() == Some("true"),
+            "values {values}: KNIC_POD_LABEL_READS {:?}",
+            pod_label_reads_env(&rendered)?
+        );
+    }
+    Ok(())
+}
+
+/// Both binaries take one set of `--log-format` values: the schema's, each of which the shared
+/// parser accepts, and the DaemonSet and the Deployment pass theirs on unchanged.
+fn log_format_is_one_for_both() -> anyhow::Result<()> {
+    let schema = chart_file("values.schema.json")?;
+    let allowed = schema
+        .pointer("/$defs/logFormat/enum")
+        .and_then(Value::as_array)
+        .context("values.schema.json has no $defs.logFormat enum")?;
+    for value in allowed {
+        let value = value.as_str().context("a log format that is no string")?;
+        knic_proto::logging::LogFormat::parse(value)
+            .with_context(|| format!("the schema allows {value:?}"))?;
+    }
+    for component in ["driver", "controller"] {
+        let at = format!("/properties/{component}/properties/logFormat/$ref");
+        ensure!(
+            schema.pointer(&at).and_then(Value::as_str) == Some("#/$defs/logFormat"),
+            "{component}.logFormat does not use $defs.logFormat"
+        );
+    }
+    // Every allowed value (human, the old spelling, included) reaches both binaries as is.
+    for value in allowed {
+        let value = value.as_str().unwrap_or_default();
+        let rendered = helm::render(
+            &json!({"driver": {"logFormat": value}, "controller": {"logFormat": value}}),
+            None,
+        )?;
+        let set = one(rendered.all::<DaemonSet>(), "DaemonSet")?;
+        let deployment = one(rendered.all::<Deployment>(), "Deployment")?;
+        let pods = [
+            set.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+            deployment
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref()),
+        ];
+        for pod in pods {
+            let passed = pod
+                .and_then(|p| p.containers.first())
+                .and_then(|c| c.env.as_ref())
+                .and_then(|env| env.iter().find(|v| v.name == "KNIC_LOG_FORMAT"))
+                .and_then(|v| v.value.as_deref());
+            ensure!(passed == Some(value), "{value}: KNIC_LOG_FORMAT {passed:?}");
+        }
+    }
+    Ok(())
+}
+
 fn check(name: &str, f: fn() -> anyhow::Result<()>) -> Trial {
     Trial::test(name, move || {
         f().map_err(|e| Failed::from(format!("{e:#}")))
@@ -500,17 +609,25 @@ fn main() {
     let args = knic_e2e::harness::arguments();
     let mut trials = vec![
         check("chart/rbac_driver_covers_its_calls", || {
-            covers(DRIVER_SA, DRIVER)
+            covers(&Rbac::load()?, DRIVER_SA, DRIVER)
         }),
         check("chart/rbac_controller_covers_its_calls", || {
-            covers(CONTROLLER_SA, CONTROLLER)
+            covers(&Rbac::load()?, CONTROLLER_SA, CONTROLLER)
         }),
         check("chart/rbac_driver_is_minimal", || {
-            minimal(DRIVER_SA, DRIVER)
+            minimal(&Rbac::load()?, DRIVER_SA, DRIVER)
         }),
         check("chart/rbac_controller_is_minimal", || {
-            minimal(CONTROLLER_SA, CONTROLLER)
+            minimal(&Rbac::load()?, CONTROLLER_SA, CONTROLLER)
         }),
+        check(
+            "chart/rbac_driver_pod_label_reads_are_opt_in",
+            pod_label_reads_are_opt_in,
+        ),
+        check(
+            "chart/log_format_is_one_for_both",
+            log_format_is_one_for_both,
+        ),
         check("chart/controller_deployment", controller_deployment),
         check("chart/driver_daemonset", driver_daemonset),
         check(
@@ -520,5 +637,14 @@ fn main() {
     ];
     trials.extend(values::trials());
     trials.extend(policies::trials());
+    let real = knic_e2e::harness::real_cluster();
+    trials.push(knic_e2e::harness::trial(
+        "real/rbac_driver_token_reads_no_pod_by_default".into(),
+        real.is_none(),
+        move || async move {
+            let real = real.context("no real cluster")?;
+            rbac_real::driver_token_reads_no_pod_by_default(real).await
+        },
+    ));
     libtest_mimic::run(&args, trials).exit();
 }

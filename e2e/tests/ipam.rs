@@ -5,13 +5,15 @@
 //! `kill -9` and restart; many claims racing on one Network from two driver processes never
 //! share an address; exhaustion is a clean per-claim prepare error with the controller's text,
 //! and (with the controller running in-process) keeps the network's template from accepting
-//! any published device until an address is freed.
+//! any published device until an address is freed. Stable addresses by pod label are refused
+//! unless the driver may read pods (`KNIC_POD_LABEL_READS`); by pod name they need no read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use knic_controller::reconcile;
 use knic_controller::{availability, cel};
@@ -23,7 +25,7 @@ use knic_proto::network::{
     CONDITION_EXHAUSTED, EXHAUSTED_ATTRIBUTE, NETWORK_LABEL, Network, NetworkAddress,
     exhaustion_selector, exhaustion_token,
 };
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -77,11 +79,24 @@ impl Env {
     }
 
     async fn create_network(&self, subnets: serde_json::Value) -> anyhow::Result<()> {
-        let spec = serde_json::from_value(json!({
+        self.create_stable_network(subnets, None).await
+    }
+
+    /// The test's Network, with `spec.stableAddresses` when `stable` is given.
+    async fn create_stable_network(
+        &self,
+        subnets: serde_json::Value,
+        stable: Option<serde_json::Value>,
+    ) -> anyhow::Result<()> {
+        let mut spec = json!({
             "devices": {"deviceClassName": "knic.dev"},
             "ipam": {"subnets": subnets},
             "namespaces": {"names": [self.cluster.namespace]},
-        }))?;
+        });
+        if let Some(stable) = stable {
+            spec["stableAddresses"] = stable;
+        }
+        let spec = serde_json::from_value(spec)?;
         Api::<Network>::all(self.cluster.client.clone())
             .create(&PostParams::default(), &Network::new(&self.network, spec))
             .await?;
@@ -166,6 +181,33 @@ impl Env {
             },
         )
         .await
+    }
+
+    /// Stops node `node`'s driver and starts it again with `key=value` added to its
+    /// environment, registered anew.
+    async fn restart_with(&mut self, node: usize, key: &str, value: &str) -> anyhow::Result<()> {
+        let node = &mut self.nodes[node];
+        node.driver.terminate().await?;
+        node.config = node.config.clone().with_env(key, value);
+        node.driver = DriverProcess::start(&node.config)?;
+        node.plugin = match kubelet::register(&node.config.registry_dir).await {
+            Ok(p) => Arc::new(p),
+            Err(e) => anyhow::bail!("{e:#}\ndriver log:\n{}", node.driver.logs()),
+        };
+        Ok(())
+    }
+
+    /// GETs of pods the fake API served (`None` on a real cluster, which cannot count them).
+    fn pod_reads(&self) -> Option<Vec<String>> {
+        self.cluster.fake.as_ref().map(|fake| {
+            fake.requests()
+                .into_iter()
+                .filter(|r| {
+                    r.method == "GET" && r.path.starts_with("/api/v1/") && r.path.contains("/pods")
+                })
+                .map(|r| r.path)
+                .collect()
+        })
     }
 
     fn logs(&self) -> String {
@@ -254,6 +296,90 @@ async fn address_end_to_end(env: &mut Env) -> anyhow::Result<()> {
         "unprepare must delete the NetworkAddress"
     );
     ensure!(!env.checkpoint(0).contains(&claim.uid));
+    Ok(())
+}
+
+/// A Network whose addresses are stable by pod label needs the pod's labels at prepare. The
+/// driver reads no pods by default: the claim is refused naming the Network, the field and the
+/// opt-in, before any pod read or allocation. Restarted with `KNIC_POD_LABEL_READS=true` (the
+/// chart's `driver.podLabelReads`), the driver reads the pod and allocates with the label's
+/// value as the identity.
+async fn stable_by_label_needs_pod_label_reads(env: &mut Env) -> anyhow::Result<()> {
+    env.create_stable_network(
+        json!([{"cidr": "192.0.2.0/24"}]),
+        Some(json!({"by": "label", "label": "app"})),
+    )
+    .await?;
+    let claim = env.claim("lbl", 0).await?;
+    Api::<Pod>::namespaced(env.cluster.client.clone(), &env.cluster.namespace)
+        .patch(
+            "lbl-pod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "db-0"}}})),
+        )
+        .await?;
+
+    let refused = env.prepare(0, &claim).await?;
+    let want = knic_driver::claims::ipam::pod_label_reads_off(&env.network, "app");
+    ensure!(
+        refused.error.contains(&want),
+        "prepare without pod reads: {:?}, want it to contain {want:?}",
+        refused.error
+    );
+    ensure!(
+        env.addresses().await?.is_empty(),
+        "an address was allocated"
+    );
+    if let Some(reads) = env.pod_reads() {
+        ensure!(reads.is_empty(), "the driver read pods: {reads:?}");
+    }
+
+    env.restart_with(0, "KNIC_POD_LABEL_READS", "true").await?;
+    let got = env.prepare(0, &claim).await?;
+    ensure!(
+        got.error.is_empty(),
+        "prepare with pod reads: {}",
+        got.error
+    );
+    let objects = env.addresses().await?;
+    ensure!(objects.len() == 1, "one allocation, got {objects:?}");
+    let identity = objects[0].spec.identity.clone();
+    let want = format!("{}/db-0", env.cluster.namespace);
+    ensure!(
+        identity.as_deref() == Some(want.as_str()),
+        "identity {identity:?}, want {want:?} (the pod's label)"
+    );
+    if let Some(reads) = env.pod_reads() {
+        let path = format!("/api/v1/namespaces/{}/pods/lbl-pod", env.cluster.namespace);
+        ensure!(reads == [path], "pod reads {reads:?}");
+    }
+    ensure!(env.unprepare(0, &claim).await?.is_empty());
+    Ok(())
+}
+
+/// `stableAddresses.by: podName` works without any pod read: the name is the claim's
+/// `reservedFor`.
+async fn stable_by_pod_name_reads_no_pod(env: &mut Env) -> anyhow::Result<()> {
+    env.create_stable_network(
+        json!([{"cidr": "192.0.2.0/24"}]),
+        Some(json!({"by": "podName"})),
+    )
+    .await?;
+    let claim = env.claim("byname", 0).await?;
+    let got = env.prepare(0, &claim).await?;
+    ensure!(got.error.is_empty(), "prepare: {}", got.error);
+    let objects = env.addresses().await?;
+    ensure!(objects.len() == 1, "one allocation, got {objects:?}");
+    let want = format!("{}/byname-pod", env.cluster.namespace);
+    ensure!(
+        objects[0].spec.identity.as_deref() == Some(want.as_str()),
+        "identity {:?}, want {want:?}",
+        objects[0].spec.identity
+    );
+    if let Some(reads) = env.pod_reads() {
+        ensure!(reads.is_empty(), "the driver read pods: {reads:?}");
+    }
+    ensure!(env.unprepare(0, &claim).await?.is_empty());
     Ok(())
 }
 
@@ -681,6 +807,8 @@ fn main() {
         concurrent_claims_get_unique_addresses,
         exhaustion_is_a_clean_prepare_error,
         exhaustion_keeps_new_claims_from_scheduling,
+        stable_by_label_needs_pod_label_reads,
+        stable_by_pod_name_reads_no_pod,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }

@@ -15,6 +15,10 @@ pub enum Error {
     /// message so every caller words its field errors the same way.
     #[error("{0}")]
     Rule(String),
+    /// A start-up setting both binaries share (`--log-level`) is refused, or what it sets up
+    /// failed; the message names the flag, its environment variable and the rule.
+    #[error("{0}")]
+    Setting(String),
     /// Every usable address of a subnet is allocated. A variant of its own, because callers
     /// react differently (report it in the Network's status and keep new pods from scheduling)
     /// than to an invalid Network, and the operator needs the numbers to size the subnet.

@@ -66,6 +66,8 @@ pub mod cel;
 pub mod client;
 pub mod error;
 pub mod ipam;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod netconfig;

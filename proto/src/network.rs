@@ -479,7 +479,9 @@ pub struct Subnet {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StableAddresses {
-    /// What identifies a pod across restarts.
+    /// What identifies a pod across restarts: `podName`, or `label`, which the driver serves
+    /// only when allowed to read pods (the chart's `driver.podLabelReads`; a claim is refused
+    /// at prepare otherwise).
     pub by: StableBy,
     /// The label key whose value is the identity; required with `by: label`, refused otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -492,7 +494,8 @@ pub struct StableAddresses {
 pub enum StableBy {
     /// The pod's name: right for StatefulSets, whose pods keep their names.
     PodName,
-    /// The value of a chosen label, for controllers that do not keep names.
+    /// The value of a chosen label, for controllers that do not keep names. Read from the pod
+    /// at prepare, so the driver needs `get` on pods (opt-in, see `by`).
     Label,
 }
 

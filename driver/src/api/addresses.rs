@@ -1,5 +1,5 @@
-//! IPAM's API calls: Networks, pod and namespace labels, and the `NetworkAddress` objects
-//! whose create-by-name makes an address unique.
+//! IPAM's API calls: Networks, namespace labels, pod labels (only with `--pod-label-reads`),
+//! and the `NetworkAddress` objects whose create-by-name makes an address unique.
 //!
 //! The client repeats reads and the release's deletes when the apiserver fails them, but not a
 //! create: a create that took effect but whose answer was lost would come back as
@@ -18,18 +18,29 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 
 use crate::BoxFuture;
 use crate::claims::ipam::{AddressBook, Created};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// [`AddressBook`] over the Kubernetes API.
 #[derive(Clone)]
 pub struct KubeAddressBook {
     client: kube::Client,
+    pod_label_reads: bool,
 }
 
 impl KubeAddressBook {
-    /// Wraps a client; no request is made until an allocation is needed.
+    /// Wraps a client; no request is made until an allocation is needed. Reads no pods.
     pub fn new(client: kube::Client) -> Self {
-        KubeAddressBook { client }
+        KubeAddressBook {
+            client,
+            pod_label_reads: false,
+        }
+    }
+
+    /// Reads a claim's pod for its labels (`stableAddresses.by: label`), which needs the
+    /// chart's `driver.podLabelReads` grant: `get` on every pod, cluster-wide.
+    pub fn with_pod_label_reads(mut self, reads: bool) -> Self {
+        self.pod_label_reads = reads;
+        self
     }
 }
 
@@ -41,12 +52,24 @@ impl AddressBook for KubeAddressBook {
         })
     }
 
+    fn reads_pod_labels(&self) -> bool {
+        self.pod_label_reads
+    }
+
     fn pod_labels<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
         Box::pin(async move {
+            // The caller asks first; this keeps a missed check from becoming a GET the
+            // ServiceAccount may not have.
+            if !self.pod_label_reads {
+                return Err(Error::Ipam(format!(
+                    "pod {namespace}/{name}: this driver reads no pods \
+                     (--pod-label-reads/KNIC_POD_LABEL_READS is false)"
+                )));
+            }
             let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
             Ok(api
                 .get_opt(name)

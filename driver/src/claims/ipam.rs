@@ -60,7 +60,12 @@ pub enum Created {
 pub trait AddressBook: Send + Sync + 'static {
     /// The Network, or `None` when it does not exist.
     fn network<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Network>>>;
-    /// A pod's labels (only needed for `stableAddresses.by: label`), `None` when it is gone.
+    /// Whether pods may be read ([`AddressBook::pod_labels`]): off unless the operator
+    /// granted it (`--pod-label-reads`), because RBAC cannot grant a pod's labels alone, only
+    /// every pod's whole object, cluster-wide, to every node.
+    fn reads_pod_labels(&self) -> bool;
+    /// A pod's labels (only needed for `stableAddresses.by: label`, and only called when
+    /// [`AddressBook::reads_pod_labels`]), `None` when it is gone.
     fn pod_labels<'a>(
         &'a self,
         namespace: &'a str,
@@ -188,6 +193,22 @@ pub fn refusal(
     })
 }
 
+/// Why a claim of Network `network`, whose addresses are stable by pod label `label`, cannot
+/// be prepared by a driver that does not read pods: the label is needed at prepare, before the
+/// pod's sandbox exists (so NRI cannot tell it yet), and reading it means the grant the text
+/// spells out.
+pub fn pod_label_reads_off(network: &str, label: &str) -> String {
+    format!(
+        "Network {network:?} has spec.stableAddresses.by: label (label {label:?}), which needs \
+         the pod's labels when the claim is prepared, and this driver reads no pods \
+         (--pod-label-reads/KNIC_POD_LABEL_READS is false, the chart's default). Either use \
+         spec.stableAddresses.by: podName (no pod read: the pod's name comes from the claim's \
+         reservedFor), or install the chart with driver.podLabelReads: true, which grants every \
+         node's driver get on every pod in every namespace: the whole object, spec and literal \
+         env values included, not only its labels"
+    )
+}
+
 /// Allocates (or finds again) the addresses of interface number `interface` of `who`'s claim
 /// from Network `network_name`. `skip` names allocation objects already given to other
 /// interfaces of the same claim in this prepare, so reuse never hands one address to two
@@ -260,10 +281,17 @@ async fn allocate_inner(
         None => None,
         Some(stable) => {
             let labels = match stable.by {
+                StableBy::Label if !book.reads_pod_labels() => {
+                    return Err(Error::Ipam(pod_label_reads_off(
+                        network_name,
+                        stable.label.as_deref().unwrap_or_default(),
+                    )));
+                }
                 StableBy::Label => book
                     .pod_labels(&who.namespace, &who.pod)
                     .await?
                     .unwrap_or_default(),
+                // The name is the claim's `reservedFor`: no pod read.
                 StableBy::PodName => BTreeMap::new(),
             };
             stable.identity(&who.namespace, &who.pod, &labels, interface)
@@ -462,7 +490,7 @@ pub async fn release(book: &dyn AddressBook, allocations: &[Allocation]) -> Resu
 pub(crate) mod memory {
     use super::*;
     use std::sync::Mutex;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     #[derive(Default)]
     pub(crate) struct MemBook {
@@ -475,6 +503,10 @@ pub(crate) mod memory {
         pub racing: Mutex<BTreeMap<String, NetworkAddress>>,
         pub creates: AtomicU64,
         uids: AtomicU64,
+        /// Whether the book may read pods (`--pod-label-reads`); off, like the driver's default.
+        pub pod_reads: AtomicBool,
+        /// Pod reads made, to show none is made when none may be.
+        pub pod_reads_made: AtomicU64,
     }
 
     impl MemBook {
@@ -505,12 +537,17 @@ pub(crate) mod memory {
             Box::pin(async move { Ok(self.networks.lock().unwrap().get(name).cloned()) })
         }
 
+        fn reads_pod_labels(&self) -> bool {
+            self.pod_reads.load(Ordering::SeqCst)
+        }
+
         fn pod_labels<'a>(
             &'a self,
             namespace: &'a str,
             name: &'a str,
         ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
             Box::pin(async move {
+                self.pod_reads_made.fetch_add(1, Ordering::SeqCst);
                 Ok(self
                     .pods
                     .lock()

@@ -7,6 +7,8 @@
 use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 
+use knic_e2e::helm::Rendered;
+
 use super::{RELEASE_NAMESPACE, defaults};
 
 /// The Lease the controller elects its leader with (controller/src/main.rs).
@@ -120,14 +122,6 @@ pub(crate) const DRIVER: &[Need] = &[
     ),
     cluster(
         "",
-        "pods",
-        &["get"],
-        Why::Used(
-            "driver/src/api/addresses.rs KubeAddressBook::pod_labels: stableAddresses by label",
-        ),
-    ),
-    cluster(
-        "",
         "namespaces",
         &["get"],
         Why::Used(
@@ -145,6 +139,19 @@ pub(crate) const DRIVER: &[Need] = &[
         ),
     ),
 ];
+
+/// What `knic-driver run --pod-label-reads=true` calls besides [`DRIVER`]; the chart grants it
+/// only with `driver.podLabelReads: true`. Without the flag the driver makes no pod request at
+/// all (a `by: label` claim is refused before any), so the default grants no pod.
+pub(crate) const DRIVER_POD_LABEL_READS: &[Need] = &[cluster(
+    "",
+    "pods",
+    &["get"],
+    Why::Used(
+        "driver/src/api/addresses.rs KubeAddressBook::pod_labels, only with --pod-label-reads: \
+         stableAddresses by label",
+    ),
+)];
 
 /// What `knic-controller` calls.
 pub(crate) const CONTROLLER: &[Need] = &[
@@ -295,9 +302,14 @@ pub(crate) struct Rbac {
 pub(crate) type Grant = (String, String, String, Option<String>, Option<String>);
 
 impl Rbac {
+    /// The RBAC of the chart's default render.
     pub(crate) fn load() -> anyhow::Result<Rbac> {
-        let rendered = defaults()?;
-        Ok(Rbac {
+        Ok(Rbac::of(defaults()?))
+    }
+
+    /// The RBAC of `rendered`.
+    pub(crate) fn of(rendered: &Rendered) -> Rbac {
+        Rbac {
             cluster_roles: rendered.all::<ClusterRole>().into_iter().cloned().collect(),
             roles: rendered.all::<Role>().into_iter().cloned().collect(),
             cluster_bindings: rendered
@@ -306,7 +318,7 @@ impl Rbac {
                 .cloned()
                 .collect(),
             bindings: rendered.all::<RoleBinding>().into_iter().cloned().collect(),
-        })
+        }
     }
 
     /// The rules bound to ServiceAccount `account` of the release namespace, each with the
@@ -447,9 +459,9 @@ fn describe(need: &Need, verb: &str) -> String {
     format!("{s} ({why})")
 }
 
-/// Every permission in `needs` is granted to `account`.
-pub(crate) fn covers(account: &str, needs: &[Need]) -> anyhow::Result<()> {
-    let grants = Rbac::load()?.grants(account)?;
+/// Every permission in `needs` is granted to `account` by `rbac`.
+pub(crate) fn covers(rbac: &Rbac, account: &str, needs: &[Need]) -> anyhow::Result<()> {
+    let grants = rbac.grants(account)?;
     let missing: Vec<String> = needs
         .iter()
         .flat_map(|need| need.verbs.iter().map(move |verb| (need, verb)))
@@ -466,8 +478,8 @@ pub(crate) fn covers(account: &str, needs: &[Need]) -> anyhow::Result<()> {
 
 /// Nothing is granted to `account` that `needs` does not list: each grant is exactly a listed
 /// permission (same group, resource, verb, at most as wide in names and namespaces).
-pub(crate) fn minimal(account: &str, needs: &[Need]) -> anyhow::Result<()> {
-    let grants = Rbac::load()?.grants(account)?;
+pub(crate) fn minimal(rbac: &Rbac, account: &str, needs: &[Need]) -> anyhow::Result<()> {
+    let grants = rbac.grants(account)?;
     let extra: Vec<String> = grants
         .iter()
         .filter(|(group, resource, verb, name, namespace)| {

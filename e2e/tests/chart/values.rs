@@ -198,7 +198,11 @@ fn schema_refuses_bad_values() -> anyhow::Result<()> {
         ),
         (
             json!({"driver": {"logFormat": "xml"}}),
-            "at '/driver/logFormat': value must be one of 'human', 'json'",
+            "at '/driver/logFormat': value must be one of 'text', 'json', 'human'",
+        ),
+        (
+            json!({"driver": {"podLabelReads": "yes"}}),
+            "at '/driver/podLabelReads': got string, want boolean",
         ),
         (
             json!({"image": {"pullPolicy": "Sometimes"}}),

@@ -3,6 +3,7 @@ use super::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use knic_proto::network::NetworkStatus;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 
 fn who(claim: &str, uid: &str, pod: &str) -> Requester {
     Requester {
@@ -339,6 +340,7 @@ async fn a_stable_identity_gets_its_address_back_after_release() {
 #[tokio::test]
 async fn a_label_identity_reads_the_pods_labels() {
     let book = MemBook::default();
+    book.pod_reads.store(true, Ordering::SeqCst);
     let mut s = spec(json!([{"cidr": "10.0.0.0/16"}]));
     s["stableAddresses"] = json!({"by": "label", "label": "app.kubernetes.io/instance"});
     book.add_network("blue", s);
@@ -354,6 +356,56 @@ async fn a_label_identity_reads_the_pods_labels() {
     assert_eq!(first.addresses(), again.addresses());
     let object = book.objects.lock().unwrap()[&again.allocations[0].name].clone();
     assert_eq!(object.spec.identity.as_deref(), Some("ns/one"));
+    assert_eq!(book.pod_reads_made.load(Ordering::SeqCst), 2);
+}
+
+/// Without `--pod-label-reads` a label identity is refused before anything is read or
+/// created, naming the Network, the field, the rule, the way out and what the grant exposes.
+#[tokio::test]
+async fn a_label_identity_without_pod_reads_is_refused_and_reads_nothing() {
+    let book = MemBook::default();
+    let mut s = spec(json!([{"cidr": "10.0.0.0/16"}]));
+    s["stableAddresses"] = json!({"by": "label", "label": "app.kubernetes.io/instance"});
+    book.add_network("blue", s);
+    book.pods.lock().unwrap().insert(
+        ("ns".into(), "a-x1".into()),
+        BTreeMap::from([("app.kubernetes.io/instance".into(), "one".into())]),
+    );
+    let err = alloc(&book, &who("c", "u1", "a-x1")).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Network \"blue\" has spec.stableAddresses.by: label (label \
+         \"app.kubernetes.io/instance\"), which needs the pod's labels when the claim is \
+         prepared, and this driver reads no pods (--pod-label-reads/KNIC_POD_LABEL_READS is \
+         false, the chart's default). Either use spec.stableAddresses.by: podName (no pod read: \
+         the pod's name comes from the claim's reservedFor), or install the chart with \
+         driver.podLabelReads: true, which grants every node's driver get on every pod in every \
+         namespace: the whole object, spec and literal env values included, not only its labels"
+    );
+    assert_eq!(book.pod_reads_made.load(Ordering::SeqCst), 0);
+    assert_eq!(book.creates.load(Ordering::SeqCst), 0);
+    assert!(book.addresses().is_empty());
+}
+
+/// `by: podName` takes the name from the claim's reservedFor: no pod is read, with or
+/// without `--pod-label-reads`.
+#[tokio::test]
+async fn a_pod_name_identity_reads_no_pod() {
+    for reads in [false, true] {
+        let book = MemBook::default();
+        book.pod_reads.store(reads, Ordering::SeqCst);
+        let mut s = spec(json!([{"cidr": "10.0.0.0/16"}]));
+        s["stableAddresses"] = json!({"by": "podName"});
+        book.add_network("blue", s);
+        let got = alloc(&book, &who("c", "u1", "db-0")).await.unwrap();
+        let object = book.objects.lock().unwrap()[&got.allocations[0].name].clone();
+        assert_eq!(object.spec.identity.as_deref(), Some("ns/db-0"));
+        assert_eq!(
+            book.pod_reads_made.load(Ordering::SeqCst),
+            0,
+            "reads {reads}"
+        );
+    }
 }
 
 #[tokio::test]
