@@ -204,7 +204,10 @@ impl Cluster {
             }
             return Ok(());
         }
-        let real = self.real.as_ref().context("neither a fake nor a real cluster")?;
+        let real = self
+            .real
+            .as_ref()
+            .context("neither a fake nor a real cluster")?;
         let harness = real
             .harness
             .as_ref()

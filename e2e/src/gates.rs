@@ -125,7 +125,10 @@ impl Harness {
         };
         let up = PathBuf::from(kit).join("up");
         if !up.is_file() {
-            bail!("{ENV_HARNESS}: {} is not the harness's up script", up.display());
+            bail!(
+                "{ENV_HARNESS}: {} is not the harness's up script",
+                up.display()
+            );
         }
         let dir = std::env::var_os("HARNESS_DIR")
             .map(PathBuf::from)
@@ -203,7 +206,10 @@ impl Harness {
             .with_context(|| format!("writing {}", self.file().display()))?;
         self.restart("kube-apiserver")
             .with_context(|| format!("restarting the apiserver with {}", render(gates)))?;
-        eprintln!("real cluster: apiserver restarted with its gates back: {}", render(gates));
+        eprintln!(
+            "real cluster: apiserver restarted with its gates back: {}",
+            render(gates)
+        );
         Ok(())
     }
 
@@ -278,10 +284,16 @@ mod tests {
     #[test]
     fn what_a_scenario_needs_at_its_start() {
         assert_eq!(Needs::On.off_at_start(), Some(BTreeSet::new()));
-        assert_eq!(Needs::TurnedOff(PARTITIONABLE).off_at_start(), Some(BTreeSet::new()));
+        assert_eq!(
+            Needs::TurnedOff(PARTITIONABLE).off_at_start(),
+            Some(BTreeSet::new())
+        );
         assert_eq!(
             Needs::Off(&[CONSUMABLE, PARTITIONABLE]).off_at_start(),
-            Some(BTreeSet::from([CONSUMABLE.to_owned(), PARTITIONABLE.to_owned()]))
+            Some(BTreeSet::from([
+                CONSUMABLE.to_owned(),
+                PARTITIONABLE.to_owned()
+            ]))
         );
         assert_eq!(Needs::FakeOnly("why").off_at_start(), None);
     }

@@ -123,7 +123,8 @@ async fn scenario(
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), ns);
 
-    pods.create(&PostParams::default(), &pod(ns, "first")?).await?;
+    pods.create(&PostParams::default(), &pod(ns, "first")?)
+        .await?;
     let (claim, _) = running_with_claim(&pods, "first").await?;
     let uid = claims
         .get(&claim)
@@ -145,13 +146,18 @@ async fn scenario(
     std::fs::remove_file(&state).with_context(|| format!("wiping {}", state.display()))?;
     pods.delete("first", &DeleteParams::default().grace_period(0))
         .await?;
-    eventually("the claim collected with its pod", Duration::from_secs(60), || async {
-        Ok(claims.get_opt(&claim).await?.is_none().then_some(()))
-    })
+    eventually(
+        "the claim collected with its pod",
+        Duration::from_secs(60),
+        || async { Ok(claims.get_opt(&claim).await?.is_none().then_some(())) },
+    )
     .await?;
     let gone_at = Instant::now();
     drop(kubelet);
-    println!("kubelet back without DRA state after {:.1?}", gone_at.elapsed());
+    println!(
+        "kubelet back without DRA state after {:.1?}",
+        gone_at.elapsed()
+    );
 
     // The kubelet stops the sandbox of the pod it no longer knows (the device comes home
     // through NRI) but never unprepares the claim; knic withholds the device, then unprepares.
@@ -163,7 +169,8 @@ async fn scenario(
             let prepared = checkpoint(&config.plugin_dir).contains(&uid);
             let withheld = &withheld_seen;
             async move {
-                if prepared && ip(&["-o", "link", "show", DEV]).is_ok() && !offered(cluster).await? {
+                if prepared && ip(&["-o", "link", "show", DEV]).is_ok() && !offered(cluster).await?
+                {
                     withheld.set(true);
                 }
                 Ok((!prepared).then_some(()))
@@ -172,7 +179,10 @@ async fn scenario(
     )
     .await?;
     let withheld_seen = withheld_seen.get();
-    println!("orphan unprepared {:.1?} after the claim was deleted", gone_at.elapsed());
+    println!(
+        "orphan unprepared {:.1?} after the claim was deleted",
+        gone_at.elapsed()
+    );
     ensure!(
         withheld_seen,
         "the device was offered while the orphaned claim was still prepared"
@@ -200,13 +210,16 @@ async fn scenario(
         )),
         "{note}"
     );
-    eventually("the device offered again", Duration::from_secs(30), || async {
-        Ok(offered(cluster).await?.then_some(()))
-    })
+    eventually(
+        "the device offered again",
+        Duration::from_secs(30),
+        || async { Ok(offered(cluster).await?.then_some(())) },
+    )
     .await?;
 
     // The next pod gets the device: the one the stale checkpoint used to refuse.
-    pods.create(&PostParams::default(), &pod(ns, "second")?).await?;
+    pods.create(&PostParams::default(), &pod(ns, "second")?)
+        .await?;
     running_with_claim(&pods, "second").await?;
     let mut found = false;
     for entry in std::fs::read_dir("/var/run/netns")? {

@@ -219,7 +219,8 @@ async fn gate_turned_off_later_falls_back_once(env: &mut Env) -> anyhow::Result<
 }
 
 async fn both_gates_off_publish_plain_slots(env: &mut Env) -> anyhow::Result<()> {
-    env.cluster.start_with_gates_off(&[CONSUMABLE, PARTITIONABLE])?;
+    env.cluster
+        .start_with_gates_off(&[CONSUMABLE, PARTITIONABLE])?;
     env.start()?;
     let names = [SLOTS.as_slice(), &[VF0, VF1]].concat();
     let pool = env.pool(1, &names).await?;

@@ -88,9 +88,8 @@ pub fn gone_because(prepared: &PreparedClaim, answer: &Answer, driver: &str) -> 
             .iter()
             .any(|r| r.driver == driver && r.pool == d.pool && r.device == d.device)
     });
-    (!still_ours && !prepared.devices.is_empty()).then(|| {
-        "its ResourceClaim is no longer allocated the devices knic prepared for it".into()
-    })
+    (!still_ours && !prepared.devices.is_empty())
+        .then(|| "its ResourceClaim is no longer allocated the devices knic prepared for it".into())
 }
 
 /// Whether a device of the claim may be in a pod now (recorded as away from the host).
@@ -282,9 +281,7 @@ pub async fn reap(
                     }
                     changed
                 });
-                metrics
-                    .orphaned_claims
-                    .set([], reaper.suspects() as f64);
+                metrics.orphaned_claims.set([], reaper.suspects() as f64);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the checkpoint to look for orphaned claims");

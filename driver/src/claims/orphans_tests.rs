@@ -66,7 +66,11 @@ async fn a_gone_claim_is_withheld_at_once_and_unprepared_after_a_second_answer()
     let t0 = Instant::now();
     // Idle since now: not looked up before `idle` has passed.
     assert!(reaper.due(&checkpoint, t0).is_empty());
-    assert!(reaper.due(&checkpoint, t0 + Duration::from_secs(9)).is_empty());
+    assert!(
+        reaper
+            .due(&checkpoint, t0 + Duration::from_secs(9))
+            .is_empty()
+    );
     let t1 = t0 + Duration::from_secs(10);
     assert_eq!(reaper.due(&checkpoint, t1), vec![wanted("u1")]);
     let why = "its ResourceClaim no longer exists".to_owned();
@@ -74,11 +78,18 @@ async fn a_gone_claim_is_withheld_at_once_and_unprepared_after_a_second_answer()
         reaper.answer(claim, &Answer::Missing, t1),
         Action::Withhold(why.clone())
     );
-    assert_eq!(reaper.withheld(&checkpoint), BTreeSet::from(["dev-a".to_owned()]));
+    assert_eq!(
+        reaper.withheld(&checkpoint),
+        BTreeSet::from(["dev-a".to_owned()])
+    );
     assert_eq!(reaper.suspects(), 1);
     // Nothing is asked again before the grace; an outage then decides nothing and keeps the
     // device withheld.
-    assert!(reaper.due(&checkpoint, t1 + Duration::from_secs(29)).is_empty());
+    assert!(
+        reaper
+            .due(&checkpoint, t1 + Duration::from_secs(29))
+            .is_empty()
+    );
     let t2 = t1 + Duration::from_secs(30);
     assert_eq!(reaper.due(&checkpoint, t2), vec![wanted("u1")]);
     assert_eq!(
@@ -156,7 +167,11 @@ async fn a_claim_in_a_pod_is_never_looked_up_and_shares_are_not_withheld() {
     });
     assert!(in_pod(claim));
     for s in [0, 10, 60, 600] {
-        assert!(reaper.due(&in_a_pod, t0 + Duration::from_secs(s)).is_empty());
+        assert!(
+            reaper
+                .due(&in_a_pod, t0 + Duration::from_secs(s))
+                .is_empty()
+        );
     }
     // A share of a port: gone, but the port stays offered to its other shares.
     let claim = checkpoint.claims.get_mut("u1").unwrap();
@@ -213,12 +228,22 @@ async fn the_loop_unprepares_a_deleted_claim() {
         .unwrap()
         .clone();
     assert_eq!(held, BTreeSet::from(["dev-a".to_owned()]));
-    assert!(preparer.claims().claim("u1").await.unwrap().is_some(), "unprepared before the grace");
-    tokio::time::timeout(Duration::from_secs(5), withheld.wait_for(BTreeSet::is_empty))
-        .await
-        .expect("offered again in time")
-        .unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+    assert!(
+        preparer.claims().claim("u1").await.unwrap().is_some(),
+        "unprepared before the grace"
+    );
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        withheld.wait_for(BTreeSet::is_empty),
+    )
+    .await
+    .expect("offered again in time")
+    .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(preparer.claims().claim("u1").await.unwrap().is_none());
     let warnings = events.0.lock().unwrap().clone();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -231,9 +256,9 @@ async fn the_loop_unprepares_a_deleted_claim() {
         })
     );
     assert!(
-        warnings[0]
-            .message
-            .starts_with("knic unprepared claim ns/claim (uid u1) itself: its ResourceClaim no longer exists"),
+        warnings[0].message.starts_with(
+            "knic unprepared claim ns/claim (uid u1) itself: its ResourceClaim no longer exists"
+        ),
         "{}",
         warnings[0].message
     );

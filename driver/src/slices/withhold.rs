@@ -69,7 +69,10 @@ mod tests {
         devices_tx.send_replace(vec![device("a"), device("b"), device("c")]);
         offered.wait_for(|d| names(d) == ["a", "c"]).await.unwrap();
         withheld_tx.send_replace(BTreeSet::new());
-        offered.wait_for(|d| names(d) == ["a", "b", "c"]).await.unwrap();
+        offered
+            .wait_for(|d| names(d) == ["a", "b", "c"])
+            .await
+            .unwrap();
         drop(devices_tx);
         task.await.unwrap();
     }
