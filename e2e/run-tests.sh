@@ -85,8 +85,8 @@ status=0
 # ---------------------------------------------------------------- 1. cargo test
 # The real twins run in stage 3 only, so a KNIC_E2E_* of the caller must not make stage 1 run
 # them a first time.
-say "cargo test --workspace --locked"
-if ! env -u KNIC_E2E_KUBECONFIG cargo test --workspace --locked 2>&1 | tee "$log"; then
+say "cargo test --workspace --locked --no-fail-fast"
+if ! env -u KNIC_E2E_KUBECONFIG cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"; then
   status=1
 fi
 
@@ -126,7 +126,7 @@ real_stage() {
   local require_image=0
   command -v buildah >/dev/null 2>&1 && require_image=1
   local ok=0
-  KNIC_E2E_REQUIRE_IMAGE=$require_image cargo test -p knic-e2e --locked -- real/ 2>&1 \
+  KNIC_E2E_REQUIRE_IMAGE=$require_image cargo test -p knic-e2e --locked --no-fail-fast -- real/ 2>&1 \
     | tee "$real_log" || ok=1
   cat "$real_log" >>"$log"
   return "$ok"

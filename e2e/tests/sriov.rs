@@ -234,7 +234,8 @@ async fn a_bad_policy_stops_the_driver_at_start(env: &mut Env) -> anyhow::Result
     );
     let logs = env.logs();
     ensure!(
-        log_values(&logs, "message").contains(&want),
+        // A fatal error is the last line: "stopped by an error", the text in `error`.
+        log_values(&logs, "error").contains(&want),
         "no {want:?} in\n{logs}"
     );
     ensure!(env.numvfs()? == "2", "nothing may change");
