@@ -12,3 +12,4 @@ pub mod grpcwire;
 pub mod harness;
 pub mod helm;
 pub mod kubelet;
+pub mod nodeauth;
