@@ -8,7 +8,7 @@
 //! another install, and two twins never share one. Only `metadata.name` and the references to
 //! the renamed objects change; the rules, expressions and messages are applied as rendered.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
@@ -335,6 +335,43 @@ pub async fn driver_token(cluster: &Cluster, node: Option<&str>) -> anyhow::Resu
         .await
         .context("TokenRequest for the driver's ServiceAccount")?;
     Ok(answer.status.context("TokenRequest without status")?.token)
+}
+
+/// The driver's identity on the cluster: the chart's objects [`install`]ed, and a kubeconfig
+/// and a client with the ServiceAccount's token bound to the test node.
+pub struct DriverIdentity {
+    /// What the chart applied.
+    pub installed: Installed,
+    /// For the driver binary: `KUBECONFIG`.
+    pub kubeconfig: PathBuf,
+    /// For the twin's own writes as the driver.
+    pub client: kube::Client,
+}
+
+/// [`install`]s the chart's objects and makes the driver's identity, checked with a
+/// SelfSubjectReview: the ServiceAccount's user with the node-name extra of the test node.
+pub async fn driver_identity(
+    cluster: &Cluster,
+    leftovers: &mut Leftovers,
+) -> anyhow::Result<DriverIdentity> {
+    let installed = install(cluster, leftovers).await?;
+    let token = driver_token(cluster, Some(&cluster.node)).await?;
+    let kubeconfig = cluster.tmp.path().join("driver.kubeconfig");
+    token_kubeconfig(&cluster.kubeconfig, &token, &kubeconfig)?;
+    let client = client_from(&kubeconfig).await?;
+    let (user, nodes) = whoami(&client).await?;
+    let want = format!("system:serviceaccount:{}:{DRIVER_SA}", cluster.namespace);
+    ensure!(
+        user == want && nodes == [cluster.node.clone()],
+        "the node-bound token is {user} on nodes {nodes:?}, want {want} on [{}]",
+        cluster.node
+    );
+    println!("{user} acts with node-name extra {nodes:?}");
+    Ok(DriverIdentity {
+        installed,
+        kubeconfig,
+        client,
+    })
 }
 
 /// Writes a kubeconfig at `out` for the admin kubeconfig's cluster with `token` as the user

@@ -23,8 +23,8 @@ use knic_driver::pods::{DeviceStatus, StatusSink};
 use knic_e2e::cluster::{Cluster, RealCluster};
 use knic_e2e::harness::trial;
 use knic_e2e::nodeauth::{
-    DRIVER_SA, Installed, Leftovers, NO_NODE, OTHER_NODE, assert_denied, client_from, driver_token,
-    install, policy_denial, refusal, token_kubeconfig, until_refused, whoami,
+    DRIVER_SA, Installed, Leftovers, NO_NODE, OTHER_NODE, assert_denied, client_from,
+    driver_identity, driver_token, policy_denial, refusal, token_kubeconfig, until_refused, whoami,
 };
 use knic_proto::network::NetworkAddress;
 use kube::Api;
@@ -73,30 +73,14 @@ type Body =
 async fn run(real: RealCluster, test: &str, body: Body) -> anyhow::Result<()> {
     let cluster = Cluster::real(&real, test).await?;
     let mut leftovers = Leftovers::new(&real.kubeconfig);
-    let setup = async {
-        let installed = install(&cluster, &mut leftovers).await?;
-        let token = driver_token(&cluster, Some(&cluster.node)).await?;
-        let path = cluster.tmp.path().join("driver.kubeconfig");
-        token_kubeconfig(&real.kubeconfig, &token, &path)?;
-        let driver = client_from(&path).await?;
-        let (user, nodes) = whoami(&driver).await?;
-        let want = format!("system:serviceaccount:{}:{DRIVER_SA}", cluster.namespace);
-        ensure!(
-            user == want && nodes == [cluster.node.clone()],
-            "the node-bound token is {user} on nodes {nodes:?}, want {want} on [{}]",
-            cluster.node
-        );
-        println!("{user} acts with node-name extra {nodes:?}");
-        anyhow::Ok((installed, driver))
-    }
-    .await;
+    let setup = driver_identity(&cluster, &mut leftovers).await;
     let (outcome, mut leftovers, cluster) = match setup {
-        Ok((installed, driver)) => {
+        Ok(identity) => {
             let mut twin = Twin {
                 cluster,
                 leftovers,
-                installed,
-                driver,
+                installed: identity.installed,
+                driver: identity.client,
             };
             let outcome = body(&mut twin).await;
             (outcome, twin.leftovers, twin.cluster)
