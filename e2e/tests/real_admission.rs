@@ -9,7 +9,7 @@
 use std::pin::Pin;
 
 use anyhow::{Context, ensure};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -73,6 +73,8 @@ type Body =
 async fn run(real: RealCluster, test: &str, body: Body) -> anyhow::Result<()> {
     let cluster = Cluster::real(&real, test).await?;
     let mut leftovers = Leftovers::new(&real.kubeconfig);
+    // Also on a panic, when the cleanup below never runs.
+    leftovers.track::<Namespace>(&cluster.namespace);
     let setup = driver_identity(&cluster, &mut leftovers).await;
     let (outcome, mut leftovers, cluster) = match setup {
         Ok(identity) => {
@@ -87,8 +89,8 @@ async fn run(real: RealCluster, test: &str, body: Body) -> anyhow::Result<()> {
         }
         Err(e) => (Err(e), leftovers, cluster),
     };
-    let removed = leftovers.remove().await;
     let cleaned = cluster.cleanup().await;
+    let removed = leftovers.remove().await;
     outcome?;
     removed?;
     cleaned

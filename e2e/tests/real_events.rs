@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use knic_e2e::cluster::{Cluster, RealCluster};
@@ -139,6 +139,16 @@ type Body = for<'a> fn(&'a mut Env) -> Pin<Box<dyn Future<Output = anyhow::Resul
 async fn run(real: RealCluster, test: &str, body: Body) -> anyhow::Result<()> {
     let cluster = Cluster::real(&real, test).await?;
     let mut leftovers = Leftovers::new(&real.kubeconfig);
+    // Also on a panic, when the cleanup below never runs.
+    leftovers.track::<Namespace>(&cluster.namespace);
+    /// Deletes the veth pair when dropped, also on a panic.
+    struct Veth;
+    impl Drop for Veth {
+        fn drop(&mut self) {
+            let _ = ip(&["link", "del", DEVICE]);
+        }
+    }
+    let veth = Veth;
     let setup = async {
         ip(&["link", "add", DEVICE, "type", "veth", "peer", "name", PEER])?;
         ip(&["link", "set", DEVICE, "up"])?;
@@ -158,9 +168,9 @@ async fn run(real: RealCluster, test: &str, body: Body) -> anyhow::Result<()> {
         }
         Err(e) => (Err(e), leftovers, cluster),
     };
-    let _ = ip(&["link", "del", DEVICE]);
-    let removed = leftovers.remove().await;
+    drop(veth);
     let cleaned = cluster.cleanup().await;
+    let removed = leftovers.remove().await;
     outcome?;
     removed?;
     cleaned

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
@@ -35,9 +35,13 @@ use serde_json::{Value, json};
 /// The label that selects this twin's objects for its webhook configuration.
 const LABEL: &str = "knic.dev/e2e-webhook";
 
-/// The harness's `route-service` (next to the checkout, as `../shared/harness`).
+/// The harness's `route-service`: in `KNIC_E2E_HARNESS` (the kit's directory), else next to
+/// the checkout as `../shared/harness`.
 fn route_service() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/harness/route-service")
+    std::env::var_os("KNIC_E2E_HARNESS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/harness"))
+        .join("route-service")
 }
 
 /// The controller as a replica runs it; killed when dropped.
@@ -55,16 +59,18 @@ impl Controller {
 pub(crate) async fn refuses_invalid_configs(real: RealCluster) -> anyhow::Result<()> {
     let cluster = Cluster::real(&real, "adm-webhook").await?;
     let mut leftovers = Leftovers::new(&real.kubeconfig);
+    // Also on a panic, when the cleanup below never runs.
+    leftovers.track::<Namespace>(&cluster.namespace);
     let mut controller = None;
     let mut vip = None;
     let outcome = scenario(&cluster, &mut leftovers, &mut controller, &mut vip).await;
-    let removed = leftovers.remove().await;
     let log = controller
         .as_ref()
         .map(Controller::logs)
         .unwrap_or_default();
     drop(controller);
     let cleaned = cluster.cleanup().await;
+    let removed = leftovers.remove().await;
     if let Err(e) = outcome {
         bail!("{e:#}\n--- controller log ---\n{log}");
     }
