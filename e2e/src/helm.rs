@@ -228,12 +228,23 @@ fn call(request: Value) -> anyhow::Result<Value> {
 /// Renders the chart with `values` (over values.yaml) for a cluster of `kube_version`
 /// (`None`: Helm's default, the newest it knows).
 pub fn template(values: &Value, kube_version: Option<&str>) -> anyhow::Result<Outcome> {
+    template_release(values, kube_version, RELEASE_NAME, RELEASE_NAMESPACE)
+}
+
+/// [`template`] for release `name` in `namespace` (the real-cluster twins install into a
+/// namespace of their own; a path stays `knic/templates/...` whatever the name).
+pub fn template_release(
+    values: &Value,
+    kube_version: Option<&str>,
+    name: &str,
+    namespace: &str,
+) -> anyhow::Result<Outcome> {
     let answer = call(json!({
         "op": "template",
         "chart": chart_dir(),
         "values": values,
-        "name": RELEASE_NAME,
-        "namespace": RELEASE_NAMESPACE,
+        "name": name,
+        "namespace": namespace,
         "kube_version": kube_version,
     }))?;
     if let Some(refusal) = answer.get("refused").and_then(Value::as_str) {
