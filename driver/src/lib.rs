@@ -25,6 +25,7 @@ pub mod pods;
 pub mod sharing;
 pub mod slices;
 pub mod sriov;
+pub mod tidy;
 pub mod wiring;
 
 pub use error::{Error, Result};

@@ -29,7 +29,7 @@ pub mod ipam;
 pub mod plan;
 mod store;
 
-pub use store::{Change, ClaimStore, Locked};
+pub use store::{Change, ClaimStore, Locked, Retired};
 
 use crate::BoxFuture;
 use crate::cdi::CdiSpecs;
