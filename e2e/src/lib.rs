@@ -11,4 +11,5 @@ pub mod fuzz;
 pub mod grpcwire;
 pub mod harness;
 pub mod helm;
+pub mod image;
 pub mod kubelet;
