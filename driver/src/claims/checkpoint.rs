@@ -286,24 +286,6 @@ impl CheckpointStore {
         })
     }
 
-    /// Removes the file (and temp files a crashed save left), durably: what
-    /// [`ClaimStore::retire_if_empty`](crate::claims::ClaimStore::retire_if_empty)
-    /// calls when nothing is prepared, since a missing file is read as the empty checkpoint.
-    /// A file already gone is fine; the directory stays (it is the kubelet's, or a mount).
-    pub fn remove(&self) -> Result<()> {
-        self.remove_stale_temp_files();
-        match fs::remove_file(&self.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io(format!("removing {}", self.path.display()), e)),
-        }
-        // The removal must be durable, or a crash could bring back a file claiming nothing
-        // and a later one claiming something would be the one lost.
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(format!("syncing {}", self.dir.display()), e))
-    }
-
     fn remove_stale_temp_files(&self) {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return;

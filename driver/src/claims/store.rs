@@ -290,7 +290,14 @@ impl ClaimStore {
         if prepared > 0 {
             return Ok(Retired::Kept { claims: prepared });
         }
-        self.core.file.remove()?;
+        // Not fsync'd: a removal a crash undoes brings back a file that says the same.
+        let path = self.core.file.path();
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("removing {}", path.display()), e));
+            }
+            _ => {}
+        }
         Ok(Retired::Removed(then()?))
     }
 
