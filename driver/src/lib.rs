@@ -26,6 +26,7 @@ pub mod sharing;
 pub mod slices;
 pub mod sriov;
 pub mod watches;
+pub mod tidy;
 pub mod wiring;
 
 pub use error::{Error, Result};

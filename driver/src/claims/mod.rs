@@ -30,7 +30,7 @@ pub mod orphans;
 pub mod plan;
 mod store;
 
-pub use store::{Change, ClaimStore, Locked};
+pub use store::{Change, ClaimStore, Locked, Retired};
 
 use crate::BoxFuture;
 use crate::cdi::CdiSpecs;
