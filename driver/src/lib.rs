@@ -25,8 +25,8 @@ pub mod pods;
 pub mod sharing;
 pub mod slices;
 pub mod sriov;
-pub mod watches;
 pub mod tidy;
+pub mod watches;
 pub mod wiring;
 
 pub use error::{Error, Result};

@@ -287,6 +287,10 @@ impl Cluster {
     /// Deletes the test namespace (and with it, on a real cluster, its pods and claims).
     pub async fn cleanup(&self) -> anyhow::Result<()> {
         if self.fake.is_none() {
+            // The pods go first, while the test's driver still runs: the real kubelet
+            // unprepares their claims through it, and a pod whose driver was stopped first
+            // stays Terminating with its claim prepared.
+            self.delete_pods().await?;
             // Slices the test driver published for the real node must not outlive the test.
             self.wipe_slices().await?;
         }
@@ -294,6 +298,22 @@ impl Cluster {
             .delete(&self.namespace, &DeleteParams::default())
             .await?;
         Ok(())
+    }
+
+    /// Deletes the namespace's pods and waits (bounded) until they are gone.
+    async fn delete_pods(&self) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        crate::harness::eventually(
+            &format!("the pods of {} gone", self.namespace),
+            std::time::Duration::from_secs(120),
+            || async {
+                let left = pods.list(&ListParams::default()).await?.items;
+                Ok(left.is_empty().then_some(()))
+            },
+        )
+        .await
     }
 
     /// Creates a claim with one request `nic`, a pod that references it (held back from
@@ -519,10 +539,10 @@ fn namespace_for(test: &str) -> String {
     format!("knic-e2e-{}-{nanos:08x}", slug.trim_matches('-'))
 }
 
-/// Applies knic's CRDs (`Network`, `NetworkAddress`, as the chart ships them: both are
+/// Creates knic's CRDs (`Network`, `NetworkAddress`, as the chart ships them: both are
 /// generated from the same types) and waits until the apiserver serves them. A real twin then
 /// never meets a cluster without them (the IPAM twins once failed with "404 page not found"
-/// because nothing had installed them); applying again is a no-op.
+/// because nothing had installed them); CRDs already there (from the chart) are left as they are.
 pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use knic_proto::network::{Network, NetworkAddress};
@@ -530,13 +550,14 @@ pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [Network::crd(), NetworkAddress::crd()] {
         let name = crd.name_any();
-        api.patch(
-            &name,
-            &PatchParams::apply("knic-e2e").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("applying CRD {name}"))?;
+        // Created when missing, never taken over: a forced apply made the tests the owner of
+        // the fields, and `helm install` (Helm v4 applies the chart's CRDs server-side) then
+        // failed on a conflict over `.spec.versions`.
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("creating CRD {name}"))),
+        }
         crate::harness::eventually(
             &format!("CRD {name} established"),
             std::time::Duration::from_secs(30),
