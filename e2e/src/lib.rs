@@ -13,3 +13,4 @@ pub mod grpcwire;
 pub mod harness;
 pub mod helm;
 pub mod kubelet;
+pub mod real_node;

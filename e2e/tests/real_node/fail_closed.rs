@@ -1,0 +1,256 @@
+//! Fail-closed on the real runtime: the driver frozen with SIGSTOP (a process that keeps its
+//! sockets and answers nothing) at the two moments that matter, with a real pod on the way.
+//!
+//! * Between prepare and the sandbox's NRI hook: the runtime cannot reach knic when the
+//!   sandbox starts, so knic never hears of it; the CDI `createRuntime` hook
+//!   (`knic-driver check-interface`) must keep the app container from starting without `net1`.
+//!   Once knic runs again it reconnects, the runtime's Synchronize lists the sandbox, knic
+//!   attaches, and the kubelet's next try starts the container.
+//! * Before prepare: the kubelet's NodePrepareResources goes unanswered; the pod must wait (no
+//!   sandbox, no container) and come up once knic answers.
+//!
+//! While knic is frozen, every process of the app container (found by its command line) is
+//! checked to be in a namespace where `net1` is up with its address, and the pod's phase and
+//! container states are followed; what the kubelet and containerd did is printed.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use knic_e2e::cluster::RealCluster;
+use knic_e2e::harness::udp_echo;
+use knic_e2e::real_node::{POLL, PodClaim, RealNode, link_in, processes_with};
+use serde_json::json;
+
+use super::gate::SandboxGate;
+
+const PEER: &str = "10.233.0.1/24";
+const ADDRESS: &str = "10.233.0.10/24";
+/// How long knic stays frozen while the pod is watched.
+const FROZEN: Duration = Duration::from_secs(25);
+
+/// What was seen of the pod while knic was frozen.
+#[derive(Debug, Default)]
+struct Watched {
+    /// Distinct `("waiting|terminated <reason>", message)` of the app container's state, in
+    /// order seen.
+    states: Vec<(String, String)>,
+    /// Events of the test's namespace, as [`RealNode::events`] words them, in order seen.
+    events: Vec<String>,
+    /// Checks made.
+    checks: usize,
+}
+
+/// Follows pod `pod` for `how_long` with knic frozen: fails at once if the driver is not
+/// stopped, if the API reports its app container running, or if any process of the app
+/// container runs in a namespace without `net1` up with [`ADDRESS`]. Stops early once `enough`
+/// holds for what was seen.
+async fn watch_frozen(
+    node: &mut RealNode,
+    pod: &str,
+    how_long: Duration,
+    enough: impl Fn(&Watched) -> bool,
+) -> anyhow::Result<Watched> {
+    let started = Instant::now();
+    let marker = node.marker(pod);
+    let mut seen = Watched::default();
+    while started.elapsed() < how_long {
+        let state = node.driver_state()?;
+        ensure!(state == 'T', "the driver is not stopped (state {state})");
+        for (pid, netns) in processes_with(&marker) {
+            let net1 = link_in(&netns, "net1").unwrap_or_default();
+            ensure!(
+                net1.contains(&format!("inet {ADDRESS}")) && net1.contains("UP"),
+                "process {pid} of pod {pod}'s app container runs without its interface \
+                 (net1 in its namespace: {net1:?})"
+            );
+        }
+        // The phase says little here: with restartPolicy Always a pod whose only container
+        // failed to start is reported Running ("restarting"). The containers' states do not lie.
+        let p = node.pods().get(pod).await?;
+        for c in p
+            .status
+            .unwrap_or_default()
+            .container_statuses
+            .iter()
+            .flatten()
+        {
+            let state = c.state.clone().unwrap_or_default();
+            ensure!(
+                state.running.is_none(),
+                "container {} of pod {pod} is running while knic is frozen",
+                c.name
+            );
+            let waiting = state.waiting.map(|w| (w.reason, w.message));
+            let terminated = state.terminated.map(|t| (t.reason, t.message));
+            for (kind, (reason, message)) in [("waiting", waiting), ("terminated", terminated)]
+                .into_iter()
+                .filter_map(|(k, s)| Some((k, s?)))
+            {
+                let entry = (
+                    format!("{kind} {}", reason.unwrap_or_default()),
+                    message.unwrap_or_default(),
+                );
+                if !seen.states.contains(&entry) {
+                    println!(
+                        "[{:>5.1}s frozen] container {}: {}: {}",
+                        started.elapsed().as_secs_f64(),
+                        c.name,
+                        entry.0,
+                        entry.1
+                    );
+                    seen.states.push(entry);
+                }
+            }
+        }
+        for e in node.events().await? {
+            if !seen.events.contains(&e) {
+                println!(
+                    "[{:>5.1}s frozen] event {e}",
+                    started.elapsed().as_secs_f64()
+                );
+                seen.events.push(e);
+            }
+        }
+        seen.checks += 1;
+        if enough(&seen) {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    println!(
+        "knic frozen {:.1}s: {} checks, no container ran without net1",
+        started.elapsed().as_secs_f64(),
+        seen.checks
+    );
+    Ok(seen)
+}
+
+/// After knic is back: the pod runs, `net1` is configured in its namespace (and in the app
+/// container's), the claim reports it, and it carries traffic.
+async fn comes_up(node: &mut RealNode, pod: &str) -> anyhow::Result<()> {
+    let thawed = Instant::now();
+    node.running(pod, Duration::from_secs(180)).await?;
+    println!(
+        "pod {pod} Running {:.1}s after SIGCONT",
+        thawed.elapsed().as_secs_f64()
+    );
+    let status = node.configured("nic").await?;
+    ensure!(
+        status["devices"][0]["networkData"]["ips"] == json!([ADDRESS]),
+        "{status}"
+    );
+    let netns = node.pod_netns(pod).await?;
+    let net1 = link_in(&netns, "net1").context("net1 is not in the pod")?;
+    ensure!(net1.contains(&format!("inet {ADDRESS}")), "{net1}");
+    let app = processes_with(&node.marker(pod));
+    ensure!(!app.is_empty(), "no process of the app container found");
+    for (pid, ns) in app {
+        let net1 = link_in(&ns, "net1").unwrap_or_default();
+        ensure!(net1.contains(ADDRESS), "app process {pid} sees {net1:?}");
+    }
+    udp_echo(&netns, &node.nics[0].peer, "10.233.0.1")?;
+    for e in node.events().await? {
+        println!("event {e}");
+    }
+    Ok(())
+}
+
+async fn setup(real: &RealCluster, test: &str, tag: &str) -> anyhow::Result<RealNode> {
+    let mut node = RealNode::start(real, test, tag, &[PEER], &[]).await?;
+    let outcome = async {
+        let nic = node.nics[0].name.clone();
+        let class = node.device_class("nic", &[&nic]).await?;
+        node.claim("nic", &class, json!({"addresses": [ADDRESS]}))
+            .await
+    }
+    .await;
+    match outcome {
+        Ok(()) => Ok(node),
+        Err(e) => match node.finish(Err(e)).await {
+            Err(e) => Err(e),
+            Ok(()) => bail!("setting up the claim failed"),
+        },
+    }
+}
+
+/// Frozen between prepare and the sandbox's NRI hook.
+pub(crate) async fn frozen_at_sandbox_start(real: RealCluster) -> anyhow::Result<()> {
+    let mut node = setup(&real, "real-frozen-at-sandbox", "fs").await?;
+    let outcome = at_sandbox_start(&mut node).await;
+    node.finish(outcome).await
+}
+
+async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
+    let mut gate = SandboxGate::register(&node.real.nri_socket, &node.cluster.namespace).await?;
+    node.create_pod("app", &PodClaim::Claim("nic".into()))
+        .await?;
+    let sandbox = gate.reached(Duration::from_secs(120)).await?;
+    node.freeze()?;
+    gate.open();
+    node.mark(&format!(
+        "sandbox {} of pod {} held before knic's hook (netns {:?}); knic frozen, gate opened",
+        sandbox.id, sandbox.name, sandbox.netns
+    ));
+    // The kubelet prepared before it asked for the sandbox.
+    let prepared = node.checkpoint()?;
+    ensure!(
+        prepared.values().any(|c| c["name"] == json!("nic")),
+        "the claim is not prepared: {prepared:?}"
+    );
+    let seen = watch_frozen(node, "app", FROZEN, |_| false).await?;
+    // containerd gave up on knic's hook after its 2 s timeout, closed the plugin and started
+    // the sandbox anyway; the CDI hook then refused the app container, which the kubelet
+    // reports with knic's message as a Warning event (and the container's state).
+    let refusal = format!(
+        "claim {}/nic: interface net1 is not configured: it is not in the pod's network \
+         namespace; the container must not start without it",
+        node.cluster.namespace
+    );
+    let refused = seen.events.iter().any(|e| {
+        e.contains("Pod/app Failed: Error: failed to create containerd task")
+            && e.contains("error running hook #0")
+            && e.contains(&refusal)
+    });
+    ensure!(
+        refused,
+        "the CDI hook never refused the app container while knic was frozen; events: {:#?}",
+        seen.events
+    );
+    node.thaw()?;
+    node.mark("knic continued (SIGCONT)");
+    comes_up(node, "app").await
+}
+
+/// Frozen before the kubelet's prepare.
+pub(crate) async fn frozen_before_prepare(real: RealCluster) -> anyhow::Result<()> {
+    let mut node = setup(&real, "real-frozen-before-prepare", "fp").await?;
+    let outcome = before_prepare(&mut node).await;
+    node.finish(outcome).await
+}
+
+async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
+    node.freeze()?;
+    node.mark("knic frozen (SIGSTOP) before the pod exists");
+    node.create_pod("app", &PodClaim::Claim("nic".into()))
+        .await?;
+    // Held until the kubelet gave up on one prepare call, so its timeout and its event show.
+    let failed_prepare = |w: &Watched| {
+        w.events
+            .iter()
+            .any(|e| e.contains("FailedPrepareDynamicResources"))
+    };
+    let seen = watch_frozen(node, "app", Duration::from_secs(150), failed_prepare).await?;
+    ensure!(
+        failed_prepare(&seen),
+        "the kubelet reported no failed prepare within 150 s of knic being frozen"
+    );
+    node.mark("the kubelet's prepare failed while knic was frozen");
+    let prepared = node.checkpoint()?;
+    ensure!(
+        prepared.is_empty(),
+        "a frozen driver prepared something: {prepared:?}"
+    );
+    node.thaw()?;
+    node.mark("knic continued (SIGCONT)");
+    comes_up(node, "app").await
+}
