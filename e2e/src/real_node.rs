@@ -212,9 +212,17 @@ impl RealNode {
         println!("[{:>6.1}s since setup] {what}", self.elapsed());
     }
 
+    /// Whether the driver was given the runtime's own NRI socket (a test may give it one
+    /// where no runtime listens yet).
+    fn on_the_runtime(&self) -> bool {
+        self.config.env_value("KNIC_NRI_SOCKET") == Some(&*self.real.nri_socket.to_string_lossy())
+    }
+
     /// Waits until the driver's log, from byte `from` on, says the kubelet registered the
-    /// plugin and the runtime registered the NRI plugin.
+    /// plugin and (when the driver was given the runtime's socket) the runtime registered the
+    /// NRI plugin.
     async fn registered(&self, from: usize) -> anyhow::Result<()> {
+        let nri = self.on_the_runtime();
         wait_for(
             "the kubelet and the runtime registered the driver",
             Duration::from_secs(60),
@@ -222,8 +230,23 @@ impl RealNode {
                 let logs = self.driver.logs();
                 let tail = logs.get(from..).unwrap_or_default();
                 Ok((tail.contains("kubelet registered the plugin")
-                    && tail.contains("registered as an NRI plugin"))
+                    && (!nri || tail.contains("registered as an NRI plugin")))
                 .then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// Waits until the driver's log, from byte `from` on, says the runtime registered its NRI
+    /// plugin.
+    pub async fn nri_registered(&self, from: usize) -> anyhow::Result<()> {
+        wait_for(
+            "the runtime registered the driver's NRI plugin",
+            Duration::from_secs(60),
+            || async {
+                let logs = self.driver.logs();
+                let tail = logs.get(from..).unwrap_or_default();
+                Ok(tail.contains("registered as an NRI plugin").then_some(()))
             },
         )
         .await
@@ -260,6 +283,11 @@ impl RealNode {
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT)?;
         self.stopped = false;
         Ok(())
+    }
+
+    /// Whether the driver is frozen ([`RealNode::freeze`] and not thawed since).
+    pub fn frozen(&self) -> bool {
+        self.stopped
     }
 
     /// The state letter of the driver process (`T` while stopped).

@@ -5,9 +5,10 @@
 //! * `real/network_template_and_exhaustion` — the real `knic-controller` turns a Network into a
 //!   template, pods get its addresses, and a full subnet keeps a pod Pending until an address
 //!   is freed (`real_node/networks.rs`);
-//! * `real/fail_closed_frozen_*` — the driver frozen (SIGSTOP) before prepare and between
-//!   prepare and the sandbox hook: no container runs without its interface, and the pod comes
-//!   up once the driver runs again (`real_node/fail_closed.rs`);
+//! * `real/fail_closed_*` — the driver frozen (SIGSTOP) before prepare and between prepare and
+//!   the sandbox hook, and running without the runtime's NRI socket: no container runs without
+//!   its interface, and the pod comes up once the driver can attach again
+//!   (`real_node/fail_closed.rs`);
 //! * `real/kill9_*` — the driver aborted at failpoints mid-attach and mid-detach, restarted,
 //!   and the node converges (`real_node/crash.rs`).
 //!
@@ -83,6 +84,14 @@ fn main() {
             let cluster = cluster.clone();
             move || async move { fail_closed::frozen_before_prepare(cluster()?).await }
         }),
+        trial(
+            "real/fail_closed_prepare_refused_without_nri".into(),
+            ignored,
+            {
+                let cluster = cluster.clone();
+                move || async move { fail_closed::prepare_refused_without_nri(cluster()?).await }
+            },
+        ),
         trial("real/kill9_mid_attach_after_checkpoint".into(), ignored, {
             let cluster = cluster.clone();
             move || async move { crash::mid_attach(cluster()?, "attach:after-checkpoint").await }

@@ -9,9 +9,12 @@
 //! * Before prepare: the kubelet's NodePrepareResources goes unanswered; the pod must wait (no
 //!   sandbox, no container) and come up once knic answers.
 //!
-//! While knic is frozen, every process of the app container (found by its command line) is
-//! checked to be in a namespace where `net1` is up with its address, and the pod's phase and
-//! container states are followed; what the kubelet and containerd did is printed.
+//! And knic running without the runtime's NRI socket: it refuses prepare (the other guard), the
+//! kubelet retries, and the pod comes up once the socket is back.
+//!
+//! Meanwhile every process of the app container (found by its command line) is checked to be in
+//! a namespace where `net1` is up with its address, and the container states the kubelet
+//! reports are followed; what the kubelet and containerd did is printed.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +31,7 @@ const ADDRESS: &str = "10.233.0.10/24";
 /// How long knic stays frozen while the pod is watched.
 const FROZEN: Duration = Duration::from_secs(25);
 
-/// What was seen of the pod while knic was frozen.
+/// What was seen of the pod while knic could not attach.
 #[derive(Debug, Default)]
 struct Watched {
     /// Distinct `("waiting|terminated <reason>", message)` of the app container's state, in
@@ -40,11 +43,11 @@ struct Watched {
     checks: usize,
 }
 
-/// Follows pod `pod` for `how_long` with knic frozen: fails at once if the driver is not
-/// stopped, if the API reports its app container running, or if any process of the app
-/// container runs in a namespace without `net1` up with [`ADDRESS`]. Stops early once `enough`
-/// holds for what was seen.
-async fn watch_frozen(
+/// Follows pod `pod` for `how_long` while knic cannot attach (frozen, or without the runtime):
+/// fails at once if a frozen driver runs again, if the API reports the app container running,
+/// or if any process of the app container runs in a namespace without `net1` up with
+/// [`ADDRESS`]. Stops early once `enough` holds for what was seen.
+async fn watch_pod(
     node: &mut RealNode,
     pod: &str,
     how_long: Duration,
@@ -54,8 +57,10 @@ async fn watch_frozen(
     let marker = node.marker(pod);
     let mut seen = Watched::default();
     while started.elapsed() < how_long {
-        let state = node.driver_state()?;
-        ensure!(state == 'T', "the driver is not stopped (state {state})");
+        if node.frozen() {
+            let state = node.driver_state()?;
+            ensure!(state == 'T', "the driver is not stopped (state {state})");
+        }
         for (pid, netns) in processes_with(&marker) {
             let net1 = link_in(&netns, "net1").unwrap_or_default();
             ensure!(
@@ -77,7 +82,7 @@ async fn watch_frozen(
             let state = c.state.clone().unwrap_or_default();
             ensure!(
                 state.running.is_none(),
-                "container {} of pod {pod} is running while knic is frozen",
+                "container {} of pod {pod} is running while knic cannot attach",
                 c.name
             );
             let waiting = state.waiting.map(|w| (w.reason, w.message));
@@ -92,7 +97,7 @@ async fn watch_frozen(
                 );
                 if !seen.states.contains(&entry) {
                     println!(
-                        "[{:>5.1}s frozen] container {}: {}: {}",
+                        "[{:>5.1}s] container {}: {}: {}",
                         started.elapsed().as_secs_f64(),
                         c.name,
                         entry.0,
@@ -104,10 +109,7 @@ async fn watch_frozen(
         }
         for e in node.events().await? {
             if !seen.events.contains(&e) {
-                println!(
-                    "[{:>5.1}s frozen] event {e}",
-                    started.elapsed().as_secs_f64()
-                );
+                println!("[{:>5.1}s] event {e}", started.elapsed().as_secs_f64());
                 seen.events.push(e);
             }
         }
@@ -118,7 +120,7 @@ async fn watch_frozen(
         tokio::time::sleep(POLL).await;
     }
     println!(
-        "knic frozen {:.1}s: {} checks, no container ran without net1",
+        "watched {:.1}s: {} checks, no container ran without net1",
         started.elapsed().as_secs_f64(),
         seen.checks
     );
@@ -127,12 +129,12 @@ async fn watch_frozen(
 
 /// After knic is back: the pod runs, `net1` is configured in its namespace (and in the app
 /// container's), the claim reports it, and it carries traffic.
-async fn comes_up(node: &mut RealNode, pod: &str) -> anyhow::Result<()> {
-    let thawed = Instant::now();
+async fn comes_up(node: &mut RealNode, pod: &str, since: &str) -> anyhow::Result<()> {
+    let back = Instant::now();
     node.running(pod, Duration::from_secs(180)).await?;
     println!(
-        "pod {pod} Running {:.1}s after SIGCONT",
-        thawed.elapsed().as_secs_f64()
+        "pod {pod} Running {:.1}s after {since}",
+        back.elapsed().as_secs_f64()
     );
     let status = node.configured("nic").await?;
     ensure!(
@@ -155,8 +157,13 @@ async fn comes_up(node: &mut RealNode, pod: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn setup(real: &RealCluster, test: &str, tag: &str) -> anyhow::Result<RealNode> {
-    let mut node = RealNode::start(real, test, tag, &[PEER], &[]).await?;
+async fn setup(
+    real: &RealCluster,
+    test: &str,
+    tag: &str,
+    env: &[(&str, &str)],
+) -> anyhow::Result<RealNode> {
+    let mut node = RealNode::start(real, test, tag, &[PEER], env).await?;
     let outcome = async {
         let nic = node.nics[0].name.clone();
         let class = node.device_class("nic", &[&nic]).await?;
@@ -175,7 +182,7 @@ async fn setup(real: &RealCluster, test: &str, tag: &str) -> anyhow::Result<Real
 
 /// Frozen between prepare and the sandbox's NRI hook.
 pub(crate) async fn frozen_at_sandbox_start(real: RealCluster) -> anyhow::Result<()> {
-    let mut node = setup(&real, "real-frozen-at-sandbox", "fs").await?;
+    let mut node = setup(&real, "real-frozen-at-sandbox", "fs", &[]).await?;
     let outcome = at_sandbox_start(&mut node).await;
     node.finish(outcome).await
 }
@@ -197,7 +204,7 @@ async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
         prepared.values().any(|c| c["name"] == json!("nic")),
         "the claim is not prepared: {prepared:?}"
     );
-    let seen = watch_frozen(node, "app", FROZEN, |_| false).await?;
+    let seen = watch_pod(node, "app", FROZEN, |_| false).await?;
     // containerd gave up on knic's hook after its 2 s timeout, closed the plugin and started
     // the sandbox anyway; the CDI hook then refused the app container, which the kubelet
     // reports with knic's message as a Warning event (and the container's state).
@@ -218,12 +225,12 @@ async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app").await
+    comes_up(node, "app", "SIGCONT").await
 }
 
 /// Frozen before the kubelet's prepare.
 pub(crate) async fn frozen_before_prepare(real: RealCluster) -> anyhow::Result<()> {
-    let mut node = setup(&real, "real-frozen-before-prepare", "fp").await?;
+    let mut node = setup(&real, "real-frozen-before-prepare", "fp", &[]).await?;
     let outcome = before_prepare(&mut node).await;
     node.finish(outcome).await
 }
@@ -239,7 +246,7 @@ async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
             .iter()
             .any(|e| e.contains("FailedPrepareDynamicResources"))
     };
-    let seen = watch_frozen(node, "app", Duration::from_secs(150), failed_prepare).await?;
+    let seen = watch_pod(node, "app", Duration::from_secs(150), failed_prepare).await?;
     ensure!(
         failed_prepare(&seen),
         "the kubelet reported no failed prepare within 150 s of knic being frozen"
@@ -252,5 +259,56 @@ async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app").await
+    comes_up(node, "app", "SIGCONT").await
+}
+
+/// The runtime's NRI socket gone while knic runs (a runtime restarting, or NRI not yet up):
+/// knic refuses prepare, the kubelet reports knic's refusal and retries, no sandbox is made;
+/// once the socket is back knic registers and the pod comes up.
+pub(crate) async fn prepare_refused_without_nri(real: RealCluster) -> anyhow::Result<()> {
+    // knic is given a path where no runtime listens; linking it to the runtime's socket later
+    // is the runtime coming back, with the same driver process reconnecting by itself.
+    let dir = tempfile::Builder::new().prefix("knic-e2e-nri-").tempdir()?;
+    let socket = dir.path().join("nri.sock");
+    let path = socket.to_string_lossy().into_owned();
+    let mut node = setup(
+        &real,
+        "real-prepare-without-nri",
+        "fn",
+        &[("KNIC_NRI_SOCKET", &path)],
+    )
+    .await?;
+    let outcome = without_nri(&mut node, &socket).await;
+    node.finish(outcome).await
+}
+
+async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::Result<()> {
+    node.create_pod("app", &PodClaim::Claim("nic".into()))
+        .await?;
+    let refusal = format!(
+        "knic is not connected to the container runtime's NRI socket {}: a pod started now \
+         would run without its interfaces, so prepare is refused until it reconnects (the \
+         kubelet retries)",
+        socket.display()
+    );
+    let refused = |w: &Watched| w.events.iter().any(|e| e.contains(&refusal));
+    let seen = watch_pod(node, "app", Duration::from_secs(120), refused).await?;
+    ensure!(
+        refused(&seen),
+        "the kubelet never reported knic's refusal; events: {:#?}",
+        seen.events
+    );
+    let pod = node.pods().get("app").await?;
+    let ip = pod.status.and_then(|s| s.pod_ip);
+    ensure!(
+        ip.is_none(),
+        "a sandbox was made for a refused claim (pod IP {ip:?})"
+    );
+    let prepared = node.checkpoint()?;
+    ensure!(prepared.is_empty(), "prepared without NRI: {prepared:?}");
+    let from = node.logs().len();
+    std::os::unix::fs::symlink(&node.real.nri_socket, socket)?;
+    node.mark("the runtime's NRI socket is back");
+    node.nri_registered(from).await?;
+    comes_up(node, "app", "the socket came back").await
 }

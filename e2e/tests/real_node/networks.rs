@@ -345,9 +345,25 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
             "no {want:?} Event for {network}: {reasons:?}"
         );
     }
+    // Pod B goes too: the address is free, and no device lists the network any more.
     node.delete_pod("b", Duration::from_secs(120)).await?;
     let left = addresses(node, network).await?;
     ensure!(left.is_empty(), "allocations left: {left:?}");
+    status_where(node, network, "free again, one node", |s| {
+        condition(s, CONDITION_EXHAUSTED)["status"] == json!("False")
+            && s["addressSummary"] == json!("1/1")
+            && s["availableNodes"] == json!(1)
+    })
+    .await?;
+    wait_for(
+        "no device lists the network as exhausted",
+        Duration::from_secs(30),
+        || async {
+            let attributes = exhausted_attributes(node).await?;
+            Ok((attributes.len() == 2 && attributes.iter().all(Option::is_none)).then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
 
