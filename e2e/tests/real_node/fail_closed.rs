@@ -21,12 +21,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use knic_e2e::cluster::RealCluster;
 use knic_e2e::harness::udp_echo;
-use knic_e2e::real_node::{POLL, PodClaim, RealNode, link_in, processes_with};
+use knic_e2e::real_node::{POLL, PodClaim, RealNode, link_in, processes_with, wait_for};
 use serde_json::json;
 
 use super::gate::SandboxGate;
 
 const PEER: &str = "10.233.0.1/24";
+const GATEWAY: &str = "10.233.0.1";
+/// The first three octets every pod address here starts with.
+const SUBNET: &str = "10.233.0.";
+/// Claim `nic`'s address.
 const ADDRESS: &str = "10.233.0.10/24";
 /// How long knic stays frozen while the pod is watched.
 const FROZEN: Duration = Duration::from_secs(25);
@@ -45,8 +49,8 @@ struct Watched {
 
 /// Follows pod `pod` for `how_long` while knic cannot attach (frozen, or without the runtime):
 /// fails at once if a frozen driver runs again, if the API reports the app container running,
-/// or if any process of the app container runs in a namespace without `net1` up with
-/// [`ADDRESS`]. Stops early once `enough` holds for what was seen.
+/// or if any process of the app container runs in a namespace without `net1` up with one of
+/// the test's addresses. Stops early once `enough` holds for what was seen.
 async fn watch_pod(
     node: &mut RealNode,
     pod: &str,
@@ -64,7 +68,7 @@ async fn watch_pod(
         for (pid, netns) in processes_with(&marker) {
             let net1 = link_in(&netns, "net1").unwrap_or_default();
             ensure!(
-                net1.contains(&format!("inet {ADDRESS}")) && net1.contains("UP"),
+                net1.contains(&format!("inet {SUBNET}")) && net1.contains("UP"),
                 "process {pid} of pod {pod}'s app container runs without its interface \
                  (net1 in its namespace: {net1:?})"
             );
@@ -127,48 +131,68 @@ async fn watch_pod(
     Ok(seen)
 }
 
-/// After knic is back: the pod runs, `net1` is configured in its namespace (and in the app
-/// container's), the claim reports it, and it carries traffic.
-async fn comes_up(node: &mut RealNode, pod: &str, since: &str) -> anyhow::Result<()> {
+/// After knic is back: pod `pod` runs, `net1` has `address` in its namespace (and in the app
+/// container's), claim `claim` reports it, and it carries traffic to the peer of the device
+/// the claim got.
+async fn comes_up(
+    node: &mut RealNode,
+    pod: &str,
+    (claim, address): (&str, &str),
+    since: &str,
+) -> anyhow::Result<()> {
     let back = Instant::now();
     node.running(pod, Duration::from_secs(180)).await?;
     println!(
         "pod {pod} Running {:.1}s after {since}",
         back.elapsed().as_secs_f64()
     );
-    let status = node.configured("nic").await?;
+    let status = node.configured(claim).await?;
     ensure!(
-        status["devices"][0]["networkData"]["ips"] == json!([ADDRESS]),
+        status["devices"][0]["networkData"]["ips"] == json!([address]),
         "{status}"
     );
+    let device = status["devices"][0]["device"].as_str().unwrap_or_default();
+    let nic = node
+        .nics
+        .iter()
+        .find(|n| n.name == device)
+        .with_context(|| format!("claim {claim} got {device:?}"))?;
     let netns = node.pod_netns(pod).await?;
     let net1 = link_in(&netns, "net1").context("net1 is not in the pod")?;
-    ensure!(net1.contains(&format!("inet {ADDRESS}")), "{net1}");
+    ensure!(net1.contains(&format!("inet {address}")), "{net1}");
     let app = processes_with(&node.marker(pod));
     ensure!(!app.is_empty(), "no process of the app container found");
     for (pid, ns) in app {
         let net1 = link_in(&ns, "net1").unwrap_or_default();
-        ensure!(net1.contains(ADDRESS), "app process {pid} sees {net1:?}");
+        ensure!(net1.contains(address), "app process {pid} sees {net1:?}");
     }
-    udp_echo(&netns, &node.nics[0].peer, "10.233.0.1")?;
+    udp_echo(&netns, &nic.peer, GATEWAY)?;
     for e in node.events().await? {
         println!("event {e}");
     }
     Ok(())
 }
 
+/// A node with one NIC per entry of `claims`, a class selecting them all, and one claim
+/// `(name, address)` each.
 async fn setup(
     real: &RealCluster,
     test: &str,
     tag: &str,
     env: &[(&str, &str)],
+    claims: &[(&str, &str)],
 ) -> anyhow::Result<RealNode> {
-    let mut node = RealNode::start(real, test, tag, &[PEER], env).await?;
+    let peers = vec![PEER; claims.len()];
+    let mut node = RealNode::start(real, test, tag, &peers, env).await?;
     let outcome = async {
-        let nic = node.nics[0].name.clone();
-        let class = node.device_class("nic", &[&nic]).await?;
-        node.claim("nic", &class, json!({"addresses": [ADDRESS]}))
-            .await
+        let nics: Vec<String> = node.nics.iter().map(|n| n.name.clone()).collect();
+        let nics: Vec<&str> = nics.iter().map(String::as_str).collect();
+        let class = node.device_class("nic", &nics).await?;
+        for (claim, address) in claims {
+            node.claim(claim, &class, json!({"addresses": [address]}))
+                .await?;
+        }
+        anyhow::Ok(())
     }
     .await;
     match outcome {
@@ -182,7 +206,14 @@ async fn setup(
 
 /// Frozen between prepare and the sandbox's NRI hook.
 pub(crate) async fn frozen_at_sandbox_start(real: RealCluster) -> anyhow::Result<()> {
-    let mut node = setup(&real, "real-frozen-at-sandbox", "fs", &[]).await?;
+    let mut node = setup(
+        &real,
+        "real-frozen-at-sandbox",
+        "fs",
+        &[],
+        &[("nic", ADDRESS)],
+    )
+    .await?;
     let outcome = at_sandbox_start(&mut node).await;
     node.finish(outcome).await
 }
@@ -225,12 +256,19 @@ async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app", "SIGCONT").await
+    comes_up(node, "app", ("nic", ADDRESS), "SIGCONT").await
 }
 
 /// Frozen before the kubelet's prepare.
 pub(crate) async fn frozen_before_prepare(real: RealCluster) -> anyhow::Result<()> {
-    let mut node = setup(&real, "real-frozen-before-prepare", "fp", &[]).await?;
+    let mut node = setup(
+        &real,
+        "real-frozen-before-prepare",
+        "fp",
+        &[],
+        &[("nic", ADDRESS)],
+    )
+    .await?;
     let outcome = before_prepare(&mut node).await;
     node.finish(outcome).await
 }
@@ -259,12 +297,15 @@ async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app", "SIGCONT").await
+    comes_up(node, "app", ("nic", ADDRESS), "SIGCONT").await
 }
 
-/// The runtime's NRI socket gone while knic runs (a runtime restarting, or NRI not yet up):
-/// knic refuses prepare, the kubelet reports knic's refusal and retries, no sandbox is made;
-/// once the socket is back knic registers and the pod comes up.
+/// The runtime's NRI socket gone while knic runs (a runtime restarting, or NRI not up yet).
+/// Pod `late`: knic waits [`knic_driver::claims::RUNTIME_HOOKS_WAIT`] for the runtime, then
+/// refuses prepare; the kubelet reports knic's refusal and no sandbox is made. Pod `quick`,
+/// created while knic is still without the runtime: its prepare waits, the socket comes back
+/// meanwhile, and the pod runs at once, without a refusal. Pod `late` runs once the kubelet
+/// retries (at its next sync of the pod, a minute or more later: the cost the wait avoids).
 pub(crate) async fn prepare_refused_without_nri(real: RealCluster) -> anyhow::Result<()> {
     // knic is given a path where no runtime listens; linking it to the runtime's socket later
     // is the runtime coming back, with the same driver process reconnecting by itself.
@@ -276,6 +317,7 @@ pub(crate) async fn prepare_refused_without_nri(real: RealCluster) -> anyhow::Re
         "real-prepare-without-nri",
         "fn",
         &[("KNIC_NRI_SOCKET", &path)],
+        &[("late", ADDRESS), ("quick", "10.233.0.11/24")],
     )
     .await?;
     let outcome = without_nri(&mut node, &socket).await;
@@ -283,7 +325,7 @@ pub(crate) async fn prepare_refused_without_nri(real: RealCluster) -> anyhow::Re
 }
 
 async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::Result<()> {
-    node.create_pod("app", &PodClaim::Claim("nic".into()))
+    node.create_pod("late", &PodClaim::Claim("late".into()))
         .await?;
     let refusal = format!(
         "knic is not connected to the container runtime's NRI socket {}: a pod started now \
@@ -291,14 +333,18 @@ async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::R
          kubelet retries)",
         socket.display()
     );
-    let refused = |w: &Watched| w.events.iter().any(|e| e.contains(&refusal));
-    let seen = watch_pod(node, "app", Duration::from_secs(120), refused).await?;
+    let refused = |w: &Watched| {
+        w.events.iter().any(|e| {
+            e.starts_with("Pod/late FailedPrepareDynamicResources:") && e.contains(&refusal)
+        })
+    };
+    let seen = watch_pod(node, "late", Duration::from_secs(120), refused).await?;
     ensure!(
         refused(&seen),
         "the kubelet never reported knic's refusal; events: {:#?}",
         seen.events
     );
-    let pod = node.pods().get("app").await?;
+    let pod = node.pods().get("late").await?;
     let ip = pod.status.and_then(|s| s.pod_ip);
     ensure!(
         ip.is_none(),
@@ -306,9 +352,47 @@ async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::R
     );
     let prepared = node.checkpoint()?;
     ensure!(prepared.is_empty(), "prepared without NRI: {prepared:?}");
+
+    node.create_pod("quick", &PodClaim::Claim("quick".into()))
+        .await?;
+    wait_for(
+        "knic's prepare of claim quick waits for the runtime",
+        Duration::from_secs(60),
+        || async {
+            Ok(node
+                .logs()
+                .lines()
+                .any(|l| {
+                    l.contains("prepare waits for knic's registration with the runtime's NRI")
+                        && l.contains("\"claim\":\"quick\"")
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
     let from = node.logs().len();
     std::os::unix::fs::symlink(&node.real.nri_socket, socket)?;
     node.mark("the runtime's NRI socket is back");
     node.nri_registered(from).await?;
-    comes_up(node, "app", "the socket came back").await
+    let back = Instant::now();
+    node.running("quick", Duration::from_secs(30)).await?;
+    println!(
+        "pod quick Running {:.1}s after the socket came back, its prepare having waited",
+        back.elapsed().as_secs_f64()
+    );
+    let events = node.events().await?;
+    ensure!(
+        !events
+            .iter()
+            .any(|e| e.starts_with("Pod/quick FailedPrepareDynamicResources")),
+        "pod quick's prepare was refused: {events:#?}"
+    );
+    comes_up(
+        node,
+        "quick",
+        ("quick", "10.233.0.11/24"),
+        "the socket came back",
+    )
+    .await?;
+    comes_up(node, "late", ("late", ADDRESS), "the socket came back").await
 }
