@@ -269,11 +269,19 @@ impl RealNode {
     }
 
     /// SIGSTOP: the driver keeps its sockets but answers nothing, as a process frozen by the
-    /// scheduler, a debugger or a cgroup freezer.
-    pub fn freeze(&mut self) -> anyhow::Result<()> {
+    /// scheduler, a debugger or a cgroup freezer. Returns once every thread of it is stopped
+    /// (the signal is delivered asynchronously, thread by thread).
+    pub async fn freeze(&mut self) -> anyhow::Result<()> {
         let pid = nix::unistd::Pid::from_raw(self.driver_pid()?);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)?;
         self.stopped = true;
+        let started = Instant::now();
+        while !self.driver_stopped()? {
+            if started.elapsed() > Duration::from_secs(5) {
+                bail!("the driver did not stop within 5 s of SIGSTOP");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(())
     }
 
@@ -290,14 +298,18 @@ impl RealNode {
         self.stopped
     }
 
-    /// The state letter of the driver process (`T` while stopped).
-    pub fn driver_state(&mut self) -> anyhow::Result<char> {
+    /// Whether every thread of the driver is stopped (state `T`, or `t` when traced).
+    pub fn driver_stopped(&mut self) -> anyhow::Result<bool> {
         let pid = self.driver_pid()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        let after = stat
-            .rsplit_once(')')
-            .context("/proc/<pid>/stat without a name")?;
-        after.1.trim_start().chars().next().context("empty stat")
+        let mut all = true;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let stat = std::fs::read_to_string(task?.path().join("stat"))?;
+            let (_, fields) = stat
+                .rsplit_once(')')
+                .context("/proc/<pid>/task/<tid>/stat without a name")?;
+            all &= matches!(fields.trim_start().chars().next(), Some('T' | 't'));
+        }
+        Ok(all)
     }
 
     /// Waits until the driver exited by itself (an armed failpoint aborted it).

@@ -62,8 +62,7 @@ async fn watch_pod(
     let mut seen = Watched::default();
     while started.elapsed() < how_long {
         if node.frozen() {
-            let state = node.driver_state()?;
-            ensure!(state == 'T', "the driver is not stopped (state {state})");
+            ensure!(node.driver_stopped()?, "the frozen driver runs");
         }
         for (pid, netns) in processes_with(&marker) {
             let net1 = link_in(&netns, "net1").unwrap_or_default();
@@ -223,7 +222,7 @@ async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
     node.create_pod("app", &PodClaim::Claim("nic".into()))
         .await?;
     let sandbox = gate.reached(Duration::from_secs(120)).await?;
-    node.freeze()?;
+    node.freeze().await?;
     gate.open();
     node.mark(&format!(
         "sandbox {} of pod {} held before knic's hook (netns {:?}); knic frozen, gate opened",
@@ -274,7 +273,7 @@ pub(crate) async fn frozen_before_prepare(real: RealCluster) -> anyhow::Result<(
 }
 
 async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
-    node.freeze()?;
+    node.freeze().await?;
     node.mark("knic frozen (SIGSTOP) before the pod exists");
     node.create_pod("app", &PodClaim::Claim("nic".into()))
         .await?;
@@ -371,10 +370,10 @@ async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::R
     )
     .await?;
     let from = node.logs().len();
+    let back = Instant::now();
     std::os::unix::fs::symlink(&node.real.nri_socket, socket)?;
     node.mark("the runtime's NRI socket is back");
     node.nri_registered(from).await?;
-    let back = Instant::now();
     node.running("quick", Duration::from_secs(30)).await?;
     println!(
         "pod quick Running {:.1}s after the socket came back, its prepare having waited",
