@@ -105,5 +105,5 @@ fn main() {
             move || async move { crash::mid_detach(cluster()?).await }
         }),
     ];
-    libtest_mimic::run(&args, trials).exit();
+    knic_e2e::harness::run_trials(&args, trials);
 }

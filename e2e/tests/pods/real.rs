@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use knic_e2e::cluster::RealCluster;
-use knic_e2e::harness::{host_link, udp_echo};
+use knic_e2e::harness::{host_link, udp_echo, unpanicked};
 use knic_e2e::real_node::{PodClaim, RealNode, link_in, wait_for};
 use serde_json::json;
 
@@ -15,7 +15,7 @@ use serde_json::json;
 /// unprepared its claim (which leaves nothing in the checkpoint).
 pub(crate) async fn real_kubelet_and_runtime(real: RealCluster) -> anyhow::Result<()> {
     let mut node = RealNode::start(&real, "real-pod", "r", &["192.0.2.1/24"], &[]).await?;
-    let outcome = scenario(&mut node).await;
+    let outcome = unpanicked(scenario(&mut node)).await;
     node.finish(outcome).await
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use knic_e2e::cluster::RealCluster;
-use knic_e2e::harness::{host_link, ip, udp_echo};
+use knic_e2e::harness::{host_link, ip, udp_echo, unpanicked};
 use knic_e2e::real_node::{
     PodClaim, RealNode, link_in, links_in, namespaces_holding, processes_with, wait_for,
 };
@@ -227,7 +227,7 @@ async fn run(
     scenario: impl AsyncFnOnce(&mut Crash) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let mut crash = setup(&real, test, tag).await?;
-    let outcome = scenario(&mut crash).await;
+    let outcome = unpanicked(scenario(&mut crash)).await;
     let Crash {
         mut node, network, ..
     } = crash;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use knic_e2e::cluster::RealCluster;
-use knic_e2e::harness::udp_echo;
+use knic_e2e::harness::{udp_echo, unpanicked};
 use knic_e2e::real_node::{POLL, PodClaim, RealNode, link_in, processes_with, wait_for};
 use serde_json::json;
 
@@ -213,7 +213,7 @@ pub(crate) async fn frozen_at_sandbox_start(real: RealCluster) -> anyhow::Result
         &[("nic", ADDRESS)],
     )
     .await?;
-    let outcome = at_sandbox_start(&mut node).await;
+    let outcome = unpanicked(at_sandbox_start(&mut node)).await;
     node.finish(outcome).await
 }
 
@@ -268,7 +268,7 @@ pub(crate) async fn frozen_before_prepare(real: RealCluster) -> anyhow::Result<(
         &[("nic", ADDRESS)],
     )
     .await?;
-    let outcome = before_prepare(&mut node).await;
+    let outcome = unpanicked(before_prepare(&mut node)).await;
     node.finish(outcome).await
 }
 
@@ -319,7 +319,7 @@ pub(crate) async fn prepare_refused_without_nri(real: RealCluster) -> anyhow::Re
         &[("late", ADDRESS), ("quick", "10.233.0.11/24")],
     )
     .await?;
-    let outcome = without_nri(&mut node, &socket).await;
+    let outcome = unpanicked(without_nri(&mut node, &socket)).await;
     node.finish(outcome).await
 }
 

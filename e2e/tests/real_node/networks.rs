@@ -11,7 +11,7 @@ use anyhow::{Context, ensure};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use knic_e2e::cluster::RealCluster;
-use knic_e2e::harness::udp_echo;
+use knic_e2e::harness::{udp_echo, unpanicked};
 use knic_e2e::real_node::{POLL, PodClaim, RealNode, link_in, wait_for};
 use knic_proto::network::{
     CONDITION_EXHAUSTED, CONDITION_READY, NETWORK_LABEL, Network, NetworkAddress, exhaustion_token,
@@ -78,7 +78,7 @@ pub(crate) async fn network_template_and_exhaustion(
     let outcome = async {
         let controller = Controller::start(&controller, &node)?;
         let network = format!("{}-net", node.cluster.namespace);
-        let result = scenario(&mut node, &network).await;
+        let result = unpanicked(scenario(&mut node, &network)).await;
         let removed = remove_network(&node, &network).await;
         match result {
             Ok(()) => removed,
