@@ -123,6 +123,7 @@ impl RealNode {
             nix::unistd::geteuid().is_root(),
             "a real node needs root (links, namespaces, the kubelet's directories)"
         );
+        schedulable(real).await?;
         let cluster = Cluster::real(real, test).await?;
         let mut links = Links(Vec::new());
         let mut peers = Vec::new();
@@ -734,4 +735,44 @@ pub fn namespaces_holding(mac: &str) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(found)
+}
+
+/// Waits (up to a minute) until the node is Ready and carries no taint that keeps pods off it,
+/// and otherwise fails naming what it carries: a shared machine's node can be under disk
+/// pressure for minutes, and a twin whose pods cannot be scheduled would only time out later
+/// with a less clear message.
+async fn schedulable(real: &RealCluster) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let file = kube::config::Kubeconfig::read_from(&real.kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default()).await?;
+    let nodes: Api<Node> = Api::all(kube::Client::try_from(config)?);
+    wait_for(
+        &format!("node {} Ready and schedulable", real.node),
+        Duration::from_secs(60),
+        || async {
+            let node = nodes.get(&real.node).await?;
+            let taints: Vec<String> = node
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+                .map(|t| format!("{}:{}", t.key, t.effect))
+                .collect();
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ensure!(
+                ready && taints.is_empty(),
+                "node {} is {}ready with taints {taints:?}",
+                real.node,
+                if ready { "" } else { "not " }
+            );
+            Ok(Some(()))
+        },
+    )
+    .await
 }
