@@ -137,13 +137,12 @@ async fn comes_up(
     node: &mut RealNode,
     pod: &str,
     (claim, address): (&str, &str),
-    since: &str,
+    (since, what): (Instant, &str),
 ) -> anyhow::Result<()> {
-    let back = Instant::now();
     node.running(pod, Duration::from_secs(180)).await?;
     println!(
-        "pod {pod} Running {:.1}s after {since}",
-        back.elapsed().as_secs_f64()
+        "pod {pod} Running {:.1}s after {what}",
+        since.elapsed().as_secs_f64()
     );
     let status = node.configured(claim).await?;
     ensure!(
@@ -255,7 +254,7 @@ async fn at_sandbox_start(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app", ("nic", ADDRESS), "SIGCONT").await
+    comes_up(node, "app", ("nic", ADDRESS), (Instant::now(), "SIGCONT")).await
 }
 
 /// Frozen before the kubelet's prepare.
@@ -296,7 +295,7 @@ async fn before_prepare(node: &mut RealNode) -> anyhow::Result<()> {
     );
     node.thaw()?;
     node.mark("knic continued (SIGCONT)");
-    comes_up(node, "app", ("nic", ADDRESS), "SIGCONT").await
+    comes_up(node, "app", ("nic", ADDRESS), (Instant::now(), "SIGCONT")).await
 }
 
 /// The runtime's NRI socket gone while knic runs (a runtime restarting, or NRI not up yet).
@@ -386,12 +385,7 @@ async fn without_nri(node: &mut RealNode, socket: &std::path::Path) -> anyhow::R
             .any(|e| e.starts_with("Pod/quick FailedPrepareDynamicResources")),
         "pod quick's prepare was refused: {events:#?}"
     );
-    comes_up(
-        node,
-        "quick",
-        ("quick", "10.233.0.11/24"),
-        "the socket came back",
-    )
-    .await?;
-    comes_up(node, "late", ("late", ADDRESS), "the socket came back").await
+    let came_back = (back, "the socket came back");
+    comes_up(node, "quick", ("quick", "10.233.0.11/24"), came_back).await?;
+    comes_up(node, "late", ("late", ADDRESS), came_back).await
 }
