@@ -4,7 +4,8 @@
 //!
 //! Two guards, because NRI alone cannot promise it: the runtime does not wait for plugins, so a
 //! sandbox created while knic is not connected simply starts without knic.
-//! * Prepare refuses while knic is not registered with the runtime (see
+//! * Prepare refuses while knic is not registered with the runtime, after waiting up to
+//!   [`crate::claims::RUNTIME_HOOKS_WAIT`] for it (see
 //!   [`crate::claims::Preparer::with_runtime_hooks`]); the kubelet retries prepare, and the pod
 //!   waits instead of starting bare. This closes the window before prepare.
 //! * Every prepared device comes with a CDI device (a per-claim spec file in the runtime's CDI

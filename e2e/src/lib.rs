@@ -15,3 +15,4 @@ pub mod helm;
 pub mod image;
 pub mod kubelet;
 pub mod nodeauth;
+pub mod real_node;
