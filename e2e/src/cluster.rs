@@ -229,21 +229,36 @@ impl Cluster {
         self.service_account_ready(&self.namespace).await
     }
 
-    /// On a real cluster, waits for the namespace's `default` ServiceAccount: the apiserver
-    /// refuses a pod until the controller-manager has made it ("error looking up service
-    /// account …/default"), which a twin creating its pod at once ran into.
+    /// On a real cluster, makes sure the namespace's `default` ServiceAccount exists: the
+    /// apiserver refuses a pod until it does ("error looking up service account …/default").
+    /// The controller-manager makes it within a second normally, but after the twins restart
+    /// the apiserver (gate switches) its failed requests back off for minutes, so after a
+    /// short wait the test makes it itself, as the controller would.
     async fn service_account_ready(&self, namespace: &str) -> anyhow::Result<()> {
         if self.fake.is_some() {
             return Ok(());
         }
         let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(self.client.clone(), namespace);
-        crate::harness::eventually(
+        let made = crate::harness::eventually(
             &format!("ServiceAccount {namespace}/default"),
-            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(15),
             || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
         )
-        .await
+        .await;
+        if made.is_ok() {
+            return Ok(());
+        }
+        eprintln!("{namespace}: no default ServiceAccount after 15 s; making it");
+        let account = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": namespace},
+        }))?;
+        match accounts.create(&PostParams::default(), &account).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Makes sure the Node object exists (the fake starts empty; a real cluster has it) and
