@@ -24,6 +24,10 @@ use rig::{Machine, Needs};
 #[path = "sriov_vm/pools.rs"]
 mod pools;
 
+// Per-claim VF settings through a real PF.
+#[path = "sriov_vm/settings.rs"]
+mod settings;
+
 /// Runs an async trial body on its own runtime.
 fn run<F, Fut>(body: F) -> Result<(), Failed>
 where
@@ -53,6 +57,16 @@ fn main() {
         ("vm/held_vfs_block_a_count_change", Needs::Sriov, |m| {
             Box::pin(pools::held_vfs_block_a_count_change(m))
         }),
+        (
+            "vm/vf_settings_applied_read_back_and_restored",
+            Needs::Sriov,
+            |m| Box::pin(settings::vf_settings_applied_read_back_and_restored(m)),
+        ),
+        (
+            "vm/vf_comes_home_despite_new_ifindex_and_permanent_mac",
+            Needs::Sriov,
+            |m| Box::pin(settings::vf_comes_home_despite_new_ifindex_and_permanent_mac(m)),
+        ),
     ];
     let mut trials = Vec::new();
     for (name, needs, body) in table {

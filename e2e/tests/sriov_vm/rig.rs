@@ -440,7 +440,10 @@ impl Rig {
         let cleanup = self.cluster.cleanup().await;
         match outcome {
             Ok(()) => cleanup.and(stopped),
-            Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{logs}"),
+            Err(e) => anyhow::bail!(
+                "{e:#}\n--- driver log ---\n{logs}\n--- kernel log ---\n{}",
+                kernel_log()
+            ),
         }
     }
 }
@@ -482,4 +485,25 @@ pub fn prepared(claim: &TestClaim, out: &Prepared) -> anyhow::Result<()> {
         out.error
     );
     Ok(())
+}
+
+/// Host links deleted on drop.
+pub struct Links(pub Vec<&'static str>);
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for l in &self.0 {
+            let _ = ip(&["link", "del", l]);
+        }
+    }
+}
+
+/// The kernel's last messages (the PF driver says why it refused something there).
+pub fn kernel_log() -> String {
+    let out = std::process::Command::new("dmesg").output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
