@@ -24,6 +24,10 @@ use rig::{Machine, Needs};
 #[path = "sriov_vm/pools.rs"]
 mod pools;
 
+// vfio-pci on a real IOMMU.
+#[path = "sriov_vm/vfio.rs"]
+mod vfio;
+
 // Per-claim VF settings through a real PF.
 #[path = "sriov_vm/settings.rs"]
 mod settings;
@@ -67,6 +71,12 @@ fn main() {
             Needs::Sriov,
             |m| Box::pin(settings::vf_comes_home_despite_new_ifindex_and_permanent_mac(m)),
         ),
+        ("vm/vfio_bind_cdi_and_restore", Needs::Vfio, |m| {
+            Box::pin(vfio::vfio_bind_cdi_and_restore(m))
+        }),
+        ("vm/vfio_pool_binds_its_vfs", Needs::Vfio, |m| {
+            Box::pin(vfio::vfio_pool_binds_its_vfs(m))
+        }),
     ];
     let mut trials = Vec::new();
     for (name, needs, body) in table {

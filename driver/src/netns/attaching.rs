@@ -278,7 +278,11 @@ async fn adopt_vf_mac<S: Session>(
                 .map_err(|e| {
                     Error::kernel(
                         netns,
-                        format!("giving {} its MAC {}", plan.pod_ifname, super::mac_text(&mac)),
+                        format!(
+                            "giving {} its MAC {}",
+                            plan.pod_ifname,
+                            super::mac_text(&mac)
+                        ),
                         format!(
                             "the PF assigned it, the VF's driver did not take it, the PF refuses \
                              the VF's own request ({refused}), and trusting the VF for that \

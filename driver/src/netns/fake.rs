@@ -263,8 +263,7 @@ impl FakeKernel {
         if let Some(link) = find(&mut s, ns, name) {
             link.pci_address = Some(pci.to_owned());
         }
-        s.vf_netdevs
-            .insert(pci.to_owned(), (pf.to_owned(), index));
+        s.vf_netdevs.insert(pci.to_owned(), (pf.to_owned(), index));
     }
 
     /// VF `index` of `pf` as the PF holds it now.

@@ -507,3 +507,22 @@ pub fn kernel_log() -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
+
+/// Writes `marker` into the kernel log, for [`kernel_log_since`].
+pub fn kernel_mark(marker: &str) -> anyhow::Result<()> {
+    std::fs::write("/dev/kmsg", format!("knic-test: {marker}\n"))?;
+    Ok(())
+}
+
+/// The kernel's messages after `marker` (see [`kernel_mark`]).
+pub fn kernel_log_since(marker: &str) -> String {
+    let out = std::process::Command::new("dmesg").output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let tag = format!("knic-test: {marker}");
+    match text.rfind(&tag) {
+        Some(at) => text[at + tag.len()..].to_owned(),
+        None => text,
+    }
+}

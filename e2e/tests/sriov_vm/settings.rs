@@ -30,8 +30,13 @@ async fn rig_with_vfs(m: &Machine, test: &str, n: u32) -> anyhow::Result<Rig> {
 /// VF `n` of `pf` as knic's own reader parses the kernel's answer.
 async fn knic_reads(pf: &str, n: u32) -> anyhow::Result<VfState> {
     let kernel = Rtnl::new(None);
-    let mut host = kernel.open(&Ns::Host).await?.context("the host namespace")?;
-    host.vf_state(pf, n).await?.context("the PF reports no such VF")
+    let mut host = kernel
+        .open(&Ns::Host)
+        .await?
+        .context("the host namespace")?;
+    host.vf_state(pf, n)
+        .await?
+        .context("the PF reports no such VF")
 }
 
 /// `ip -o link show` of a host link without its index (which may legitimately change on a
@@ -84,7 +89,10 @@ pub async fn vf_settings_applied_read_back_and_restored(m: Machine) -> anyhow::R
             "spoof checking off",
             "trust on",
         ] {
-            ensure!(table.contains(want), "no {want:?} in the PF's table: {table}");
+            ensure!(
+                table.contains(want),
+                "no {want:?} in the PF's table: {table}"
+            );
         }
         let read = knic_reads(&pf.name, 0).await?;
         ensure!(
@@ -103,7 +111,10 @@ pub async fn vf_settings_applied_read_back_and_restored(m: Machine) -> anyhow::R
             net1.contains("02:00:00:00:10:01") && net1.contains("192.0.2.10/24"),
             "in the pod: {net1}"
         );
-        ensure!(netdev_of(&vf).is_none(), "the VF's netdev is still on the host");
+        ensure!(
+            netdev_of(&vf).is_none(),
+            "the VF's netdev is still on the host"
+        );
         // Detach and unprepare: the PF's table and the host link are as before.
         rig.runtime()?
             .stop_pod_sandbox(&rig.pod(&claim, Some(&ns)))
@@ -164,7 +175,17 @@ async fn round_trip(
         .await?;
     prepared(&claim, &rig.prepare(&claim).await?)?;
     let ns = Netns::new(&format!("knt-{name}"))?;
-    ip(&["-n", &ns.0, "link", "add", "knt-taken", "index", &index, "type", "dummy"])?;
+    ip(&[
+        "-n",
+        &ns.0,
+        "link",
+        "add",
+        "knt-taken",
+        "index",
+        &index,
+        "type",
+        "dummy",
+    ])?;
     rig.runtime()?
         .run_pod_sandbox(&rig.pod(&claim, Some(&ns)))
         .await
@@ -177,7 +198,15 @@ async fn round_trip(
         "the VF in the pod: {net1} (host index {index})"
     );
     let _blocker = if host_blocker {
-        ip(&["link", "add", "knt-hostblk", "index", &index, "type", "dummy"])?;
+        ip(&[
+            "link",
+            "add",
+            "knt-hostblk",
+            "index",
+            &index,
+            "type",
+            "dummy",
+        ])?;
         Some(super::rig::Links(vec!["knt-hostblk"]))
     } else {
         None

@@ -303,7 +303,10 @@ impl Session for FakeSession {
                 return Err(self.missing(pf));
             }
             let key = (pf.to_owned(), index);
-            let refused = s.vf_refusals.get(&(pf.to_owned(), field.to_owned())).copied();
+            let refused = s
+                .vf_refusals
+                .get(&(pf.to_owned(), field.to_owned()))
+                .copied();
             let enforcing = s.enforcing.contains(pf);
             let Some(vf) = s.vfs.get_mut(&key) else {
                 return Err(Error::io(
