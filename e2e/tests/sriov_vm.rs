@@ -24,6 +24,10 @@ use rig::{Machine, Needs};
 #[path = "sriov_vm/pools.rs"]
 mod pools;
 
+// RDMA netlink against soft-RoCE.
+#[path = "sriov_vm/rdma.rs"]
+mod rdma;
+
 // vfio-pci on a real IOMMU.
 #[path = "sriov_vm/vfio.rs"]
 mod vfio;
@@ -71,12 +75,25 @@ fn main() {
             Needs::Sriov,
             |m| Box::pin(settings::vf_comes_home_despite_new_ifindex_and_permanent_mac(m)),
         ),
+        (
+            "vm/refused_vf_settings_fail_the_attach_naming_them",
+            Needs::Sriov,
+            |m| Box::pin(settings::refused_vf_settings_fail_the_attach_naming_them(m)),
+        ),
+        ("vm/vf_settings_restored_after_kill9", Needs::Sriov, |m| {
+            Box::pin(settings::vf_settings_restored_after_kill9(m))
+        }),
         ("vm/vfio_bind_cdi_and_restore", Needs::Vfio, |m| {
             Box::pin(vfio::vfio_bind_cdi_and_restore(m))
         }),
         ("vm/vfio_pool_binds_its_vfs", Needs::Vfio, |m| {
             Box::pin(vfio::vfio_pool_binds_its_vfs(m))
         }),
+        (
+            "vm/soft_roce_against_knics_rdma_netlink",
+            Needs::Rdma,
+            |m| Box::pin(rdma::soft_roce_against_knics_rdma_netlink(m)),
+        ),
     ];
     let mut trials = Vec::new();
     for (name, needs, body) in table {

@@ -56,7 +56,7 @@ fn link_line(name: &str) -> anyhow::Result<(String, Option<String>)> {
 }
 
 pub async fn vf_settings_applied_read_back_and_restored(m: Machine) -> anyhow::Result<()> {
-    let mut rig = rig_with_vfs(&m, "vm-vf-settings", 2).await?;
+    let rig = rig_with_vfs(&m, "vm-vf-settings", 2).await?;
     let outcome = async {
         let pf = m.claim_pf().clone();
         let vf = pf.vf_address(0)?;
@@ -131,14 +131,10 @@ pub async fn vf_settings_applied_read_back_and_restored(m: Machine) -> anyhow::R
         ensure!(back == netdev, "the VF came back as {back}, not {netdev}");
         // The PF's assignment is cleared; igb then reports the MAC the VF registered for its
         // netdev (its own, put back), where it reported none before the VF had registered one.
-        let own = std::fs::read_to_string(format!("/sys/class/net/{netdev}/address"))?;
-        let table = vf_line(&pf.name, 0)?;
-        let zero = "link/ether 00:00:00:00:00:00";
         ensure!(
-            table.replace(&format!("link/ether {}", own.trim()), zero) == table_before,
-            "the PF's table was not put back: {table} (before: {table_before}; the VF's own \
-             MAC {})",
-            own.trim()
+            table_as_before(&pf.name, &netdev)? == table_before,
+            "the PF's table was not put back: {} (before: {table_before})",
+            vf_line(&pf.name, 0)?
         );
         let (line, perm) = link_line(&netdev)?;
         ensure!(
@@ -262,4 +258,161 @@ pub async fn vf_comes_home_despite_new_ifindex_and_permanent_mac(m: Machine) -> 
     }
     .await;
     rig.finish(outcome).await
+}
+
+/// What igb refuses fails the attach with the field named, and what was set before it is
+/// undone: the PF's table and the VF are as before every try.
+pub async fn refused_vf_settings_fail_the_attach_naming_them(m: Machine) -> anyhow::Result<()> {
+    let rig = rig_with_vfs(&m, "vm-vf-refused", 1).await?;
+    let outcome = async {
+        let pf = m.claim_pf().clone();
+        let vf = pf.vf_address(0)?;
+        let netdev = netdev_of(&vf).context("VF 0 has no netdev")?;
+        let table_before = vf_line(&pf.name, 0)?;
+        let cases = [
+            (
+                json!({"vlan": 300, "trust": true, "linkState": "enable"}),
+                "vf.linkState (state enable): the PF's driver does not support this setting: \
+                 Operation not supported",
+            ),
+            (
+                json!({"vlan": 300, "minTxRate": 10}),
+                "vf.minTxRate/vf.maxTxRate (min_tx_rate 10 max_tx_rate 0): the PF's driver \
+                 refused the rate",
+            ),
+            (
+                json!({"vlan": 300, "vlanProtocol": "802.1ad"}),
+                "vf.vlanProtocol (vlan 300 qos 0 proto 802.1ad): the PF's driver does not \
+                 support this VLAN protocol: Protocol not supported",
+            ),
+        ];
+        for (n, (vf_config, want)) in cases.into_iter().enumerate() {
+            let name = format!("refused-{n}");
+            let claim = rig
+                .claim(&name, &device_name(&vf), Some(json!({"vf": vf_config})))
+                .await?;
+            prepared(&claim, &rig.prepare(&claim).await?)?;
+            let ns = Netns::new(&format!("knt-{name}"))?;
+            let err = rig
+                .runtime()?
+                .run_pod_sandbox(&rig.pod(&claim, Some(&ns)))
+                .await
+                .err()
+                .context("igb must refuse")?
+                .to_string();
+            let want = format!("setting VF 0 of {}: {want}", pf.name);
+            ensure!(err.contains(&want), "{err}\nwant: {want}");
+            ensure!(
+                table_as_before(&pf.name, &netdev)? == table_before,
+                "not undone: {} (before: {table_before})",
+                vf_line(&pf.name, 0)?
+            );
+            ensure!(
+                netdev_of(&vf).as_deref() == Some(netdev.as_str()),
+                "the VF left"
+            );
+            let error = rig.unprepare(&claim).await?;
+            ensure!(error.is_empty(), "unprepare: {error}");
+        }
+        Ok(())
+    }
+    .await;
+    rig.finish(outcome).await
+}
+
+/// `kill -9` right after the PF took the settings (before the move): the restarted driver puts
+/// them back (the sandbox failed, so the runtime no longer lists it). Then an attach and a
+/// `kill -9` with the VF in the pod: the restarted driver detaches it at the pod's stop and
+/// puts the PF's table back.
+pub async fn vf_settings_restored_after_kill9(m: Machine) -> anyhow::Result<()> {
+    let mut rig = rig_with_vfs(&m, "vm-vf-kill9", 1).await?;
+    let outcome = async {
+        let pf = m.claim_pf().clone();
+        let vf = pf.vf_address(0)?;
+        let netdev = netdev_of(&vf).context("VF 0 has no netdev")?;
+        let table_before = vf_line(&pf.name, 0)?;
+        let claim = rig
+            .claim(
+                "crash",
+                &device_name(&vf),
+                Some(json!({"vf": {"vlan": 200, "qos": 1, "spoofChk": false}})),
+            )
+            .await?;
+        prepared(&claim, &rig.prepare(&claim).await?)?;
+        let ns = Netns::new("knt-crash")?;
+        let pod = rig.pod(&claim, Some(&ns));
+        // Crash after the PF took the settings.
+        rig.stop().await?;
+        rig.config = rig
+            .config
+            .clone()
+            .with_env("KNIC_FAILPOINT", "attach:after-set-vf");
+        rig.start_with_runtime(vec![]).await?;
+        ensure!(
+            rig.runtime()?.run_pod_sandbox(&pod).await.is_err(),
+            "the attach must die at the failpoint"
+        );
+        let table = vf_line(&pf.name, 0)?;
+        ensure!(
+            table.contains("vlan 200, qos 1"),
+            "the PF took nothing: {table}"
+        );
+        rig.config = rig.config.clone().with_env("KNIC_FAILPOINT", "");
+        rig.start_with_runtime(vec![]).await?;
+        eventually_table(&pf.name, &netdev, &table_before).await?;
+        ensure!(
+            netdev_of(&vf).as_deref() == Some(netdev.as_str()),
+            "the VF left"
+        );
+        // The kubelet retries the sandbox; then the driver dies with the VF in the pod.
+        rig.runtime()?
+            .run_pod_sandbox(&pod)
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("attach")?;
+        ensure!(vf_line(&pf.name, 0)?.contains("vlan 200, qos 1"));
+        rig.kill9().await?;
+        rig.start_with_runtime(vec![pod.clone()]).await?;
+        rig.runtime()?
+            .stop_pod_sandbox(&pod)
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("detach")?;
+        rig.runtime()?
+            .remove_pod_sandbox(&rig.pod(&claim, None))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let error = rig.unprepare(&claim).await?;
+        ensure!(error.is_empty(), "unprepare: {error}");
+        eventually_table(&pf.name, &netdev, &table_before).await?;
+        ensure!(
+            netdev_of(&vf).as_deref() == Some(netdev.as_str()),
+            "the VF did not come home as {netdev}"
+        );
+        Ok(())
+    }
+    .await;
+    rig.finish(outcome).await
+}
+
+/// The PF's line for VF 0 with the MAC the VF registered for `netdev` (its own) read as
+/// none: igb reports a VF's own MAC once the VF has registered it (when its netdev first opens
+/// after the PF is up), where it reported none before.
+fn table_as_before(pf: &str, netdev: &str) -> anyhow::Result<String> {
+    let own = std::fs::read_to_string(format!("/sys/class/net/{netdev}/address"))?;
+    Ok(vf_line(pf, 0)?.replace(
+        &format!("link/ether {}", own.trim()),
+        "link/ether 00:00:00:00:00:00",
+    ))
+}
+
+/// Waits until the PF reports VF 0 (of `netdev`) as `want`.
+async fn eventually_table(pf: &str, netdev: &str, want: &str) -> anyhow::Result<()> {
+    knic_e2e::harness::eventually(
+        "the PF's VF table is put back",
+        std::time::Duration::from_secs(30),
+        || async { Ok((table_as_before(pf, netdev)? == want).then_some(())) },
+    )
+    .await
+    .with_context(|| format!("now: {:?}", vf_line(pf, 0)))
 }
