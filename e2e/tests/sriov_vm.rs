@@ -24,6 +24,10 @@ use rig::{Machine, Needs};
 #[path = "sriov_vm/pools.rs"]
 mod pools;
 
+// The fixture kernel against the real one.
+#[path = "sriov_vm/differential.rs"]
+mod differential;
+
 // RDMA netlink against soft-RoCE.
 #[path = "sriov_vm/rdma.rs"]
 mod rdma;
@@ -94,6 +98,10 @@ fn main() {
             Needs::Rdma,
             |m| Box::pin(rdma::soft_roce_against_knics_rdma_netlink(m)),
         ),
+        // Last: it unbinds and rebinds the pool PF's driver.
+        ("vm/fixture_kernel_answers_like_igb", Needs::Vfio, |m| {
+            Box::pin(differential::fixture_kernel_answers_like_igb(m))
+        }),
     ];
     let mut trials = Vec::new();
     for (name, needs, body) in table {

@@ -16,7 +16,6 @@ use serde_json::json;
 
 /// Intel 82576 (QEMU's `igb`): the PF and its VFs' PCI ids.
 pub const IGB_PF: &str = "8086:10c9";
-pub const IGB_VF: &str = "8086:10ca";
 
 /// `KNIC_INCLUDE` for every igb function (PFs and VFs), nothing else of the VM.
 pub const IGB_ONLY: &str = "pci=8086:10c9,pci=8086:10ca";
