@@ -69,6 +69,9 @@ fn main() {
         ("vm/held_vfs_block_a_count_change", Needs::Sriov, |m| {
             Box::pin(pools::held_vfs_block_a_count_change(m))
         }),
+        ("vm/provisioning_racing_a_prepare", Needs::Sriov, |m| {
+            Box::pin(pools::provisioning_racing_a_prepare(m))
+        }),
         (
             "vm/vf_settings_applied_read_back_and_restored",
             Needs::Sriov,

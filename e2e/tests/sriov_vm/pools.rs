@@ -129,3 +129,79 @@ pub async fn held_vfs_block_a_count_change(m: Machine) -> anyhow::Result<()> {
     .await;
     rig.finish(outcome).await
 }
+
+/// Provisioning racing a prepare: the PF loses its VFs (a PF reset: written 0 behind knic's
+/// back), the next rescan re-creates them, which the real igb driver takes seconds for under
+/// emulation, and a prepare for one of those VFs arrives while it does. Provisioning holds the
+/// checkpoint lock from its snapshot to its last write, so the prepare commits only after the
+/// count is whole again, and the count never changes under the prepared claim.
+pub async fn provisioning_racing_a_prepare(m: Machine) -> anyhow::Result<()> {
+    let pf = m.pool_pf().clone();
+    pf.set_num_vfs(2)?;
+    let mut rig = Rig::new("vm-race", IGB_ONLY).await?;
+    let outcome = async {
+        rig.start(Some(&policy(&pf.name, 2))).await?;
+        rig.published(&pf.address, &expected(&m)?).await?;
+        let vf0 = pf.vf_address(0)?;
+        let claim = rig.claim("racer", &device_name(&vf0), None).await?;
+        let virtfn = |n: u32| pf.dir().join(format!("virtfn{n}")).exists();
+        let mut caught = false;
+        for _ in 0..3 {
+            std::fs::write(pf.dir().join("sriov_numvfs"), "0")?;
+            // The re-creation has started: VF 0 is there, VF 1 not yet.
+            let started = eventually("the re-creation starts", Duration::from_secs(30), || {
+                let seen = virtfn(0) && !virtfn(1);
+                async move { Ok(seen.then_some(())) }
+            })
+            .await;
+            if started.is_err() {
+                // Both VFs came within one poll: try again.
+                eventually("the count is whole", Duration::from_secs(30), || async {
+                    Ok((pf.num_vfs()? == 2 && virtfn(1)).then_some(()))
+                })
+                .await?;
+                continue;
+            }
+            let out = rig.prepare(&claim).await?;
+            // The prepare answered only after provisioning's last write: VF 1 exists by now,
+            // and the driver logged the count change before the claim.
+            ensure!(
+                virtfn(1),
+                "the prepare committed while the VFs were being created"
+            );
+            prepared(&claim, &out)?;
+            let logs = rig.logs();
+            let at = |message: &str| {
+                logs.lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .filter(|v| v["message"] == message)
+                    .filter_map(|v| v["timestamp"].as_str().map(str::to_owned))
+                    .next_back()
+            };
+            let (changed, committed) = (at("SR-IOV VF count changed"), at("claim prepared"));
+            ensure!(
+                changed.is_some() && committed.is_some() && changed < committed,
+                "the count changed at {changed:?}, the claim was prepared at {committed:?}"
+            );
+            caught = true;
+            break;
+        }
+        ensure!(
+            caught,
+            "the re-creation of the VFs was never caught in progress"
+        );
+        ensure!(pf.num_vfs()? == 2, "sriov_numvfs {}", pf.num_vfs()?);
+        ensure!(pf.vf_address(0)? == vf0, "VF 0 moved");
+        // Held now: the count is left alone, and the claim's VF stays.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        ensure!(
+            pf.num_vfs()? == 2 && driver_of(&vf0).as_deref() == Some("igbvf"),
+            "the prepared VF changed"
+        );
+        let error = rig.unprepare(&claim).await?;
+        ensure!(error.is_empty(), "unprepare: {error}");
+        Ok(())
+    }
+    .await;
+    rig.finish(outcome).await
+}
