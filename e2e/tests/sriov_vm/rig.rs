@@ -420,14 +420,6 @@ impl Rig {
         Ok(serde_json::from_str(&text)?)
     }
 
-    /// The claim's status as the driver wrote it.
-    pub async fn claim_status(&self, name: &str) -> anyhow::Result<serde_json::Value> {
-        use k8s_openapi::api::resource::v1::ResourceClaim;
-        let api: kube::Api<ResourceClaim> =
-            kube::Api::namespaced(self.cluster.client.clone(), &self.cluster.namespace);
-        Ok(serde_json::to_value(api.get(name).await?.status)?)
-    }
-
     /// Ends the rig: the driver stopped, the fake API's namespace gone; a failure carries the
     /// driver's log.
     pub async fn finish(mut self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {

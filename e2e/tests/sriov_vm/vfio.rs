@@ -121,7 +121,7 @@ pub async fn vfio_bind_cdi_and_restore(m: Machine) -> anyhow::Result<()> {
         )
         .await?;
         ensure!(
-            !rig.cdi_spec(&claim).is_ok(),
+            rig.cdi_spec(&claim).is_err(),
             "the CDI spec outlived the claim"
         );
         Ok(())
