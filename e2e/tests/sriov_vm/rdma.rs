@@ -16,7 +16,7 @@ use anyhow::{Context, ensure};
 use knic_driver::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces};
 use knic_e2e::harness::{Netns, eventually, ip};
 
-use super::rig::{Links, Machine};
+use super::rig::{Links, Machine, netdev_of};
 
 /// `rdma …` (iproute2's tool); its stderr becomes the error.
 fn rdma(args: &[&str]) -> anyhow::Result<String> {
@@ -83,15 +83,20 @@ pub async fn soft_roce_against_knics_rdma_netlink(m: Machine) -> anyhow::Result<
         "the character devices a pod would get: {:?}",
         std::fs::read_dir("/dev/infiniband").map(|d| d.count())
     );
-    // A soft device hangs off no PCI function: knic finds none for a function.
     let parent = std::fs::read_to_string("/sys/class/infiniband/rxe0/parent")?;
     ensure!(parent.trim() == "knt-r0", "rxe0's parent {parent:?}");
+    // A soft device on a VF hangs off no PCI function: knic finds none for the VF, so a pod
+    // never gets a verbs node that the move of the VF's netdev would unregister.
     let pf = m.claim_pf();
-    ensure!(
-        knic_driver::sriov::rdma::devices(Path::new("/"), &pf.address).is_empty(),
-        "an RDMA device under {}",
-        pf.address
-    );
+    pf.set_num_vfs(0)?;
+    pf.set_num_vfs(1)?;
+    let vf = pf.vf_address(0)?;
+    let netdev = netdev_of(&vf).context("the VF has no netdev")?;
+    ip(&["link", "set", &netdev, "up"])?;
+    rdma(&["link", "add", "rxe1", "type", "rxe", "netdev", &netdev])?;
+    let found = knic_driver::sriov::rdma::devices(Path::new("/"), &vf);
+    let _ = rdma(&["link", "delete", "rxe1"]);
+    ensure!(found.is_empty(), "RDMA devices of {vf}: {found:?}");
 
     let kernel = KernelRdma;
     ensure!(
