@@ -353,8 +353,7 @@ async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
     }
     let inventory = discovery.scan().await;
     if let Output::Table = args.output {
-        print!("{}", render_table(&inventory, &node));
-        return Ok(());
+        return emit(&render_table(&inventory, &node));
     }
     // Exactly what a first publish would create; offline the Node's UID is unknown, so the
     // owner reference is left out rather than printed with an empty UID.
@@ -382,19 +381,32 @@ async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
             Ok(v)
         })
         .collect::<Result<_, serde_json::Error>>()?;
+    let mut text = String::new();
     match args.output {
         Output::Json => {
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-            println!("{}", serde_json::to_string_pretty(&list)?);
+            text = serde_json::to_string_pretty(&list)? + "\n";
         }
         Output::Yaml => {
             for item in items {
-                print!("---\n{}", serde_yaml_ng::to_string(&item)?);
+                text.push_str("---\n");
+                text.push_str(&serde_yaml_ng::to_string(&item)?);
             }
         }
         Output::Table => {}
     }
-    Ok(())
+    emit(&text)
+}
+
+/// Writes a command's output; a reader that went away (`knic-driver inventory | head`) ends
+/// it quietly, as for any Unix filter, instead of the panic `print!` gives on EPIPE.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -216,6 +216,28 @@ fn inventory(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `knic-driver inventory -o yaml | head` once panicked ("failed printing to stdout: Broken
+/// pipe"): a reader that is gone must end the output quietly, as for any filter.
+#[test]
+fn inventory_into_a_closed_pipe_ends_quietly() {
+    for format in ["table", "yaml", "json"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        // The reading end is closed before the driver writes: every write is EPIPE.
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(["inventory", "--sample", "e810-vfs", "-o", format])
+            .env_clear()
+            .env("NODE_NAME", "node-a")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(out.status.success(), "-o {format}: {:?} {err}", out.status);
+        assert!(!err.contains("panicked"), "-o {format}: {err}");
+    }
+}
+
 #[test]
 fn inventory_of_a_sample_prints_the_table_and_the_exact_slices() {
     let out = inventory(&["--sample", "e810-vfs"]);
