@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod demo;
+mod standalone;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -17,6 +18,7 @@ use knic_driver::claims::orphans::{self, OrphanSettings};
 use knic_driver::http;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
+use knic_driver::kni;
 use knic_driver::kubelet::health::HealthService;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
@@ -74,6 +76,9 @@ enum Command {
     /// It runs in network and mount namespaces of its own, so nothing it creates can outlive
     /// it, whatever stops it.
     Demo,
+    /// Serve the KNI network runtime API without a cluster (`--standalone`): Networks from
+    /// files, devices from this node, attachments through the same prepare and attach code.
+    Kni(Box<standalone::KniArgs>),
     /// The CDI hook the runtime runs at container creation (OCI state on stdin): fails unless
     /// the claim's interface is in the container's network namespace and up.
     CheckInterface(CheckArgs),
@@ -276,6 +281,13 @@ struct RunArgs {
     #[arg(long, env = "KNIC_POD_LABEL_READS", default_value_t = false,
         action = clap::ArgAction::Set)]
     pod_label_reads: bool,
+    /// The KNI network runtime API's unix socket (root only, 0600): a runtime, a VM manager or
+    /// a test attaches knic networks to sandboxes through it. Empty: not served.
+    #[arg(long, env = "KNIC_KNI_SOCKET", default_value = "")]
+    kni_socket: PathBuf,
+    /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
+    #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
+    kni_netns_dir: PathBuf,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -548,10 +560,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The devices of prepared claims the API says are gone are not offered (see
     // `claims::orphans`), until knic has unprepared them.
     let (withheld_tx, withheld_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    // Nor are the devices sandboxes hold through the KNI socket, until they are detached.
+    let (kni_held_tx, kni_held_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    tokio::spawn(kni::withheld(wired.claims.clone(), kni_held_tx));
+    let (all_withheld_tx, all_withheld_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    tokio::spawn(slices::withhold::union(
+        vec![withheld_rx, kni_held_rx],
+        all_withheld_tx,
+    ));
     let (offered_tx, offered_rx) = tokio::sync::watch::channel(devices_rx.borrow().clone());
     tokio::spawn(slices::withhold::apply(
         devices_rx.clone(),
-        withheld_rx,
+        all_withheld_rx,
         offered_tx,
     ));
     tokio::spawn(orphans::reap(
@@ -578,6 +598,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
     let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);
+    let published_fact = slices_published.clone();
     http::mirror(health.clone(), READY_SLICES, slices_published, |p| *p, None);
     let publishing = tokio::spawn(async move {
         // First publish once the full networks are known (a restart must not briefly offer
@@ -605,6 +626,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         stop_rx.clone(),
     ));
 
+    let nri_fact = nri_connected_tx.subscribe();
+    let kni_pods = wired.pods.clone();
     // Runtime hooks: attach when the sandbox exists, detach when it stops.
     let hooks = tokio::spawn(nri::run_reporting(
         nri_settings,
@@ -614,6 +637,46 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
+    // The KNI door beside the kubelet's: same store, same pod networks, its own preparer.
+    let kni_served = if args.kni_socket.as_os_str().is_empty() {
+        None
+    } else {
+        let (facts_tx, facts) = tokio::sync::watch::channel(kni::ready::NodeFacts::default());
+        tokio::spawn(kni::follow_facts(
+            published_fact,
+            registration_rx.clone(),
+            nri_fact,
+            facts_tx,
+        ));
+        let door = Arc::new(kni::Door {
+            pool: args.node_name.clone(),
+            catalog: Arc::new(knic_driver::api::catalog::KubeCatalog::new(client.clone())),
+            offered: view_rx.clone(),
+            facts,
+            claims: wired.claims.clone(),
+            preparer: wired.kni_preparer.clone(),
+            pending: wired.kni_pending.clone(),
+            pods: kni_pods,
+            serial: tokio::sync::Mutex::new(()),
+        });
+        let service = kni::KniService::new(
+            door,
+            kni::Settings {
+                netns_dir: args.kni_netns_dir.clone(),
+                sysfs_root: args.discovery.sysfs_root.clone(),
+                node: args.node_name.clone(),
+            },
+        );
+        let mut stop = stop_rx.clone();
+        let socket = args.kni_socket.clone();
+        let listener = kni::bind(&socket).context("--kni-socket/KNIC_KNI_SOCKET")?;
+        Some(tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            kni::serve(listener, &socket, service, stopped).await
+        }))
+    };
     http::mirror(
         health.clone(),
         READY_REGISTERED,
@@ -627,6 +690,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    if let Some(kni_served) = kni_served
+        && let Ok(Err(e)) = kni_served.await
+    {
+        tracing::error!(error = %e, "the KNI socket failed");
+    }
     // Attach marks kept in memory reach the disk, so the next start need not re-check them.
     if let Err(e) = wired.claims.flush().await {
         tracing::warn!(error = %e, "could not write the last attach marks; the next start re-checks those devices");
@@ -696,6 +764,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Run(args) => run(*args).await,
             Command::Inventory(args) => inventory(args).await,
+            Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
             Command::CheckInterface(args) => {
                 use std::io::Read;

@@ -12,5 +12,6 @@ pub mod gates;
 pub mod grpcwire;
 pub mod harness;
 pub mod helm;
+pub mod kni;
 pub mod kubelet;
 pub mod nodeauth;

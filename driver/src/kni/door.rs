@@ -379,15 +379,15 @@ impl<K: Kernel> Door<K> {
         let mut ipconfigs = BTreeMap::new();
         for claim in checkpoint.claims.values() {
             let kni = sandbox::sandbox_of(&claim.uid);
-            let ours = match kni {
+            // By name in its namespace (pods and sandboxes alike), or by id: a sandbox's id, or
+            // a pod's UID for its DRA claims.
+            let by_name = sandbox.name.as_deref() == Some(claim.pod_name.as_str())
+                && sandbox.namespace == claim.namespace;
+            let by_id = match kni {
                 Some(id) => sandbox.id.as_deref() == Some(id),
-                None => {
-                    (sandbox.name.as_deref() == Some(claim.pod_name.as_str())
-                        && sandbox.namespace == claim.namespace)
-                        || sandbox.id.as_deref() == Some(claim.pod_uid.as_str())
-                }
+                None => sandbox.id.as_deref() == Some(claim.pod_uid.as_str()),
             };
-            if !ours {
+            if !(by_name || by_id) {
                 continue;
             }
             for a in &claim.attachments {

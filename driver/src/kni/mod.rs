@@ -31,6 +31,7 @@ use crate::claims::ClaimStore;
 use crate::error::{Error, Result};
 use crate::netns::Kernel;
 
+pub mod addresses;
 pub mod catalog;
 pub mod door;
 pub mod pin;
@@ -316,14 +317,20 @@ impl<K: Kernel> kni_server::Kni for KniService<K> {
     }
 }
 
-/// Serves `service` on the unix socket at `path` (root only, 0600; a stale socket file is
-/// replaced, a live one is an error) until `shutdown`, then removes the socket.
+/// Binds the KNI socket at `path`: root only (0600); a stale socket file is replaced, a live
+/// one (another driver serving it) or a file that is no socket is an error, at start-up.
+pub fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
+    crate::kubelet::bind_socket(path)
+}
+
+/// Serves `service` on `listener` (bound at `path` by [`bind`]) until `shutdown`, then removes
+/// the socket.
 pub async fn serve<K: Kernel>(
+    listener: tokio::net::UnixListener,
     path: &Path,
     service: KniService<K>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let listener = crate::kubelet::bind_socket(path)?;
     tracing::info!(socket = %path.display(), "KNI service listening");
     let server = kni_server::KniServer::new(service)
         .max_decoding_message_size(MAX_REQUEST_BYTES)
@@ -338,6 +345,38 @@ pub async fn serve<K: Kernel>(
         socket: path.to_path_buf(),
         source,
     })
+}
+
+/// Keeps `out` equal to the driver's readiness facts (slices published, kubelet registration
+/// acknowledged, NRI connected) as they change, until every input's sender is gone.
+pub async fn follow_facts(
+    mut published: watch::Receiver<bool>,
+    mut registered: watch::Receiver<crate::kubelet::Registration>,
+    mut nri: watch::Receiver<bool>,
+    out: watch::Sender<ready::NodeFacts>,
+) {
+    loop {
+        let now = ready::NodeFacts {
+            published: Some(*published.borrow_and_update()),
+            registered: Some(
+                *registered.borrow_and_update() == crate::kubelet::Registration::Registered,
+            ),
+            nri: Some(*nri.borrow_and_update()),
+        };
+        out.send_if_modified(|current| {
+            let changed = *current != now;
+            if changed {
+                *current = now;
+            }
+            changed
+        });
+        tokio::select! {
+            changed = published.changed() => if changed.is_err() { return },
+            changed = registered.changed() => if changed.is_err() { return },
+            changed = nri.changed() => if changed.is_err() { return },
+            () = out.closed() => return,
+        }
+    }
 }
 
 /// The devices of KNI attachments held whole, sent to `out` whenever the prepared claims change:

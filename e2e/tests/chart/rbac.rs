@@ -138,6 +138,15 @@ pub(crate) const DRIVER: &[Need] = &[
              and attach failures",
         ),
     ),
+    cluster(
+        "resource.k8s.io",
+        "deviceclasses",
+        &["list"],
+        Why::Used(
+            "driver/src/api/catalog.rs KubeCatalog::classes: the selectors of a Network's class \
+             for the KNI socket (only with driver.kni.socket set)",
+        ),
+    ),
 ];
 
 /// What `knic-driver run --pod-label-reads=true` calls besides [`DRIVER`]; the chart grants it
