@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod cluster_kni;
 mod demo;
 mod standalone;
 
@@ -288,6 +289,11 @@ struct RunArgs {
     /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
     #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
     kni_netns_dir: PathBuf,
+    /// Keep this node's NodeNetworks object (knic.dev) current: the driver's readiness and
+    /// the Networks usable here, for `kubectl get nodenetworks`.
+    #[arg(long, env = "KNIC_NODE_NETWORKS", default_value_t = false,
+        action = clap::ArgAction::Set)]
+    node_networks: bool,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -631,52 +637,30 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Runtime hooks: attach when the sandbox exists, detach when it stops.
     let hooks = tokio::spawn(nri::run_reporting(
         nri_settings,
-        wired.pods,
+        wired.pods.clone(),
         stop_rx.clone(),
         nri_connected_tx,
     ));
 
     let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
     // The KNI door beside the kubelet's: same store, same pod networks, its own preparer.
-    let kni_served = if args.kni_socket.as_os_str().is_empty() {
-        None
-    } else {
-        let (facts_tx, facts) = tokio::sync::watch::channel(kni::ready::NodeFacts::default());
-        tokio::spawn(kni::follow_facts(
-            published_fact,
-            registration_rx.clone(),
-            nri_fact,
-            facts_tx,
-        ));
-        let door = Arc::new(kni::Door {
-            pool: args.node_name.clone(),
-            catalog: Arc::new(knic_driver::api::catalog::KubeCatalog::new(client.clone())),
+    let kni_served = cluster_kni::start(
+        &wired,
+        cluster_kni::Start {
+            socket: args.kni_socket.clone(),
+            netns_dir: args.kni_netns_dir.clone(),
+            sysfs_root: args.discovery.sysfs_root.clone(),
+            node: args.node_name.clone(),
+            node_networks: args.node_networks,
+            client: client.clone(),
             offered: view_rx.clone(),
-            facts,
-            claims: wired.claims.clone(),
-            preparer: wired.kni_preparer.clone(),
-            pending: wired.kni_pending.clone(),
+            published: published_fact,
+            registration: registration_rx.clone(),
+            nri: nri_fact,
             pods: kni_pods,
-            serial: tokio::sync::Mutex::new(()),
-        });
-        let service = kni::KniService::new(
-            door,
-            kni::Settings {
-                netns_dir: args.kni_netns_dir.clone(),
-                sysfs_root: args.discovery.sysfs_root.clone(),
-                node: args.node_name.clone(),
-            },
-        );
-        let mut stop = stop_rx.clone();
-        let socket = args.kni_socket.clone();
-        let listener = kni::bind(&socket).context("--kni-socket/KNIC_KNI_SOCKET")?;
-        Some(tokio::spawn(async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            kni::serve(listener, &socket, service, stopped).await
-        }))
-    };
+            stop: stop_rx.clone(),
+        },
+    )?;
     http::mirror(
         health.clone(),
         READY_REGISTERED,
@@ -684,7 +668,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         |r| *r == Registration::Registered,
         Some(metrics.kubelet_registered.clone()),
     );
-    let service = DraService::new(wired.preparer).with_events(events);
+    let service = DraService::new(wired.preparer.clone()).with_events(events);
     let health = HealthService::new(args.node_name.clone(), view_rx.clone());
     let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);

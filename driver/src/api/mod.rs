@@ -9,6 +9,7 @@ pub mod claims;
 pub mod client;
 pub mod events;
 pub mod networks;
+pub mod nodenetworks;
 pub mod slices;
 pub mod status;
 

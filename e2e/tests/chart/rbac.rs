@@ -144,8 +144,20 @@ pub(crate) const DRIVER: &[Need] = &[
         &["list"],
         Why::Used(
             "driver/src/api/catalog.rs KubeCatalog::classes: the selectors of a Network's class \
-             for the KNI socket (only with driver.kni.socket set)",
+             for the KNI socket and the NodeNetworks object",
         ),
+    ),
+    cluster(
+        "knic.dev",
+        "nodenetworks",
+        &["patch"],
+        Why::Used("driver/src/api/nodenetworks.rs write: server-side apply of this node's object"),
+    ),
+    cluster(
+        "knic.dev",
+        "nodenetworks/status",
+        &["patch"],
+        Why::Used("driver/src/api/nodenetworks.rs write: server-side apply of its status"),
     ),
 ];
 
