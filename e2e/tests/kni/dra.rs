@@ -16,6 +16,7 @@ use knic_e2e::harness::{Netns, eventually, ip};
 use knic_e2e::kni::KniClient;
 use knic_e2e::kubelet::{self, ClaimId, DraVersion};
 use knic_proto::network::Network;
+use knic_proto::network::readiness::NodeNetworks;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
@@ -41,6 +42,26 @@ async fn blue(kni: &mut KniClient) -> anyhow::Result<(String, bool, String)> {
             .unwrap_or_default()
             .to_owned(),
     ))
+}
+
+/// This node's NodeNetworks object until `want` holds for it (20 s).
+async fn object_until(
+    cluster: &Cluster,
+    what: &str,
+    want: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let api: Api<NodeNetworks> = Api::all(cluster.client.clone());
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        if let Some(object) = api.get_opt(&cluster.node).await? {
+            last = serde_json::to_value(&object)?;
+            if want(&last) {
+                return Ok(last);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("NodeNetworks {}: {what} not within 20 s; last {last}", cluster.node)
 }
 
 /// Asks until `want` holds for [`blue`]'s answer (20 s), or fails with `what` and the last one.
@@ -111,6 +132,7 @@ pub(crate) async fn dra_pod_and_node_readiness(root: PathBuf) -> anyhow::Result<
         .with_env("KNIC_INCLUDE", "name=knt-d0")
         .with_env("KNIC_NRI_SOCKET", nri_socket.to_string_lossy())
         .with_env("KNIC_RESCAN_SECONDS", "1")
+        .with_env("KNIC_NODE_NETWORKS", "true")
         .without_stand_in_runtime();
     let socket = PathBuf::from(config.env_value("KNIC_KNI_SOCKET").context("KNI socket")?);
     let driver = DriverProcess::start(&config)?;
@@ -155,6 +177,20 @@ pub(crate) async fn dra_pod_and_node_readiness(root: PathBuf) -> anyhow::Result<
         })
         .await?;
         kni.ok("SetupNodeNetwork", json!({})).await?;
+        // The same facts in the API, on this node's NodeNetworks object.
+        let object = object_until(&cluster, "ready with blue", |o| {
+            o["status"]["ready"] == true
+                && o["status"]["networks"][0]["name"] == "blue"
+                && o["status"]["networks"][0]["ready"] == true
+        })
+        .await?;
+        ensure!(
+            object["spec"]["nodeName"] == cluster.node
+                && object["status"]["networksSummary"] == "1/1"
+                && object["status"]["readyNetworks"] == "blue"
+                && object["metadata"]["ownerReferences"][0]["kind"] == "Node",
+            "{object}"
+        );
 
         // A pod gets knt-d0 through DRA; the KNI socket shows its interface.
         let claim = cluster
@@ -236,10 +272,16 @@ pub(crate) async fn dra_pod_and_node_readiness(root: PathBuf) -> anyhow::Result<
         );
         until(&mut kni, "blue ready again", |_, ready, _| ready).await?;
 
-        // The runtime goes away: not ready, as /readyz says.
+        // The runtime goes away: not ready, as /readyz says, here and in the API.
         runtime.shutdown().await;
         until(&mut kni, "NRI down seen", |node, ready, _| {
             !ready && node.contains("NRI plugin not connected")
+        })
+        .await?;
+        object_until(&cluster, "not ready without NRI", |o| {
+            o["status"]["ready"] == false
+                && o["status"]["reasons"][0] == "NRI plugin not connected to the container runtime"
+                && o["status"]["networksSummary"] == "0/1"
         })
         .await?;
         tokio::time::timeout(Duration::from_secs(20), runtime.accept(vec![]))
@@ -251,6 +293,13 @@ pub(crate) async fn dra_pod_and_node_readiness(root: PathBuf) -> anyhow::Result<
         ip(&["link", "del", "knt-d0"])?;
         until(&mut kni, "device gone seen", |_, ready, reasons| {
             !ready && reasons.starts_with("no device offered on this node matches spec.devices")
+        })
+        .await?;
+        object_until(&cluster, "blue without a device", |o| {
+            o["status"]["ready"] == true
+                && o["status"]["networks"][0]["reasons"][0]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("no device offered on this node matches"))
         })
         .await?;
         drop(plugin);
