@@ -99,7 +99,8 @@ pub async fn publish<K: Kernel>(
     }
 }
 
-async fn write(
+/// One write of `status` as `node`'s object (object, then status), through `api`.
+pub async fn write(
     api: &Api<NodeNetworks>,
     nodes: &Api<Node>,
     node: &str,

@@ -61,7 +61,10 @@ async fn object_until(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("NodeNetworks {}: {what} not within 20 s; last {last}", cluster.node)
+    anyhow::bail!(
+        "NodeNetworks {}: {what} not within 20 s; last {last}",
+        cluster.node
+    )
 }
 
 /// Asks until `want` holds for [`blue`]'s answer (20 s), or fails with `what` and the last one.
