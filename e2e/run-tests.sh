@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test of knic, on a fresh Debian machine: installs what the tests need, then runs
 #   1. `cargo test --workspace --locked` (unit, integration, fake-API e2e, host-kernel tests),
-#   2. the kernel tests again in a Debian-kernel VM (VLAN, ipvlan, dummy for real),
+#   2. the kernel tests again in a Debian-kernel VM (VLAN, ipvlan, dummy for real), and the
+#      SR-IOV, vfio-pci and RDMA trials on emulated hardware there (QEMU's igb NICs behind an
+#      emulated IOMMU, soft-RoCE; e2e/vm/kernel-tests.sh),
 #   3. the e2e real twins against a real single-node Kubernetes v1.36 (../shared/harness): the
 #      kit's `up`, every `real/...` trial, `down` whatever happened.
 # and ends with one line counting them all. Exits non-zero when anything failed.
@@ -11,7 +13,8 @@
 # What each part needs, and what happens without it (each says so in the output):
 # - root: kernel tests (throwaway network namespaces), the demo tests, the VM, the real cluster;
 #   without root they report themselves skipped and nothing is installed.
-# - the VM stage: QEMU and a Debian kernel, installed by e2e/vm/run-in-vm.sh.
+# - the VM stage: QEMU and a Debian kernel, installed by e2e/vm/run-in-vm.sh (a QEMU that
+#   emulates igb, 8 or later, from the release's backports suite when its own is older).
 #   KNIC_SKIP_VM=1 skips it (it says so).
 # - the real-cluster stage: the shared harness kit beside the checkout (../shared/harness, or
 #   KNIC_HARNESS=<kit dir>). KNIC_E2E_KUBECONFIG set (with KNIC_E2E_NODE, KNIC_E2E_KUBELET_DIR,
@@ -97,7 +100,7 @@ if [ "${KNIC_SKIP_VM:-0}" = 1 ]; then
 elif ! $root; then
   say "SKIPPED: the Debian-kernel VM stage (needs root to install QEMU and a kernel)"
 else
-  say "kernel tests in a Debian-kernel VM (VLAN, ipvlan, dummy for real)"
+  say "kernel tests in a Debian-kernel VM (VLAN, ipvlan, dummy; SR-IOV, vfio-pci, RDMA on emulated NICs)"
   if ! env -u KNIC_E2E_KUBECONFIG e2e/vm/kernel-tests.sh 2>&1 | tee -a "$log"; then
     status=1
   fi

@@ -4,7 +4,8 @@
 //!
 //! Two guards, because NRI alone cannot promise it: the runtime does not wait for plugins, so a
 //! sandbox created while knic is not connected simply starts without knic.
-//! * Prepare refuses while knic is not registered with the runtime (see
+//! * Prepare refuses while knic is not registered with the runtime, after waiting up to
+//!   [`crate::claims::RUNTIME_HOOKS_WAIT`] for it (see
 //!   [`crate::claims::Preparer::with_runtime_hooks`]); the kubelet retries prepare, and the pod
 //!   waits instead of starting bare. This closes the window before prepare.
 //! * Every prepared device comes with a CDI device (a per-claim spec file in the runtime's CDI
@@ -112,6 +113,56 @@ impl CdiSpecs {
         std::fs::write(&tmp, &bytes)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+
+    /// The binary the specs' hooks run (a host path).
+    pub fn hook(&self) -> &Path {
+        &self.hook
+    }
+
+    /// knic's specs in the directory (finished or being written), by file name.
+    pub fn knic_specs(&self) -> Result<Vec<String>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("listing {}", self.dir.display()), e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| Error::io(format!("listing {}", self.dir.display()), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("knic.dev-") || name.starts_with(".knic.dev-") {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Removes the hook binary (and its directory, when that is left empty: [`install_hook`]
+    /// made it) unless a knic spec is still in the directory: only a knic spec names the
+    /// binary, and a runtime creating a container from such a spec needs it, so any knic spec,
+    /// even a stale one, keeps it. Returns the specs that kept it (empty: it was removed, or
+    /// was not there). For a graceful stop with nothing prepared; the next start installs it
+    /// again.
+    pub fn remove_unused_hook(&self) -> Result<Vec<String>> {
+        let specs = self.knic_specs()?;
+        if !specs.is_empty() {
+            return Ok(specs);
+        }
+        for path in [self.hook.with_extension("tmp"), self.hook.clone()] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", path.display()), e)),
+            }
+        }
+        if let Some(dir) = self.hook.parent() {
+            // Only when empty: rmdir refuses otherwise, and a busy mount point stays too.
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(Vec::new())
     }
 
     /// Removes a claim's spec; a missing one is fine (never written, or already removed).

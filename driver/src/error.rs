@@ -184,6 +184,15 @@ impl Error {
         }
     }
 
+    /// The errno of an I/O error (a kernel refusal), for callers that answer one refusal
+    /// differently.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
     /// Wraps an I/O error with what was being done, so the log line names the path.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

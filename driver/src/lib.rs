@@ -26,6 +26,8 @@ pub mod pods;
 pub mod sharing;
 pub mod slices;
 pub mod sriov;
+pub mod tidy;
+pub mod watches;
 pub mod wiring;
 
 pub use error::{Error, Result};

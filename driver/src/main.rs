@@ -495,6 +495,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The CDI hook runs the driver's own binary from the host's mount namespace.
     let hook = paths.plugin_dir.join("bin").join("knic-driver");
     knic_driver::cdi::install_hook(&hook)?;
+    let cdi = CdiSpecs::new(&args.cdi_dir, &hook);
     let (nri_connected_tx, nri_connected) = tokio::sync::watch::channel(false);
     http::mirror(
         health.clone(),
@@ -524,7 +525,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| discovery.root.clone()),
         fail_closed: Some(FailClosed {
-            cdi: CdiSpecs::new(&args.cdi_dir, &hook),
+            cdi: cdi.clone(),
             nri_connected,
             nri_socket: args.nri_socket.display().to_string(),
         }),
@@ -682,6 +683,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Attach marks kept in memory reach the disk, so the next start need not re-check them.
     if let Err(e) = wired.claims.flush().await {
         tracing::warn!(error = %e, "could not write the last attach marks; the next start re-checks those devices");
+    }
+    // Nothing changes claims any more: what no prepared claim needs goes (an uninstall
+    // leaves the node as it was), the rest stays for the next start. Only after a clean stop:
+    // a server that failed (a live socket of another driver on these directories) says the
+    // files may not be this process's alone.
+    if served.is_ok() {
+        knic_driver::tidy::report(&knic_driver::tidy::on_stop(&wired.claims, Some(&cdi)).await);
     }
     let _ = http_stop.send(true);
     if let Some(serving) = serving {

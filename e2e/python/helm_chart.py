@@ -2,7 +2,8 @@
 answer on stdout.
 
 It runs Helm v4's Go SDK through PyPI's helm-python-sdk (import name `helm_python`, a ctypes
-binding of libhelm_c; no helm binary, no cluster). Requests:
+binding of libhelm_c; no helm binary). Rendering and linting need no cluster; install and
+uninstall act on the cluster of a kubeconfig, as the helm CLI does. Requests:
 
   {"op": "template", "chart": DIR, "values": {...}, "name": N, "namespace": NS,
    "kube_version": "1.36.0" | null}
@@ -11,9 +12,22 @@ binding of libhelm_c; no helm binary, no cluster). Requests:
       Answer: {"manifest": "...", "notes": "...", "crds": [{"filename", "data"}]}.
   {"op": "lint", "chart": DIR, "values": {...}, "strict": bool, "kube_version": ...}
       Answer: helm lint's report {"messages": [{"severity", "path", "error"}], "errors": [...]}.
+  {"op": "install", "chart": DIR, "values": {...}, "name": N, "namespace": NS,
+   "kubeconfig": PATH, "timeout": SECONDS, "skip_crds": bool}
+      `helm install N DIR -n NS --wait --timeout SECONDSs [--skip-crds]` against the cluster
+      of PATH: the namespace must exist; the CRDs of crds/ first (server-side applied by Helm
+      v4, so one another field manager applied differently is a conflict: skip_crds leaves
+      them as they are), hooks, then the manifest in Helm's kind order; waits until every
+      object is ready (kstatus watcher).
+      Answer: {"release": {"name", "namespace", "version", "info": {"status", ...}}}.
+  {"op": "uninstall", "name": N, "namespace": NS, "kubeconfig": PATH, "timeout": SECONDS}
+      `helm uninstall N -n NS --wait --ignore-not-found`: deletes what the release made (not
+      the CRDs, which Helm never deletes) and its release records, waiting until they are gone.
+      Answer: {"release": {...}} (null when there was no such release).
 
-Helm refusing (bad values, wrong Kubernetes version, a template error) is an answer, not a
-failure: {"refused": "<Helm's message>"}. A missing helm_python is {"unavailable": "..."}.
+Helm refusing (bad values, wrong Kubernetes version, a template error, a failed install) is
+an answer, not a failure: {"refused": "<Helm's message>"}. A missing helm_python is
+{"unavailable": "..."}.
 
 The kube_version option is not in helm_python's Python signatures (0.2.2) but libhelm_c's
 options JSON takes it (Helm's `--kube-version`), so the calls go through helm_python._native
@@ -69,6 +83,58 @@ def lint(helm, request):
     )
 
 
+def release_summary(release):
+    """The release without its manifest and chart (large; the tests render those themselves)."""
+    if not isinstance(release, dict):
+        return release
+    inner = release.get("release", release)
+    if not isinstance(inner, dict):
+        return inner
+    return {k: v for k, v in inner.items() if k not in ("manifest", "chart", "config")}
+
+
+def install(helm, native, request):
+    namespace = request["namespace"]
+    values = request.get("values")
+    # Config.install's options plus skip_crds (Helm's --skip-crds), which its Python signature
+    # lacks (0.2.2) but libhelm_c's options JSON takes: the same call, with one more option.
+    options = {
+        "namespace": namespace,
+        "timeout_seconds": request.get("timeout"),
+        "wait": "watcher",
+        "skip_crds": bool(request.get("skip_crds")) or None,
+    }
+    options = {k: v for k, v in options.items() if v is not None}
+    with helm.Chart.load(request["chart"]) as chart, helm.Config(
+        kubeconfig_path=request["kubeconfig"], namespace=namespace
+    ) as config:
+        release = json.loads(
+            native.call_string(
+                "helm_install",
+                config._raw(),
+                native.HANDLE(0),
+                chart._raw(),
+                None,
+                request["name"],
+                None if values is None else json.dumps(values),
+                json.dumps(options),
+            )
+        )
+    return {"release": release_summary(release)}
+
+
+def uninstall(helm, request):
+    namespace = request["namespace"]
+    with helm.Config(kubeconfig_path=request["kubeconfig"], namespace=namespace) as config:
+        release = config.uninstall(
+            request["name"],
+            timeout=request.get("timeout"),
+            wait="watcher",
+            ignore_not_found=True,
+        )
+    return {"release": release_summary(release)}
+
+
 def main():
     request = json.load(sys.stdin)
     try:
@@ -83,6 +149,10 @@ def main():
             answer = template(helm, native, request)
         elif request["op"] == "lint":
             answer = {"report": lint(helm, request)}
+        elif request["op"] == "install":
+            answer = install(helm, native, request)
+        elif request["op"] == "uninstall":
+            answer = uninstall(helm, request)
         else:
             raise SystemExit(f"unknown op {request['op']!r}")
     except helm.HelmError as e:

@@ -229,21 +229,36 @@ impl Cluster {
         self.service_account_ready(&self.namespace).await
     }
 
-    /// On a real cluster, waits for the namespace's `default` ServiceAccount: the apiserver
-    /// refuses a pod until the controller-manager has made it ("error looking up service
-    /// account …/default"), which a twin creating its pod at once ran into.
+    /// On a real cluster, makes sure the namespace's `default` ServiceAccount exists: the
+    /// apiserver refuses a pod until it does ("error looking up service account …/default").
+    /// The controller-manager makes it within a second normally, but after the twins restart
+    /// the apiserver (gate switches) its failed requests back off for minutes, so after a
+    /// short wait the test makes it itself, as the controller would.
     async fn service_account_ready(&self, namespace: &str) -> anyhow::Result<()> {
         if self.fake.is_some() {
             return Ok(());
         }
         let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(self.client.clone(), namespace);
-        crate::harness::eventually(
+        let made = crate::harness::eventually(
             &format!("ServiceAccount {namespace}/default"),
-            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(15),
             || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
         )
-        .await
+        .await;
+        if made.is_ok() {
+            return Ok(());
+        }
+        eprintln!("{namespace}: no default ServiceAccount after 15 s; making it");
+        let account = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": namespace},
+        }))?;
+        match accounts.create(&PostParams::default(), &account).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Makes sure the Node object exists (the fake starts empty; a real cluster has it) and
@@ -287,6 +302,10 @@ impl Cluster {
     /// Deletes the test namespace (and with it, on a real cluster, its pods and claims).
     pub async fn cleanup(&self) -> anyhow::Result<()> {
         if self.fake.is_none() {
+            // The pods go first, while the test's driver still runs: the real kubelet
+            // unprepares their claims through it, and a pod whose driver was stopped first
+            // stays Terminating with its claim prepared.
+            self.delete_pods().await?;
             // Slices the test driver published for the real node must not outlive the test.
             self.wipe_slices().await?;
         }
@@ -294,6 +313,22 @@ impl Cluster {
             .delete(&self.namespace, &DeleteParams::default())
             .await?;
         Ok(())
+    }
+
+    /// Deletes the namespace's pods and waits (bounded) until they are gone.
+    async fn delete_pods(&self) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        crate::harness::eventually(
+            &format!("the pods of {} gone", self.namespace),
+            std::time::Duration::from_secs(120),
+            || async {
+                let left = pods.list(&ListParams::default()).await?.items;
+                Ok(left.is_empty().then_some(()))
+            },
+        )
+        .await
     }
 
     /// Creates a claim with one request `nic`, a pod that references it (held back from
@@ -519,10 +554,10 @@ fn namespace_for(test: &str) -> String {
     format!("knic-e2e-{}-{nanos:08x}", slug.trim_matches('-'))
 }
 
-/// Applies knic's CRDs (`Network`, `NetworkAddress`, `NodeNetworks`, as the chart ships them: both are
-/// generated from the same types) and waits until the apiserver serves them. A real twin then
+/// Creates knic's CRDs (`Network`, `NetworkAddress`, `NodeNetworks`, as the chart ships them:
+/// all are generated from the same types) and waits until the apiserver serves them. A real twin then
 /// never meets a cluster without them (the IPAM twins once failed with "404 page not found"
-/// because nothing had installed them); applying again is a no-op.
+/// because nothing had installed them); CRDs already there (from the chart) are left as they are.
 pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use knic_proto::network::{Network, NetworkAddress};
@@ -534,13 +569,14 @@ pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
         knic_proto::network::readiness::NodeNetworks::crd(),
     ] {
         let name = crd.name_any();
-        api.patch(
-            &name,
-            &PatchParams::apply("knic-e2e").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("applying CRD {name}"))?;
+        // Created when missing, never taken over: a forced apply made the tests the owner of
+        // the fields, and `helm install` (Helm v4 applies the chart's CRDs server-side) then
+        // failed on a conflict over `.spec.versions`.
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("creating CRD {name}"))),
+        }
         crate::harness::eventually(
             &format!("CRD {name} established"),
             std::time::Duration::from_secs(30),

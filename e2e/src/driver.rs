@@ -249,6 +249,15 @@ impl DriverProcess {
         Ok(tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await??)
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&mut self) -> Option<u32> {
+        if self.is_running() {
+            self.child.id()
+        } else {
+            None
+        }
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

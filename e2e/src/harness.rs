@@ -197,6 +197,26 @@ pub fn ip(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Host state of a link as `ip -o link` prints it (name, mtu, mac, state): what a detach must
+/// give back.
+pub fn host_link(name: &str) -> anyhow::Result<String> {
+    let out = ip(&["-o", "link", "show", name])?;
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    let value = |key: &str| {
+        fields
+            .iter()
+            .position(|f| *f == key)
+            .map(|i| fields[i + 1])
+            .unwrap_or_default()
+    };
+    let up = out.contains(",UP") || out.contains("<UP");
+    Ok(format!(
+        "{name} mtu {} mac {} up {up}",
+        value("mtu"),
+        value("link/ether")
+    ))
+}
+
 /// Runs `f` on a fresh thread inside the network namespace at `path` (sockets it creates stay
 /// in that namespace).
 pub fn in_netns<T: Send>(

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 pub mod certmanager;
+pub mod release;
 
 /// The release the tests render: the name and namespace README's install command uses.
 pub const RELEASE_NAME: &str = "knic";

@@ -12,6 +12,8 @@ pub mod gates;
 pub mod grpcwire;
 pub mod harness;
 pub mod helm;
+pub mod image;
 pub mod kni;
 pub mod kubelet;
 pub mod nodeauth;
+pub mod real_node;

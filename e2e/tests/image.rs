@@ -16,9 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use libtest_mimic::{Failed, Trial};
 use serde_json::{Value, json};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use knic_e2e::image::repo;
 
 fn run(command: &mut Command) -> anyhow::Result<String> {
     let out = command
@@ -32,46 +30,6 @@ fn run(command: &mut Command) -> anyhow::Result<String> {
         String::from_utf8_lossy(&out.stdout)
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Why buildah cannot build here, if it cannot: missing, or unable to use a store of its own.
-fn buildah_unusable() -> Option<String> {
-    let store = match tempfile::tempdir() {
-        Ok(dir) => dir,
-        Err(e) => return Some(format!("no temporary directory: {e}")),
-    };
-    let probe = Command::new("buildah")
-        .arg("--root")
-        .arg(store.path().join("root"))
-        .arg("--runroot")
-        .arg(store.path().join("run"))
-        .args([
-            "--storage-driver",
-            "vfs",
-            "from",
-            "--name",
-            "knic-probe",
-            "scratch",
-        ])
-        .output();
-    let reason = match probe {
-        Err(e) => Some(format!(
-            "buildah is not installed ({e}); apt-get install buildah"
-        )),
-        Ok(out) if !out.status.success() => Some(format!(
-            "buildah cannot build here: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Ok(_) => None,
-    };
-    let _ = Command::new("buildah")
-        .arg("--root")
-        .arg(store.path().join("root"))
-        .arg("--runroot")
-        .arg(store.path().join("run"))
-        .args(["--storage-driver", "vfs", "rm", "knic-probe"])
-        .output();
-    reason
 }
 
 /// The Dockerfile's final stage as an image config: what build.sh must reproduce.
@@ -165,21 +123,13 @@ fn chart_image() -> anyhow::Result<String> {
 fn build_and_run() -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
     let archive = work.path().join("knic.oci.tar");
-    // Its own target directory: this build's flags (crt-static, --target) share nothing with
-    // the test build, and the running `cargo test` may hold the lock on the test build's one.
-    let target = concat!(env!("CARGO_TARGET_TMPDIR"), "/image-build");
-    let out = run(Command::new(repo().join("charts/image/build.sh"))
-        .args(["--profile", "dev", "--output"])
-        .arg(&archive)
-        .env("CARGO_TARGET_DIR", target))?;
-    let lines: Vec<&str> = out.lines().collect();
-    let [path, reference] = lines.as_slice() else {
-        bail!("build.sh printed {out:?}, want the archive path and the reference");
-    };
-    ensure!(Path::new(path) == archive, "archive {path}");
+    // The target directory the helm install twin builds in too, so one builds on the other.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-build");
+    let built = knic_e2e::image::build("dev", &archive, &target)?;
+    let reference = built.reference.as_str();
     let want = chart_image()?;
     ensure!(
-        *reference == want,
+        reference == want,
         "image {reference}, the chart's default is {want}"
     );
 
@@ -311,7 +261,7 @@ fn build_and_run() -> anyhow::Result<()> {
 
 fn main() {
     let args = knic_e2e::harness::arguments();
-    let unusable = buildah_unusable();
+    let unusable = knic_e2e::image::buildah_unusable();
     if let Some(reason) = &unusable {
         eprintln!("skipped: image/build_inspect_and_run: {reason}");
     }

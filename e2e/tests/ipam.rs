@@ -44,6 +44,9 @@ struct Env {
     /// The test's own Network (cluster-scoped, so named per test run).
     network: String,
     nodes: Vec<Node>,
+    /// The `knic.dev` DeviceClass this test made (a real cluster with the chart has its own,
+    /// and the chart refuses to install over a class someone else left).
+    made_class: bool,
 }
 
 impl Env {
@@ -233,6 +236,14 @@ impl Env {
             networks
                 .delete(&self.network, &DeleteParams::default())
                 .await?;
+        }
+        if self.made_class {
+            let classes: Api<DeviceClass> = Api::all(self.cluster.client.clone());
+            match classes.delete("knic.dev", &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         self.cluster.cleanup().await
     }
@@ -540,8 +551,9 @@ impl Controller {
 }
 
 /// The DeviceClass the test's Network uses, created unless it exists (a real cluster has it from
-/// the chart, with this very selector: `deviceclasses/knic.yaml`).
-async fn ensure_device_class(env: &Env) -> anyhow::Result<()> {
+/// the chart, with this very selector: `deviceclasses/knic.yaml`); one it made is deleted at
+/// the end.
+async fn ensure_device_class(env: &mut Env) -> anyhow::Result<()> {
     let class: DeviceClass = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": {"name": "knic.dev"},
@@ -549,7 +561,10 @@ async fn ensure_device_class(env: &Env) -> anyhow::Result<()> {
     }))?;
     let api: Api<DeviceClass> = Api::all(env.cluster.client.clone());
     match api.create(&PostParams::default(), &class).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            env.made_class = true;
+            Ok(())
+        }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -783,6 +798,7 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
         cluster,
         network,
         nodes: Vec::new(),
+        made_class: false,
     };
     let dir = env.cluster.tmp.path().join(&first);
     std::fs::create_dir_all(&dir)?;

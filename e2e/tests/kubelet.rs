@@ -515,6 +515,102 @@ async fn truncated_checkpoint(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The entries of `dir`, sorted (none when it does not exist).
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A graceful stop keeps what a prepared claim needs (checkpoint, CDI spec, hook) for the next
+/// start, and once nothing is prepared leaves nothing of knic in the plugin directory: no
+/// sockets, no empty checkpoint, no hook (what `helm uninstall` must leave).
+async fn sigterm_keeps_only_what_prepared_claims_need(env: &mut Env) -> anyhow::Result<()> {
+    let plugin_dir = env.config.plugin_dir.clone();
+    let cdi_dir = std::path::PathBuf::from(env.config.env_value("KNIC_CDI_DIR").context("cdi")?);
+    let claim = env
+        .cluster
+        .create_claim("kept", Some(&[("knic.dev", vf_device(8).as_str())]))
+        .await?;
+    let out = env.plugin.prepare(env.version, &[env.id(&claim)]).await?;
+    ensure!(out[&claim.uid].error.is_empty(), "{:?}", out[&claim.uid]);
+    let spec = format!("knic.dev-{}.json", claim.uid);
+    let status = env.driver.terminate().await?;
+    ensure!(status.success(), "SIGTERM exit: {status}");
+    ensure!(
+        entries(&plugin_dir) == ["bin", "checkpoint.json"]
+            && entries(&plugin_dir.join("bin")) == ["knic-driver"],
+        "with a claim prepared the checkpoint and the hook stay, the socket goes: {:?} {:?}",
+        entries(&plugin_dir),
+        entries(&plugin_dir.join("bin"))
+    );
+    ensure!(
+        env.checkpoint().contains(&claim.uid),
+        "{}",
+        env.checkpoint()
+    );
+    ensure!(
+        entries(&cdi_dir) == [spec.clone()],
+        "{:?}",
+        entries(&cdi_dir)
+    );
+    ensure!(
+        env.driver.logs().contains(
+            "claims are still prepared: the checkpoint, their CDI specs and the CDI hook stay"
+        ),
+        "{}",
+        env.driver.logs()
+    );
+
+    env.restart().await?;
+    let out = env.plugin.unprepare(env.version, &[env.id(&claim)]).await?;
+    ensure!(
+        out[&claim.uid].is_empty(),
+        "unprepare after restart: {}",
+        out[&claim.uid]
+    );
+    ensure!(entries(&cdi_dir).is_empty(), "{:?}", entries(&cdi_dir));
+    let status = env.driver.terminate().await?;
+    ensure!(status.success(), "SIGTERM exit: {status}");
+    ensure!(
+        plugin_dir.is_dir() && entries(&plugin_dir).is_empty(),
+        "nothing prepared: the plugin directory must be left empty, not {:?}",
+        entries(&plugin_dir)
+    );
+    ensure!(
+        !entries(&env.config.registry_dir)
+            .iter()
+            .any(|e| e.starts_with("knic.dev")),
+        "{:?}",
+        entries(&env.config.registry_dir)
+    );
+    ensure!(
+        env.driver
+            .logs()
+            .contains("nothing prepared: removed the empty checkpoint and the CDI hook"),
+        "{}",
+        env.driver.logs()
+    );
+    // The next start finds no claims and installs the hook again.
+    env.restart().await?;
+    ensure!(plugin_dir.join("bin/knic-driver").is_file());
+    let again = env
+        .cluster
+        .create_claim("again", Some(&[("knic.dev", vf_device(9).as_str())]))
+        .await?;
+    let out = env.plugin.prepare(env.version, &[env.id(&again)]).await?;
+    ensure!(out[&again.uid].error.is_empty(), "{:?}", out[&again.uid]);
+    let out = env.plugin.unprepare(env.version, &[env.id(&again)]).await?;
+    ensure!(out[&again.uid].is_empty(), "{}", out[&again.uid]);
+    Ok(())
+}
+
 async fn run(
     real: Option<RealCluster>,
     test: String,
@@ -572,6 +668,7 @@ fn main() {
         concurrent_prepares: true,
         kill9_then_unprepare_from_checkpoint: true,
         truncated_checkpoint: true,
+        sigterm_keeps_only_what_prepared_claims_need: false,
     ];
     let mut trials = Vec::new();
     for backend in ["fake", "real"] {

@@ -8,23 +8,21 @@
 //! Real cluster only (`KNIC_E2E_KUBECONFIG`), with the harness kit (`KNIC_E2E_HARNESS`) to stop
 //! and start the node's kubelet; otherwise reported ignored with the reason.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use knic_e2e::cluster::{Cluster, RealCluster};
-use knic_e2e::driver::{DriverConfig, DriverProcess};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use knic_e2e::cluster::RealCluster;
 use knic_e2e::gates::Harness;
 use knic_e2e::harness::{eventually, ip, trial, unpanicked};
+use knic_e2e::real_node::{PodClaim, RealNode};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-const DEV: &str = "knt-ks0";
 const ADDRESS: &str = "192.0.2.31/24";
+const WAIT: Duration = Duration::from_secs(180);
 
 /// The node's kubelet, started again by the guard whatever happened to the test.
 struct Kubelet<'a>(&'a Harness);
@@ -37,78 +35,25 @@ impl Drop for Kubelet<'_> {
     }
 }
 
-/// The host link playing the NIC, removed whatever happened.
-struct Veth;
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", DEV]);
-    }
-}
-
-fn pod(namespace: &str, name: &str) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "resourceClaims": [{"name": "net", "resourceClaimTemplateName": "nic"}],
-            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "net"}]}}],
-            "terminationGracePeriodSeconds": 1,
-        },
-    }))?)
-}
-
-/// The generated claim of a running pod: its name and UID.
-async fn running_with_claim(pods: &Api<Pod>, name: &str) -> anyhow::Result<(String, String)> {
-    eventually(
-        &format!("pod {name} Running with its claim"),
-        Duration::from_secs(180),
-        || async {
-            let p = pods.get(name).await?;
-            let status = p.status.unwrap_or_default();
-            let claim = status
-                .resource_claim_statuses
-                .unwrap_or_default()
-                .into_iter()
-                .find_map(|s| s.resource_claim_name);
-            Ok((status.phase.as_deref() == Some("Running"))
-                .then_some(claim)
-                .flatten()
-                .map(|c| (c, p.metadata.uid.unwrap_or_default())))
-        },
-    )
-    .await
-}
-
-fn checkpoint(plugin_dir: &Path) -> String {
-    std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap_or_default()
-}
-
-async fn offered(cluster: &Cluster) -> anyhow::Result<bool> {
-    let slices = cluster.slices().await?;
-    Ok(slices
+/// Whether the node's slices offer the device.
+async fn offered(node: &RealNode, device: &str) -> anyhow::Result<bool> {
+    Ok(node
+        .cluster
+        .slices()
+        .await?
         .iter()
         .flat_map(|s| s.spec.devices.iter().flatten())
-        .any(|d| {
-            d.attributes.as_ref().is_some_and(|a| {
-                a.get("ifName")
-                    .and_then(|v| v.string.as_deref())
-                    .is_some_and(|n| n == DEV)
-            })
-        }))
+        .any(|d| d.name == device))
 }
 
-async fn scenario(
-    real: &RealCluster,
-    harness: &Harness,
-    cluster: &Cluster,
-    driver: &mut DriverProcess,
-    config: &DriverConfig,
-) -> anyhow::Result<()> {
-    let ns = &cluster.namespace;
-    let templates: Api<ResourceClaimTemplate> = Api::namespaced(cluster.client.clone(), ns);
-    let class = format!("{ns}.knic.dev");
+fn on_host(device: &str) -> bool {
+    ip(&["-o", "link", "show", device]).is_ok()
+}
+
+async fn scenario(node: &mut RealNode, harness: &Harness) -> anyhow::Result<()> {
+    let dev = node.nics[0].name.clone();
+    let ns = node.cluster.namespace.clone();
+    let class = node.device_class("nic", &[&dev]).await?;
     let template: ResourceClaimTemplate = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": "nic", "namespace": ns},
@@ -119,33 +64,40 @@ async fn scenario(
                 "addresses": [ADDRESS]}}}],
         }}},
     }))?;
-    templates.create(&PostParams::default(), &template).await?;
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), ns);
-
-    pods.create(&PostParams::default(), &pod(ns, "first")?)
+    Api::<ResourceClaimTemplate>::namespaced(node.cluster.client.clone(), &ns)
+        .create(&PostParams::default(), &template)
         .await?;
-    let (claim, _) = running_with_claim(&pods, "first").await?;
-    let uid = claims
+    let from_template = PodClaim::Template("nic".into());
+
+    node.create_pod("first", &from_template).await?;
+    node.running("first", WAIT).await?;
+    let claim = node.claim_of("first").await?;
+    let uid = node
+        .claims()
         .get(&claim)
         .await?
         .metadata
         .uid
         .context("claim uid")?;
-    ensure!(checkpoint(&config.plugin_dir).contains(&uid));
     ensure!(
-        ip(&["-o", "link", "show", DEV]).is_err(),
-        "{DEV} is still on the host while the pod runs"
+        node.checkpoint()?.contains_key(&uid),
+        "the claim is not prepared"
+    );
+    ensure!(
+        !on_host(&dev),
+        "{dev} is still on the host while the pod runs"
     );
 
     // The kubelet goes down and comes back with no DRA state; meanwhile the pod is deleted
     // from the API (force, as nothing runs to confirm it) and its claim is collected.
     let kubelet = Kubelet(harness);
     harness.stop("kubelet")?;
-    let state = real.kubelet_dir.join("dra_manager_state");
+    let state = node.real.kubelet_dir.join("dra_manager_state");
     std::fs::remove_file(&state).with_context(|| format!("wiping {}", state.display()))?;
-    pods.delete("first", &DeleteParams::default().grace_period(0))
+    node.pods()
+        .delete("first", &DeleteParams::default().grace_period(0))
         .await?;
+    let claims = node.claims();
     eventually(
         "the claim collected with its pod",
         Duration::from_secs(60),
@@ -166,11 +118,11 @@ async fn scenario(
         "knic unprepared the orphaned claim",
         Duration::from_secs(120),
         || {
-            let prepared = checkpoint(&config.plugin_dir).contains(&uid);
             let withheld = &withheld_seen;
+            let (node, dev, uid) = (&*node, &dev, &uid);
             async move {
-                if prepared && ip(&["-o", "link", "show", DEV]).is_ok() && !offered(cluster).await?
-                {
+                let prepared = node.checkpoint()?.contains_key(uid);
+                if prepared && on_host(dev) && !offered(node, dev).await? {
                     withheld.set(true);
                 }
                 Ok((!prepared).then_some(()))
@@ -178,22 +130,21 @@ async fn scenario(
         },
     )
     .await?;
-    let withheld_seen = withheld_seen.get();
     println!(
         "orphan unprepared {:.1?} after the claim was deleted",
         gone_at.elapsed()
     );
     ensure!(
-        withheld_seen,
+        withheld_seen.get(),
         "the device was offered while the orphaned claim was still prepared"
     );
-    let logs = driver.logs();
+    let logs = node.logs();
     ensure!(
         logs.contains("a prepared claim is gone from the API")
             && logs.contains("orphaned claim unprepared"),
-        "driver log:\n{logs}"
+        "the driver did not log the orphan's two steps"
     );
-    let events: Api<Event> = Api::namespaced(cluster.client.clone(), ns);
+    let events: Api<Event> = Api::namespaced(node.cluster.client.clone(), &ns);
     let event = eventually("the Event", Duration::from_secs(30), || async {
         Ok(events
             .list(&ListParams::default())
@@ -213,27 +164,21 @@ async fn scenario(
     eventually(
         "the device offered again",
         Duration::from_secs(30),
-        || async { Ok(offered(cluster).await?.then_some(())) },
+        || async { Ok(offered(node, &dev).await?.then_some(())) },
     )
     .await?;
 
     // The next pod gets the device: the one the stale checkpoint used to refuse.
-    pods.create(&PostParams::default(), &pod(ns, "second")?)
-        .await?;
-    running_with_claim(&pods, "second").await?;
-    let mut found = false;
-    for entry in std::fs::read_dir("/var/run/netns")? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if ip(&["-n", &name, "addr", "show", "net1"]).is_ok_and(|o| o.contains(ADDRESS)) {
-            found = true;
-        }
-    }
-    ensure!(found, "no pod namespace has net1 with {ADDRESS}");
-    pods.delete("second", &DeleteParams::default()).await?;
-    eventually("the device home", Duration::from_secs(120), || async {
-        Ok(ip(&["-o", "link", "show", DEV]).is_ok().then_some(()))
-    })
-    .await?;
+    node.create_pod("second", &from_template).await?;
+    node.running("second", WAIT).await?;
+    let netns = node.pod_netns("second").await?;
+    let name = netns
+        .file_name()
+        .context("netns path")?
+        .to_string_lossy()
+        .into_owned();
+    let shown = ip(&["-n", &name, "addr", "show", "net1"])?;
+    ensure!(shown.contains(ADDRESS), "net1 in the second pod: {shown}");
     Ok(())
 }
 
@@ -242,52 +187,19 @@ async fn run(real: RealCluster) -> anyhow::Result<()> {
         .harness
         .clone()
         .context("needs the harness kit to stop the kubelet")?;
-    let cluster = Cluster::real(&real, "kubelet-state").await?;
-    ip(&[
-        "link", "add", DEV, "type", "veth", "peer", "name", "knt-ks1",
-    ])?;
-    let _veth = Veth;
-    ip(&["link", "set", DEV, "up"])?;
-    let config = DriverConfig::under(cluster.tmp.path(), &real.node, &real.kubeconfig)
-        .with_env("KNIC_SYSFS_ROOT", "/")
-        .with_env("KNIC_NETLINK", "true")
-        .with_env("KNIC_INCLUDE", format!("name={DEV}"))
-        .with_env("KNIC_KUBELET_ROOT_DIR", real.kubelet_dir.to_string_lossy())
-        .with_env(
-            "KNIC_REGISTRY_DIR",
-            real.kubelet_dir.join("plugins_registry").to_string_lossy(),
-        )
-        .with_env(
-            "KNIC_PLUGIN_DIR",
-            real.kubelet_dir.join("plugins/knic.dev").to_string_lossy(),
-        )
-        .with_env("KNIC_NRI_SOCKET", real.nri_socket.to_string_lossy())
-        .with_env("KNIC_CDI_DIR", "/var/run/cdi")
-        .with_env("KNIC_ORPHAN_IDLE_SECONDS", "2")
-        .with_env("KNIC_ORPHAN_GRACE_SECONDS", "8")
-        .without_stand_in_runtime();
-    let config = DriverConfig {
-        plugin_dir: real.kubelet_dir.join("plugins/knic.dev"),
-        ..config
-    };
-    let mut driver = DriverProcess::start(&config)?;
-    let classes: Api<DeviceClass> = Api::all(cluster.client.clone());
-    let class_name = format!("{}.knic.dev", cluster.namespace);
-    let class: DeviceClass = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": class_name},
-        "spec": {"selectors": [{"cel": {"expression": format!(
-            "device.driver == \"knic.dev\" && device.attributes[\"knic.dev\"].ifName == \"{DEV}\"")}}]},
-    }))?;
-    classes.create(&PostParams::default(), &class).await?;
-    let outcome = unpanicked(scenario(&real, &harness, &cluster, &mut driver, &config)).await;
-    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
-    let cleanup = cluster.cleanup().await;
-    let _ = driver.terminate().await;
-    match outcome {
-        Ok(()) => cleanup,
-        Err(e) => anyhow::bail!("{e:#}\n--- driver log ---\n{}", driver.logs()),
-    }
+    let mut node = RealNode::start(
+        &real,
+        "kubelet-state",
+        "ks",
+        &["192.0.2.1/24"],
+        &[
+            ("KNIC_ORPHAN_IDLE_SECONDS", "2"),
+            ("KNIC_ORPHAN_GRACE_SECONDS", "8"),
+        ],
+    )
+    .await?;
+    let outcome = unpanicked(scenario(&mut node, &harness)).await;
+    node.finish(outcome).await
 }
 
 fn main() {

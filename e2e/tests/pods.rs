@@ -13,7 +13,7 @@ use knic_driver::nri::PodSandbox;
 use knic_driver::nri::runtime::TestRuntime;
 use knic_e2e::cluster::{Cluster, RealCluster, TestClaim};
 use knic_e2e::driver::{DriverConfig, DriverProcess};
-use knic_e2e::harness::{Netns, eventually, ip, isolate, trial, unisolate};
+use knic_e2e::harness::{Netns, eventually, host_link, ip, isolate, trial, unisolate};
 use knic_e2e::kubelet::{self, ClaimId, Plugin};
 use serde_json::json;
 
@@ -76,24 +76,6 @@ impl Env {
             kube::Api::namespaced(self.cluster.client.clone(), &self.cluster.namespace);
         Ok(serde_json::to_value(api.get(name).await?.status)?)
     }
-}
-
-/// Host state of a link as `ip -o link` prints it (name, mtu, mac, state).
-fn host_link(name: &str) -> anyhow::Result<String> {
-    let out = ip(&["-o", "link", "show", name])?;
-    let fields: Vec<&str> = out.split_whitespace().collect();
-    let mtu = fields
-        .iter()
-        .position(|f| *f == "mtu")
-        .map(|i| fields[i + 1])
-        .unwrap_or_default();
-    let mac = fields
-        .iter()
-        .position(|f| *f == "link/ether")
-        .map(|i| fields[i + 1])
-        .unwrap_or_default();
-    let up = out.contains(",UP") || out.contains("<UP");
-    Ok(format!("{name} mtu {mtu} mac {mac} up {up}"))
 }
 
 async fn setup(root: &Path, tag: &'static str, real: Option<&RealCluster>) -> anyhow::Result<Env> {

@@ -232,9 +232,10 @@ async fn a_bad_policy_stops_the_driver_at_start(env: &mut Env) -> anyhow::Result
          \"igb_uio\": must be netdev or vfio-pci",
         env.policy.display()
     );
+    // The fatal error goes out as the `error` field of "stopped by an error" (the shared log
+    // setup, `knic_proto::logging`).
     let logs = env.logs();
     ensure!(
-        // A fatal error is the last line: "stopped by an error", the text in `error`.
         log_values(&logs, "error").contains(&want),
         "no {want:?} in\n{logs}"
     );

@@ -18,17 +18,32 @@
 #
 # Needs (installed with apt-get when missing and running as root): linux-image-amd64,
 # qemu-system-x86, busybox-static, iproute2, cpio, kmod (modprobe). Nothing else: no KVM, no
-# network, no disk image.
+# network, no disk image. A --device the installed QEMU does not emulate (igb, Intel's 82576
+# with SR-IOV, needs QEMU 8 or later; bookworm has 7.2) installs qemu-system-x86 from the
+# release's backports suite (`<codename>-backports`, added to apt's sources on the machine's
+# Debian mirror when missing), and the run fails if even that QEMU lacks it.
 #
 # In the VM: PATH=/usr/sbin:/usr/bin:/sbin:/bin with iproute2's ip in /usr/sbin and busybox's
 # applets in /bin (a shell script there gets busybox's `ip` unless it calls /usr/sbin/ip);
-# tmpfs /run (/var/run links to it, for `ip netns`) and /tmp; no network device; cwd /.
+# tmpfs /run (/var/run links to it, for `ip netns`) and /tmp; no network device unless a
+# --device adds one (emulated NICs have no backend: nothing leaves the VM); cwd /.
 #
 # Usage: e2e/vm/run-in-vm.sh [options] [--] TEST-EXECUTABLE [ARGS...]
 #   --env NAME=VALUE   export this in the VM before the test starts (repeatable)
 #   --module NAME      load this module too (repeatable; the defaults are in KNIC_VM_MODULES)
+#   --module 'NAME PARAMS'  load it with these module parameters (e.g. 'ib_core netns_mode=0')
 #   --copy PATH        put this host executable (and its libraries) at the same path in the VM
 #   --timeout SECONDS  wall-clock bound of the whole VM run (default 300, KNIC_VM_TIMEOUT)
+#   --machine TYPE     QEMU machine type (default QEMU's `pc`; PCIe devices with SR-IOV need q35)
+#   --device SPEC      add QEMU `-device SPEC` (repeatable, in order: an IOMMU such as
+#                      intel-iommu must come before the devices it translates for)
+#   --append TEXT      more kernel command line (repeatable), e.g. 'intel_iommu=on iommu=pt'
+#   --memory MIB       the VM's memory (default 1024, KNIC_VM_MEMORY); the initramfs holds every
+#                      copied executable, so large debug binaries need more
+#
+# An emulated SR-IOV NIC with an IOMMU, each VF in its own IOMMU group:
+#   run-in-vm.sh --machine q35 --device intel-iommu --device igb --append 'intel_iommu=on iommu=pt'
+#     --module igb --module igbvf --module vfio-pci -- TEST
 # Environment: KNIC_VM_KERNEL=<ver> picks a kernel; KNIC_VM_MEMORY (MiB, default 1024);
 # KNIC_VM_CPUS (default 2); KNIC_VM_MODULES (default: 8021q ipvlan macvlan veth dummy bridge
 # vxlan sch_tbf); KNIC_VM_NO_INSTALL=1 never runs apt.
@@ -46,14 +61,34 @@ say() { echo "$prog: $*" >&2; }
 
 read -r -a modules <<<"${KNIC_VM_MODULES:-8021q ipvlan macvlan veth dummy bridge vxlan sch_tbf}"
 timeout_s=${KNIC_VM_TIMEOUT:-300}
+memory=${KNIC_VM_MEMORY:-1024}
+machine=
 envs=()
 copies=()
+devices=()
+append=
 while [ $# -gt 0 ]; do
   case "$1" in
     --env) [ $# -ge 2 ] || die "--env needs NAME=VALUE"
       [[ "$2" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env $2: expected NAME=VALUE"
       envs+=("$2"); shift 2 ;;
-    --module) [ $# -ge 2 ] || die "--module needs a name"; modules+=("$2"); shift 2 ;;
+    --module) [ $# -ge 2 ] || die "--module needs a name"
+      [[ "$2" =~ ^[A-Za-z0-9_-]+(\ [A-Za-z0-9_.,=-]+)*$ ]] ||
+        die "--module $2: expected a module name, optionally followed by NAME=VALUE parameters"
+      modules+=("$2"); shift 2 ;;
+    --machine) [ $# -ge 2 ] || die "--machine needs a type"
+      [[ "$2" =~ ^[A-Za-z0-9_.,=-]+$ ]] || die "--machine $2: expected a QEMU machine type such as q35"
+      machine=$2; shift 2 ;;
+    --device) [ $# -ge 2 ] || die "--device needs a QEMU device spec"
+      [[ "$2" =~ ^[A-Za-z0-9_-]+(,[A-Za-z0-9_.:=-]+)*$ ]] ||
+        die "--device $2: expected DRIVER[,PROP=VALUE...] (e.g. igb,bus=pcie.0)"
+      devices+=("$2"); shift 2 ;;
+    --append) [ $# -ge 2 ] || die "--append needs kernel command line text"
+      [[ "$2" =~ ^[A-Za-z0-9_.,=:\ -]+$ ]] || die "--append $2: only plain kernel parameters (letters, digits, _.,=:- and spaces)"
+      append="$append $2"; shift 2 ;;
+    --memory) [ $# -ge 2 ] || die "--memory needs MiB"
+      [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "--memory $2: expected a number of MiB"
+      memory=$2; shift 2 ;;
     --copy) [ $# -ge 2 ] || die "--copy needs a path"; copies+=("$2"); shift 2 ;;
     --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"
       [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "--timeout $2: expected a positive number of seconds"
@@ -87,7 +122,62 @@ pick_kernel() {
   done
 }
 
+# The QEMU device names asked for (`igb` of `igb,bus=pcie.0`).
+device_names=()
+for d in "${devices[@]}"; do device_names+=("${d%%,*}"); done
+
+# The device names of `device_names` the installed QEMU lacks (all of them without QEMU).
+missing_devices() {
+  local known d
+  known=$(qemu-system-x86_64 -device help 2>/dev/null || true)
+  for d in "${device_names[@]}"; do
+    grep -q "^name \"$d\"" <<<"$known" || echo "$d"
+  done
+}
+
+# The release's backports suite on apt's sources, added on the machine's Debian mirror (the
+# URIs of its own sources, else deb.debian.org) when missing.
+backports_suite() {
+  local codename suite mirror
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  [ -n "$codename" ] || die "cannot tell the Debian release (no VERSION_CODENAME in /etc/os-release) to find its backports suite"
+  suite=$codename-backports
+  if ! grep -Eqs "^[^#]*[[:space:]]$suite([[:space:]]|\$)" /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; then
+    mirror=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null |
+      grep -E '/debian/?$' | head -n 1 || true)
+    [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+    mirror=${mirror:-http://deb.debian.org/debian}
+    say "adding $suite ($mirror) to apt's sources, for a QEMU that emulates ${device_names[*]}"
+    {
+      printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\n' "$mirror" "$suite"
+      [ ! -f /usr/share/keyrings/debian-archive-keyring.gpg ] ||
+        printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+    } >"/etc/apt/sources.list.d/knic-$suite.sources" || die "cannot write /etc/apt/sources.list.d/knic-$suite.sources"
+  fi
+  echo "$suite"
+}
+
+# Why nothing may be installed now, if so.
+no_install_reason() {
+  if [ "${KNIC_VM_NO_INSTALL:-}" = 1 ]; then echo "KNIC_VM_NO_INSTALL=1 forbids installing them"
+  elif [ "$(id -u)" != 0 ]; then echo "installing them needs root"
+  elif ! command -v apt-get >/dev/null 2>&1; then echo "there is no apt-get to install them"
+  fi
+}
+
 need=()
+if [ "${#devices[@]}" -gt 0 ] && [ -n "$(missing_devices)" ]; then
+  lacking=$(missing_devices | tr '\n' ' ')
+  why=$(no_install_reason)
+  [ -z "$why" ] || die "QEMU lacks the devices ${lacking% } and a newer qemu-system-x86 from backports is needed: $why"
+  suite=$(backports_suite)
+  say "installing qemu-system-x86 from $suite (emulates ${lacking% })"
+  apt-get update -qq || die "apt-get update failed (installing qemu-system-x86 from $suite)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t "$suite" qemu-system-x86 >/dev/null ||
+    die "apt-get install -t $suite qemu-system-x86 failed"
+  lacking=$(missing_devices | tr '\n' ' ')
+  [ -z "$lacking" ] || die "$(qemu-system-x86_64 --version | head -n 1) from $suite does not emulate ${lacking% }"
+fi
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v busybox >/dev/null 2>&1 || need+=(busybox-static)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
@@ -95,10 +185,7 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v modprobe >/dev/null 2>&1 || need+=(kmod)
 [ -n "$(pick_kernel)" ] || need+=(linux-image-amd64)
 if [ "${#need[@]}" -gt 0 ]; then
-  why=
-  [ "${KNIC_VM_NO_INSTALL:-}" != 1 ] || why="KNIC_VM_NO_INSTALL=1 forbids installing them"
-  [ -n "$why" ] || [ "$(id -u)" = 0 ] || why="installing them needs root"
-  [ -n "$why" ] || command -v apt-get >/dev/null 2>&1 || why="there is no apt-get to install them"
+  why=$(no_install_reason)
   [ -z "$why" ] || die "missing Debian packages ${need[*]}: $why"
   say "installing ${need[*]}"
   apt-get update -qq || die "apt-get update failed (installing ${need[*]})"
@@ -130,6 +217,11 @@ ln -s ../run "$root/var/run"
 copy_exe() {
   local src=$1 dest=$2 lib
   install -D -m 0755 "$src" "$root$dest"
+  # Debug builds are mostly DWARF, which the VM never reads but would unpack into its RAM on
+  # every boot under emulation: dropped when binutils is here (symbols stay for backtraces).
+  if [ "$(stat -c %s "$src")" -gt 8000000 ] && command -v objcopy >/dev/null 2>&1; then
+    objcopy --strip-debug "$root$dest" 2>/dev/null || install -m 0755 "$src" "$root$dest"
+  fi
   # ldd fails on static executables, which need nothing more.
   { ldd "$src" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
     while read -r lib; do
@@ -147,6 +239,13 @@ done
 copy_exe "$(command -v ip)" /usr/sbin/ip
 # iproute2's tc, for the egress-limit trials that read qdiscs back as JSON (busybox's has no -j).
 copy_exe "$(command -v tc)" /usr/sbin/tc
+# iproute2's rdma, for the RDMA trials (soft-RoCE links, the namespace mode).
+copy_exe "$(command -v rdma)" /usr/sbin/rdma
+# The CA bundle: kube's client (the driver's, a test's) loads the system roots even for a
+# plain-HTTP apiserver such as the fake one, and fails without any.
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+fi
 for c in "${copies[@]}"; do
   [ -x "$c" ] || die "--copy $c: not an executable"
   copy_exe "$(readlink -f "$c")" "$c"
@@ -156,13 +255,24 @@ done
 # decompress.
 : >"$root/knic/modules"
 declare -A seen=()
+# Parameters given with --module 'NAME PARAMS', by module name (- and _ are one to the kernel),
+# applied wherever the module loads, also as another's dependency.
+declare -A given=()
 for m in "${modules[@]}"; do
+  read -r name params <<<"$m"
+  [ -z "$params" ] || given[${name//-/_}]=$params
+done
+for m in "${modules[@]}"; do
+  m=${m%% *}
   deps=$(modprobe -S "$kver" --show-depends "$m" 2>&1) ||
     die "module $m is not in kernel $kver's module tree: $deps"
   while read -r kind path params; do
     [ "$kind" = insmod ] || continue
     [ -z "${seen[$path]:-}" ] || continue
     seen[$path]=1
+    base=$(basename "$path")
+    base=${base%%.ko*}
+    params="$params ${given[${base//-/_}]:-}"
     rel=${path#/lib/modules/"$kver"/}
     case "$rel" in
       *.xz) tool=xz ;; *.zst) tool=zstd ;; *.gz) tool=gzip ;; *) tool=install ;;
@@ -227,12 +337,16 @@ say "initramfs $(du -h "$img" | cut -f1) for kernel $kver built in $(awk "BEGIN{
 # --- boot --------------------------------------------------------------------------------------
 
 log=$tmp/serial.log
+qemu_devices=()
+for d in "${devices[@]}"; do qemu_devices+=(-device "$d"); done
+[ "${#devices[@]}" -eq 0 ] || say "devices: ${devices[*]}${machine:+ (machine $machine)}"
 set +e
 timeout -k 5 "$timeout_s" qemu-system-x86_64 \
-  -machine accel=tcg -smp "${KNIC_VM_CPUS:-2}" -m "${KNIC_VM_MEMORY:-1024}" \
+  -machine "${machine:+$machine,}accel=tcg" -smp "${KNIC_VM_CPUS:-2}" -m "$memory" \
   -nodefaults -display none -serial stdio -monitor none -nic none -no-reboot \
+  "${qemu_devices[@]}" \
   -kernel "$kernel" -initrd "$img" \
-  -append "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init" </dev/null 2>&1 | tee "$log"
+  -append "console=ttyS0 panic=-1 quiet loglevel=3 rdinit=/init$append" </dev/null 2>&1 | tee "$log"
 status=("${PIPESTATUS[@]}")
 set -e
 t2=$(date +%s.%N)

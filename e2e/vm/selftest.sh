@@ -3,7 +3,8 @@
 # tests rely on (VLAN, ipvlan, dummy, macvlan, bridge, veth, vxlan), that arguments and --env
 # values reach the test verbatim with KNIC_IN_VM=1, that the test's exit code comes back, and
 # that a crash, a hang, a module that will not load, an unknown module and a missing executable
-# each end with their documented status and message, leaving no temp directory behind.
+# each end with their documented status and message, leaving no temp directory behind; bad
+# --device/--append/--module/--memory values are refused before anything boots.
 #
 # Usage: e2e/vm/selftest.sh   (about 45 s here; needs what run-in-vm.sh needs)
 set -euo pipefail
@@ -89,6 +90,10 @@ expect setup-failure 3 "the VM's setup failed: insmod .*kvm-intel" -- --module k
 expect unknown-module 2 'module knt-nosuch is not in kernel' -- --module knt-nosuch "$work/crash"
 expect missing-executable 2 'test executable /knt-nonexistent does not exist' -- /knt-nonexistent
 expect bad-env 2 '--env 1X=y: expected NAME=VALUE' -- --env 1X=y "$work/crash"
+expect bad-device 2 '--device igb;x: expected DRIVER\[,PROP=VALUE\.\.\.\]' -- --device 'igb;x' "$work/crash"
+expect bad-append 2 '--append a\$b: only plain kernel parameters' -- --append 'a$b' "$work/crash"
+expect bad-module 2 '--module igb max_vfs=\$x: expected a module name' -- --module 'igb max_vfs=$x' "$work/crash"
+expect bad-memory 2 '--memory 1G: expected a number of MiB' -- --memory 1G "$work/crash"
 
 if [ -n "$(ls -A "$TMPDIR")" ]; then
   echo "selftest: the runner left temp files behind: $(ls -A "$TMPDIR")" >&2

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
@@ -25,12 +25,13 @@ mod answer;
 pub mod budget;
 pub mod checkpoint;
 pub mod functions;
+mod hooks;
 pub mod ipam;
 pub mod orphans;
 pub mod plan;
 mod store;
 
-pub use store::{Change, ClaimStore, Locked};
+pub use store::{Change, ClaimStore, Locked, Retired};
 
 use crate::BoxFuture;
 use crate::cdi::CdiSpecs;
@@ -44,6 +45,8 @@ use crate::sriov::vfio::Vfio;
 use crate::sriov::writes::LiveWrites;
 pub use answer::answer;
 use answer::{answer_with_cdi, check_results};
+pub use hooks::RUNTIME_HOOKS_WAIT;
+use hooks::RuntimeHooks;
 
 /// Where ResourceClaims come from. A trait so tests and the demo can run without an apiserver.
 pub trait ClaimSource: Send + Sync + 'static {
@@ -213,9 +216,9 @@ pub struct Preparer {
     pool: Option<String>,
     /// Where the CDI specs of prepared claims go (fail-closed at container creation).
     cdi: Option<CdiSpecs>,
-    /// Whether knic is registered with the runtime's NRI, and its socket; prepare refuses while
-    /// it is not (fail-closed before the sandbox exists).
-    runtime_hooks: Option<(watch::Receiver<bool>, String)>,
+    /// Whether knic is registered with the runtime's NRI, and its socket; prepare waits for
+    /// it, then refuses (fail-closed before the sandbox exists).
+    runtime_hooks: Option<RuntimeHooks>,
     release: Option<Arc<dyn Release>>,
     /// Where IPAM allocations are made and this node's name; unset (demo, tests) means claims
     /// with `ipam` cannot be prepared.
@@ -273,13 +276,21 @@ impl Preparer {
     }
 
     /// New claims are refused while `connected` is false (knic not registered with the NRI
-    /// socket `socket`).
+    /// socket `socket`), once a prepare call has waited [`RUNTIME_HOOKS_WAIT`] for it.
     pub fn with_runtime_hooks(
         mut self,
         connected: watch::Receiver<bool>,
         socket: impl Into<String>,
     ) -> Self {
-        self.runtime_hooks = Some((connected, socket.into()));
+        self.runtime_hooks = Some(RuntimeHooks::new(connected, socket));
+        self
+    }
+
+    /// How long a prepare call waits for the runtime's registration (tests shorten it).
+    pub fn waiting_for_runtime_hooks(mut self, wait: Duration) -> Self {
+        if let Some(hooks) = &mut self.runtime_hooks {
+            hooks.wait = wait;
+        }
         self
     }
 
@@ -326,13 +337,20 @@ impl Preparer {
     }
 
     /// Prepares every claim; each gets its own outcome, so one bad claim never hides the others.
+    /// The wait for the runtime's registration is one for the whole call, so a call of many
+    /// claims still answers within the kubelet's deadline.
     pub async fn prepare(
         &self,
         claims: &[ClaimRef],
     ) -> HashMap<String, Result<Vec<PreparedAnswer>>> {
+        let wait = self
+            .runtime_hooks
+            .as_ref()
+            .map_or(Duration::ZERO, |h| h.wait);
+        let deadline = tokio::time::Instant::now() + wait;
         let mut out = HashMap::new();
         for claim in claims {
-            out.insert(claim.uid.clone(), self.prepare_one(claim).await);
+            out.insert(claim.uid.clone(), self.prepare_one(claim, deadline).await);
         }
         out
     }
@@ -368,15 +386,23 @@ impl Preparer {
             .retain(|_, lock| Arc::strong_count(lock) > 1);
     }
 
-    async fn prepare_one(&self, wanted: &ClaimRef) -> Result<Vec<PreparedAnswer>> {
+    async fn prepare_one(
+        &self,
+        wanted: &ClaimRef,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<PreparedAnswer>> {
         let guard = self.claim_lock(&wanted.uid).await;
-        let outcome = self.prepare_serialised(wanted).await;
+        let outcome = self.prepare_serialised(wanted, deadline).await;
         drop(guard);
         self.forget_idle_locks();
         outcome
     }
 
-    async fn prepare_serialised(&self, wanted: &ClaimRef) -> Result<Vec<PreparedAnswer>> {
+    async fn prepare_serialised(
+        &self,
+        wanted: &ClaimRef,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<PreparedAnswer>> {
         let claim_error = |reason: String| Error::Claim {
             namespace: wanted.namespace.clone(),
             name: wanted.name.clone(),
@@ -414,12 +440,12 @@ impl Preparer {
             self.pool.as_deref(),
             self.inventory.is_some(),
         )?;
-        if let Some((connected, socket)) = &self.runtime_hooks
+        if let Some(hooks) = &self.runtime_hooks
             && !prepared.devices.is_empty()
-            && !*connected.borrow()
+            && !hooks.registered(wanted, deadline).await
         {
             return Err(Error::RuntimeHooksDown {
-                socket: socket.clone(),
+                socket: hooks.socket.clone(),
             });
         }
         if prepared.devices.is_empty() {

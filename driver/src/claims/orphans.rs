@@ -275,13 +275,7 @@ pub async fn reap(
                 let after = claims.snapshot().await.unwrap_or(checkpoint);
                 let _ = reaper.due(&after, Instant::now());
                 let hold = reaper.withheld(&after);
-                withheld.send_if_modified(|current| {
-                    let changed = *current != hold;
-                    if changed {
-                        *current = hold;
-                    }
-                    changed
-                });
+                crate::watches::send_if_changed(&withheld, hold);
                 metrics.orphaned_claims.set([], reaper.suspects() as f64);
             }
             Err(e) => {

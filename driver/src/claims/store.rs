@@ -58,6 +58,18 @@ struct Queue {
     durable: Vec<Waiting>,
 }
 
+/// What [`ClaimStore::retire_if_empty`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retired<T> {
+    /// Claims are prepared: the checkpoint and everything else were kept.
+    Kept {
+        /// How many.
+        claims: usize,
+    },
+    /// Nothing was prepared: the checkpoint file is gone, and this is what `then` returned.
+    Removed(T),
+}
+
 /// The prepared claims of this node, loaded from and saved to the checkpoint.
 pub struct ClaimStore {
     /// What a write's task needs after its caller may have gone (see the module doc).
@@ -263,6 +275,30 @@ impl ClaimStore {
         }
         let next = locked.checkpoint()?.clone();
         locked.write(next, false, Vec::new()).await
+    }
+
+    /// At a graceful stop: when no claim is prepared (none on disk, none queued to be added),
+    /// removes the checkpoint file and then runs `then` (removing what only prepared claims
+    /// need, e.g. the CDI hook), all under the store's lock, so no prepare slips in between.
+    /// A missing file is read as the empty checkpoint, so the next start sees exactly what the
+    /// file said, and an uninstall leaves no file behind. With claims prepared nothing is
+    /// touched and their number is returned: a restart or an upgrade must find them. An
+    /// unreadable checkpoint is an error and nothing is removed either: it may hold claims.
+    pub async fn retire_if_empty<T>(&self, then: impl FnOnce() -> Result<T>) -> Result<Retired<T>> {
+        let mut locked = self.lock().await;
+        let prepared = locked.with_queued()?.claims.len();
+        if prepared > 0 {
+            return Ok(Retired::Kept { claims: prepared });
+        }
+        // Not fsync'd: a removal a crash undoes brings back a file that says the same.
+        let path = self.core.file.path();
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("removing {}", path.display()), e));
+            }
+            _ => {}
+        }
+        Ok(Retired::Removed(then()?))
     }
 
     /// How many checkpoint files this store has written since it was opened.

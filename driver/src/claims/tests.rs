@@ -513,7 +513,9 @@ async fn prepare_is_refused_while_the_runtime_hooks_are_down() {
     let source = Arc::new(MemClaims::default());
     add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
     let (connected, hooks) = watch::channel(false);
-    let preparer = in_dir(source, &dir).with_runtime_hooks(hooks, "/run/nri/nri.sock");
+    let preparer = in_dir(source, &dir)
+        .with_runtime_hooks(hooks, "/run/nri/nri.sock")
+        .waiting_for_runtime_hooks(Duration::from_millis(50));
     assert_eq!(
         prepare_error(&preparer).await,
         "knic is not connected to the container runtime's NRI socket /run/nri/nri.sock: a pod \
@@ -535,6 +537,74 @@ async fn prepare_is_refused_while_the_runtime_hooks_are_down() {
     // still holds its containers back).
     connected.send_replace(false);
     prepared(&preparer, wanted("u1")).await;
+}
+
+/// A runtime restarting (or knic reconnecting) while the kubelet prepares is waited for, not
+/// refused: the real kubelet retries a refused prepare only at its next sync of the pod, a
+/// minute or more later, while knic is back on the runtime within seconds.
+#[tokio::test]
+async fn prepare_waits_for_the_runtime_to_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
+    let (connected, hooks) = watch::channel(false);
+    let preparer = in_dir(source, &dir).with_runtime_hooks(hooks, "/run/nri/nri.sock");
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        connected.send_replace(true);
+        connected
+    });
+    let started = std::time::Instant::now();
+    prepared(&preparer, wanted("u1")).await;
+    assert!(
+        started.elapsed() < super::RUNTIME_HOOKS_WAIT,
+        "answered only after the whole wait"
+    );
+    drop(back.await.unwrap());
+}
+
+/// One call waits once: every claim of a call whose wait ran out is refused at once, so a
+/// call of many claims answers within the kubelet's deadline (45 s) instead of one wait each.
+#[tokio::test]
+async fn one_prepare_call_waits_for_the_runtime_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    add(&source, claim_u1(&[("nic", DRIVER, "dev-a")]));
+    add(
+        &source,
+        ClaimBuilder::new("other", "u2")
+            .allocated(&[("nic", DRIVER, "dev-b")])
+            .reserved_for(&[("p2", "pu2")])
+            .build(),
+    );
+    let (_connected, hooks) = watch::channel(false);
+    let wait = Duration::from_secs(1);
+    let preparer = in_dir(source, &dir)
+        .with_runtime_hooks(hooks, "/run/nri/nri.sock")
+        .waiting_for_runtime_hooks(wait);
+    let other = ClaimRef {
+        namespace: "ns".into(),
+        name: "other".into(),
+        uid: "u2".into(),
+    };
+    let started = std::time::Instant::now();
+    let mut out = preparer.prepare(&[wanted("u1"), other]).await;
+    let waited = started.elapsed();
+    for uid in ["u1", "u2"] {
+        let refusal = match out.remove(uid) {
+            Some(Err(e)) => e.to_string(),
+            other => panic!("{uid}: expected a refusal, got {other:?}"),
+        };
+        assert!(
+            refusal.starts_with("knic is not connected to the container runtime's NRI socket"),
+            "{uid}: {refusal}"
+        );
+    }
+    // One wait per claim would be two seconds at least.
+    assert!(
+        waited >= wait && waited < 2 * wait,
+        "two claims waited {waited:?}, not one wait of {wait:?}"
+    );
 }
 
 #[tokio::test]

@@ -126,7 +126,8 @@ async fn attach_steps<S: Session>(
     let mut into_pod = LinkChange {
         name: Some(plan.pod_ifname.clone()),
         mtu: plan.mtu,
-        mac: plan.mac,
+        // A MAC the PF assigns reaches the netdev after the move (see `adopt_vf_mac`).
+        mac: plan.mac.filter(|_| vf_mac(plan).is_none()),
         up: None,
         ipv4_conf: Vec::new(),
         index: None,
@@ -191,12 +192,13 @@ async fn attach_steps<S: Session>(
                     index,
                     name: plan.pod_ifname.clone(),
                     mtu: plan.mtu.unwrap_or(link.mtu),
-                    mac: plan.mac.or(link.mac),
+                    mac: into_pod.mac.or(link.mac),
                     up: false,
                     addresses: Vec::new(),
                     ..link
                 };
-                return configure_in_pod(plan, &files, netns, pod, Some(moved)).await;
+                let link = configure_in_pod(plan, &files, netns, pod, Some(moved)).await?;
+                return adopt_vf_mac(plan, netns, host, pod, link).await;
             }
         }
         Some(child) => {
@@ -215,7 +217,90 @@ async fn attach_steps<S: Session>(
             done.push(Done::CreatedChild);
         }
     }
-    configure_in_pod(plan, &files, netns, pod, None).await
+    let link = configure_in_pod(plan, &files, netns, pod, None).await?;
+    adopt_vf_mac(plan, netns, host, pod, link).await
+}
+
+/// The MAC the plan assigns the VF through its PF, if it does.
+fn vf_mac(plan: &AttachPlan) -> Option<[u8; 6]> {
+    plan.vf.as_ref().and_then(|vf| vf.settings.mac)
+}
+
+/// The netdev of a VF whose MAC the plan assigned through the PF, once open in the pod. The
+/// move carried no MAC: a PF enforcing one it assigned refuses the VF any MAC request, even
+/// for that very MAC (igb NACKs it: EADDRNOTAVAIL), and many VF drivers take the assigned MAC
+/// on their own when they reset. igbvf resets only when its PF resets or its driver reloads,
+/// so its netdev keeps its old MAC, which the PF then filters out: knic asks for the assigned
+/// one from the VF, and when the PF refuses, asks again with the VF trusted for that one
+/// request (igb lets a trusted VF choose its MAC; no container runs in the pod yet, so nothing
+/// else can use the window), then puts trust back as it was.
+async fn adopt_vf_mac<S: Session>(
+    plan: &AttachPlan,
+    netns: &Ns,
+    host: &mut S,
+    pod: &mut S,
+    mut link: LinkState,
+) -> Result<LinkState> {
+    let (Some(mac), Some(vf), AttachMode::Move) = (vf_mac(plan), &plan.vf, &plan.mode) else {
+        return Ok(link);
+    };
+    let now = pod.find_link(&plan.pod_ifname).await?.ok_or_else(|| {
+        Error::kernel(
+            netns,
+            format!("attaching {}", plan.pod_ifname),
+            "the interface vanished from the pod",
+        )
+    })?;
+    let change = LinkChange {
+        mac: Some(mac),
+        ..LinkChange::default()
+    };
+    if now.mac != Some(mac) {
+        let refused = match pod.set_link(&plan.pod_ifname, &change).await {
+            Ok(()) => None,
+            Err(e) if e.errno() == Some(nix::libc::EADDRNOTAVAIL) => Some(e),
+            Err(e) => return Err(e),
+        };
+        if let Some(refused) = refused {
+            let trust = host
+                .vf_state(&vf.pf, vf.index)
+                .await?
+                .and_then(|state| state.trust);
+            if trust == Some(true) {
+                return Err(refused);
+            }
+            let trusted = |on: bool| vf::VfState {
+                trust: Some(on),
+                ..vf::VfState::default()
+            };
+            host.set_vf(&vf.pf, vf.index, &trusted(true))
+                .await
+                .map_err(|e| {
+                    Error::kernel(
+                        netns,
+                        format!(
+                            "giving {} its MAC {}",
+                            plan.pod_ifname,
+                            super::mac_text(&mac)
+                        ),
+                        format!(
+                            "the PF assigned it, the VF's driver did not take it, the PF refuses \
+                             the VF's own request ({refused}), and trusting the VF for that \
+                             request failed: {e}"
+                        ),
+                    )
+                })?;
+            let asked = pod.set_link(&plan.pod_ifname, &change).await;
+            let back = host
+                .set_vf(&vf.pf, vf.index, &trusted(trust.unwrap_or(false)))
+                .await;
+            asked?;
+            back?;
+        }
+    }
+    link.mac = Some(mac);
+    link.permanent_mac = now.permanent_mac;
+    Ok(link)
 }
 
 /// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
@@ -317,8 +402,7 @@ pub(super) async fn landed<S: Session>(
         .find(|l| {
             (l.index == original.index || l.name == plan.host_ifname || l.name == plan.pod_ifname)
                 && (l.mac == original.mac || (plan.mac.is_some() && l.mac == plan.mac))
-                && (original.permanent_mac.is_none() || l.permanent_mac == original.permanent_mac)
-                && (original.pci_address.is_none() || l.pci_address == original.pci_address)
+                && super::same_hardware(l, original)
         })
         .map(|l| l.name))
 }

@@ -21,7 +21,48 @@ pub async fn detach<K: Kernel>(
     restore: &Restore,
 ) -> Result<()> {
     detach_device(kernel, plan, netns, restore).await?;
-    restore_vf(kernel, plan, restore).await
+    restore_vf(kernel, plan, restore).await?;
+    restore_vf_mac(kernel, plan, &restore.host).await
+}
+
+/// Whether the plan gave the VF an administrative MAC through its PF. The PF then enforces it:
+/// while it is set, the VF's driver may not give its netdev another MAC (igb answers the VF's
+/// request with a refusal, and the kernel's `ip link set … address` with EADDRNOTAVAIL,
+/// unless the VF is trusted), so the netdev's own MAC goes back only after the PF's settings
+/// ([`restore_vf_mac`]), never with the move home.
+fn sets_vf_mac(plan: &AttachPlan) -> bool {
+    plan.vf.as_ref().is_some_and(|vf| vf.settings.mac.is_some())
+}
+
+/// Puts the VF netdev's own MAC back once its PF no longer enforces the claim's (see
+/// [`sets_vf_mac`]): on the device home under its name, when it differs. A MAC the PF still
+/// refuses (it enforces one of its own from before the claim) is left as the PF has it, with
+/// a warning: detach cannot change the PF's mind, and failing it would only be retried.
+pub(super) async fn restore_vf_mac<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    original: &LinkState,
+) -> Result<()> {
+    let Some(mac) = original.mac.filter(|_| sets_vf_mac(plan)) else {
+        return Ok(());
+    };
+    let mut host = open(kernel, &Ns::Host).await?;
+    let Some(link) = host.find_link(&original.name).await? else {
+        return Ok(());
+    };
+    let ours = original.pci_address.is_none() || link.pci_address == original.pci_address;
+    if !ours || link.mac == Some(mac) {
+        return Ok(());
+    }
+    let change = LinkChange {
+        mac: Some(mac),
+        ..LinkChange::default()
+    };
+    if let Err(e) = host.set_link(&original.name, &change).await {
+        tracing::warn!(device = %plan.device, ifname = %original.name, error = %e,
+            "the VF's own MAC could not be put back: its PF refuses it");
+    }
+    Ok(())
 }
 
 /// Puts back the VF settings recorded in `restore` that the VF no longer has (none, for a
@@ -50,7 +91,14 @@ pub(super) async fn restore_vf<K: Kernel>(
             Ok(())
         }
         Some(current) => {
-            let back = vf::differences(previous, &current);
+            let mut back = vf::differences(previous, &current);
+            // A cleared assignment (see `capture`) is in place once the PF only reports the
+            // MAC the VF registered for itself again: clearing it once more would drop the
+            // VF's own filter.
+            if back.mac == Some([0; 6]) && current.mac.is_some() && current.mac == restore.host.mac
+            {
+                back.mac = None;
+            }
             if back.is_empty() {
                 return Ok(());
             }
@@ -66,7 +114,7 @@ async fn detach_device<K: Kernel>(
     restore: &Restore,
 ) -> Result<()> {
     let original = &restore.host;
-    let back = back(original);
+    let back = back(original, plan);
     if let Some(kind) = plan.mode.child_kind() {
         // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
         // on the host by a crash of an older version (between create and move) goes too.
@@ -131,6 +179,10 @@ async fn detach_device<K: Kernel>(
                 .into_iter()
                 .filter(|l| is_recorded(l, original))
                 .collect();
+            // A PCI function with several netdevs: its permanent MACs tell them apart.
+            if found.len() > 1 && original.permanent_mac.is_some() {
+                found.retain(|l| l.permanent_mac == original.permanent_mac);
+            }
             if found.len() > 1 {
                 return Err(Error::kernel(
                     Ns::Host,
@@ -158,28 +210,28 @@ pub(super) fn identifiable(original: &LinkState) -> bool {
     original.mac.is_some() || original.permanent_mac.is_some() || original.pci_address.is_some()
 }
 
-/// `link` is the device recorded as `original`. Recorded with a hardware identity (a permanent
-/// MAC, a PCI function: what no rename, move or MAC change alters), by every part of it that
-/// the record has (a PCI function alone can carry several netdevs), not by index: its index may
-/// have changed (it had to take another in the pod and kept that one on the way back), and then
-/// another device may hold its old one. Without one, by index.
+/// `link` is the device recorded as `original`. Recorded with a hardware identity (a PCI
+/// function, else a permanent MAC: what no rename, move or MAC change alters; see
+/// [`super::same_hardware`]), by it, not by index: its index may have changed (it had to take
+/// another in the pod and kept that one on the way back), and then another device may hold its
+/// old one. Without one, by index.
 fn is_recorded(link: &LinkState, original: &LinkState) -> bool {
     let hardware = original.permanent_mac.is_some() || original.pci_address.is_some();
     link.kind == original.kind
         && if hardware {
-            (original.permanent_mac.is_none() || link.permanent_mac == original.permanent_mac)
-                && (original.pci_address.is_none() || link.pci_address == original.pci_address)
+            super::same_hardware(link, original)
         } else {
             link.index == original.index
         }
 }
 
-/// The move back: the device's original name, MTU and MAC.
-fn back(original: &LinkState) -> LinkChange {
+/// The move back: the device's original name, MTU and MAC (the MAC later, after the PF's
+/// settings, for a VF whose PF enforces the claim's: see [`sets_vf_mac`]).
+fn back(original: &LinkState, plan: &AttachPlan) -> LinkChange {
     LinkChange {
         name: Some(original.name.clone()),
         mtu: Some(original.mtu),
-        mac: original.mac,
+        mac: original.mac.filter(|_| !sets_vf_mac(plan)),
         up: None,
         ipv4_conf: Vec::new(),
         index: Some(original.index),
@@ -223,10 +275,13 @@ pub(super) async fn bring_home<K: Kernel>(
     let Some(mut pod) = kernel.open(netns).await? else {
         return detach(kernel, plan, None, restore).await;
     };
-    let index = pod.move_link(name, &Ns::Host, &back(&restore.host)).await?;
+    let index = pod
+        .move_link(name, &Ns::Host, &back(&restore.host, plan))
+        .await?;
     drop(pod);
     settle_home(kernel, &restore.host, index).await?;
-    restore_vf(kernel, plan, restore).await
+    restore_vf(kernel, plan, restore).await?;
+    restore_vf_mac(kernel, plan, &restore.host).await
 }
 
 /// A device the kernel returned by itself (its pod namespace died), possibly under another

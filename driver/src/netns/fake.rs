@@ -7,7 +7,7 @@
 //! a free name and destroys virtual ones), so attach/detach/undo logic is tested without root,
 //! and what this kernel cannot do (VLAN without 8021q) is asserted at the message level.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use knic_proto::netconfig::{Cidr, Route};
@@ -26,8 +26,17 @@ struct State {
     /// VF settings by (PF name, VF index): the PF holds them, whichever namespace the VF's
     /// netdev is in.
     vfs: BTreeMap<(String, u32), VfState>,
-    /// PFs whose driver cannot set trust (no `ndo_set_vf_trust`).
-    no_trust: Vec<String>,
+    /// Settings a PF's driver refuses: (PF, the claim field as `vf::settings` names it) →
+    /// errno.
+    vf_refusals: BTreeMap<(String, String), i32>,
+    /// VF netdevs, by PCI function: (PF, VF index).
+    vf_netdevs: BTreeMap<String, (String, u32)>,
+    /// PFs that enforce a MAC they assigned, as igb does: while one is assigned, the VF may not
+    /// give its netdev another (unless trusted), and adopts it (as its current and permanent
+    /// MAC) when its driver resets, which igbvf does when the netdev is opened.
+    enforcing: BTreeSet<String>,
+    /// VFs whose MAC their PF assigned (not merely learnt from the VF).
+    assigned_macs: BTreeSet<(String, u32)>,
     /// Root TBFs by (namespace, link name); the kernel drops them when a link changes
     /// namespace or dies.
     qdiscs: BTreeMap<(Ns, String), Tbf>,
@@ -223,10 +232,38 @@ impl FakeKernel {
         self.lock().vfs.insert((pf.to_owned(), index), state);
     }
 
-    /// Makes `pf` a PF whose driver cannot set trust: like the kernel, a request applies the
-    /// settings before trust and then fails with EOPNOTSUPP.
+    /// Makes `pf` a PF whose driver cannot set trust (EOPNOTSUPP).
     pub fn refuse_trust(&self, pf: &str) {
-        self.lock().no_trust.push(pf.to_owned());
+        self.refuse_vf_setting(pf, "vf.trust", nix::libc::EOPNOTSUPP);
+    }
+
+    /// Makes `pf`'s driver answer `errno` to the setting `field` (as [`super::vf::settings`]
+    /// names it, e.g. `vf.linkState`).
+    pub fn refuse_vf_setting(&self, pf: &str, field: &str, errno: i32) {
+        self.lock()
+            .vf_refusals
+            .insert((pf.to_owned(), field.to_owned()), errno);
+    }
+
+    /// Makes `pf` a PF driven like igb (Intel 82576/I350), as the test VM showed it: no link
+    /// state (EOPNOTSUPP), no minimum rate (EINVAL), no 802.1ad (EPROTONOSUPPORT), and a MAC
+    /// it assigns is enforced (see `State::enforcing`).
+    pub fn igb(&self, pf: &str) {
+        use nix::libc::{EINVAL, EOPNOTSUPP, EPROTONOSUPPORT};
+        self.refuse_vf_setting(pf, "vf.linkState", EOPNOTSUPP);
+        self.refuse_vf_setting(pf, "vf.minTxRate/vf.maxTxRate", EINVAL);
+        self.refuse_vf_setting(pf, "vf.vlanProtocol", EPROTONOSUPPORT);
+        self.lock().enforcing.insert(pf.to_owned());
+    }
+
+    /// Makes the link `name` in `ns` VF `index` of `pf`, on the PCI function `pci` (its
+    /// permanent MAC unset, as igbvf leaves it until a reset under an assigned MAC).
+    pub fn vf_netdev(&self, ns: &Ns, name: &str, pf: &str, index: u32, pci: &str) {
+        let mut s = self.lock();
+        if let Some(link) = find(&mut s, ns, name) {
+            link.pci_address = Some(pci.to_owned());
+        }
+        s.vf_netdevs.insert(pci.to_owned(), (pf.to_owned(), index));
     }
 
     /// VF `index` of `pf` as the PF holds it now.
@@ -372,14 +409,61 @@ fn find<'a>(s: &'a mut State, ns: &Ns, name: &str) -> Option<&'a mut LinkState> 
 /// state), stopping at the first attribute refused: what came before it stays, and the
 /// refusal is returned as the kernel words it. A MAC is refused when it is multicast or zero
 /// (`is_valid_ether_addr`), an MTU outside the link's range, a name when `name_taken`.
+/// The VF `link` is, if its PF enforces a MAC it assigned to it (see `State::enforcing`), with
+/// whether the VF may still change its own (it is trusted, or nothing is assigned).
+fn enforced_vf(s: &State, link: &LinkState) -> Option<((String, u32), bool)> {
+    let vf = s.vf_netdevs.get(link.pci_address.as_ref()?)?.clone();
+    if !s.enforcing.contains(&vf.0) {
+        return None;
+    }
+    let trusted = s.vfs.get(&vf).and_then(|v| v.trust) == Some(true);
+    let free = trusted || !s.assigned_macs.contains(&vf);
+    Some((vf, free))
+}
+
+/// A MAC change of a VF netdev as its PF sees it: refused while the PF enforces one it
+/// assigned (the VF's request is NACKed: EADDRNOTAVAIL), else learnt as the VF's MAC in the
+/// PF's table. A change to the MAC the link has is no request at all (the kernel skips it).
+fn vf_mac_change(s: &mut State, link: &LinkState, change: &LinkChange) -> bool {
+    let Some(mac) = change.mac.filter(|m| link.mac != Some(*m)) else {
+        return true;
+    };
+    match enforced_vf(s, link) {
+        Some((_, false)) => false,
+        Some((vf, true)) => {
+            if let Some(state) = s.vfs.get_mut(&vf) {
+                state.mac = Some(mac);
+            }
+            true
+        }
+        None => true,
+    }
+}
+
+/// The VF driver's reset when its netdev opens: under a MAC its PF assigned, that MAC becomes
+/// the netdev's current and permanent one (igbvf).
+fn vf_opened(s: &State, link: &mut LinkState) {
+    let Some((vf, _)) = enforced_vf(s, link) else {
+        return;
+    };
+    if !s.assigned_macs.contains(&vf) {
+        return;
+    }
+    if let Some(mac) = s.vfs.get(&vf).and_then(|v| v.mac) {
+        link.mac = Some(mac);
+        link.permanent_mac = Some(mac);
+    }
+}
+
 fn apply(
     link: &mut LinkState,
     change: &LinkChange,
     mtu_range: Option<(u32, u32)>,
     name_taken: bool,
+    mac_allowed: bool,
 ) -> std::result::Result<(), &'static str> {
     if let Some(mac) = change.mac {
-        if mac[0] & 1 == 1 || mac == [0; 6] {
+        if mac[0] & 1 == 1 || mac == [0; 6] || !mac_allowed {
             return Err("Cannot assign requested address");
         }
         link.mac = Some(mac);

@@ -451,7 +451,16 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
                     ),
                 )
             })?;
-            Some(vf::previous(&vf::request(&vf.settings, &current), &current))
+            let mut previous = vf::previous(&vf::request(&vf.settings, &current), &current);
+            // A PF reports the MAC its VF registered for itself as the VF's MAC too (igb
+            // does): put back through the PF, it would become one the PF assigns and
+            // enforces, and the VF could never change its MAC again. The netdev carrying it
+            // says it is the VF's own: the assignment is cleared instead (all zeros), and the
+            // netdev's MAC goes back through the VF (see `detaching::restore_vf_mac`).
+            if previous.mac.is_some() && previous.mac == link.mac {
+                previous.mac = Some([0; 6]);
+            }
+            Some(previous)
         }
         None => None,
     };
@@ -471,10 +480,20 @@ async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
 fn is_same_device(link: &LinkState, plan: &AttachPlan, restore: &Restore) -> bool {
     link.index == restore.host.index
         && link.mac == plan.mac.or(restore.host.mac)
-        // Compared only where the record has them: checkpoints written before knic read them
-        // have none, and the device must still come home after an upgrade.
-        && (restore.host.permanent_mac.is_none() || link.permanent_mac == restore.host.permanent_mac)
-        && (restore.host.pci_address.is_none() || link.pci_address == restore.host.pci_address)
+        && same_hardware(link, &restore.host)
+}
+
+/// Whether `link` is the hardware `original` recorded, by what the record has (checkpoints
+/// written before knic read these have neither, and the device must still come home after an
+/// upgrade): its PCI function, which nothing changes while the netdev exists; the permanent
+/// MAC only without one. A VF's permanent MAC is not burned in: igbvf has none until its driver
+/// resets under a MAC the PF assigned, then takes that one (a claim's `vf.mac`, when the netdev
+/// opens in the pod) and keeps it, so the next claim of the VF would find it changed.
+pub(crate) fn same_hardware(link: &LinkState, original: &LinkState) -> bool {
+    match &original.pci_address {
+        Some(pci) => link.pci_address.as_ref() == Some(pci),
+        None => original.permanent_mac.is_none() || link.permanent_mac == original.permanent_mac,
+    }
 }
 
 #[cfg(test)]

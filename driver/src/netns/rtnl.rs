@@ -605,10 +605,27 @@ impl Session for RtnlSession {
 
     async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
         let pf_index = self.index(pf).await?;
-        let context = format!("setting VF {index} of {pf} ({})", vf::describe(state));
-        self.exchange(vf::set_message(pf_index, index, state))
-            .map(drop)
-            .map_err(nl(context))
+        // One request per setting, so a refusal names the one the PF's driver refused (see
+        // `vf::settings`); the ones before it stay set, as in one request, for the caller's
+        // undo to put back.
+        for (field, one) in vf::settings(state) {
+            if let Err(e) = self.exchange(vf::set_message(pf_index, index, &one)) {
+                let errno = e.errno();
+                let io = e.into_io();
+                return Err(Error::kernel(
+                    Ns::Host,
+                    format!(
+                        "setting VF {index} of {pf}: {field} ({})",
+                        vf::describe(&one)
+                    ),
+                    match errno {
+                        Some(errno) => format!("{}: {io}", vf::refusal(field, errno)),
+                        None => io.to_string(),
+                    },
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn set_egress_limit(&mut self, name: &str, limit: &Tbf) -> Result<()> {

@@ -555,6 +555,9 @@ async fn a_device_recorded_before_identities_still_comes_home() {
 // SR-IOV VF settings made through the PF (issue 12), in a file of its own.
 mod vf;
 
+// VF settings through a PF driven like igb, as the test VM's real one answered.
+mod igb;
+
 // Egress limits on the pod's interface (issue 13), in a file of its own.
 mod bandwidth;
 

@@ -137,6 +137,99 @@ pub fn differences(recorded: &VfState, current: &VfState) -> VfState {
     }
 }
 
+/// `state` one setting at a time, each with the claim field that asks for it, in the order the
+/// kernel's `do_setvfinfo` applies them (MAC, VLAN, rates, spoof check, link state, trust).
+///
+/// knic sends them one request each: a PF's driver refuses settings it does not support or
+/// values it does not take (igb: `linkState` EOPNOTSUPP, a `minTxRate` EINVAL, an 802.1ad
+/// VLAN EPROTONOSUPPORT), and one request carrying several would fail with that errno alone,
+/// after applying the ones before it, without saying which it refused.
+pub fn settings(state: &VfState) -> Vec<(&'static str, VfState)> {
+    let one = VfState::default;
+    let mut out = Vec::new();
+    if state.mac.is_some() {
+        out.push((
+            "vf.mac",
+            VfState {
+                mac: state.mac,
+                ..one()
+            },
+        ));
+    }
+    if let Some(tag) = state.vlan {
+        let field = match tag.protocol {
+            VfVlanProtocol::Dot1Ad => "vf.vlanProtocol",
+            VfVlanProtocol::Dot1Q if tag.qos != 0 => "vf.vlan/vf.qos",
+            VfVlanProtocol::Dot1Q => "vf.vlan",
+        };
+        out.push((
+            field,
+            VfState {
+                vlan: Some(tag),
+                ..one()
+            },
+        ));
+    }
+    if let Some((min, _)) = state.rate {
+        let field = if min == 0 {
+            "vf.maxTxRate"
+        } else {
+            "vf.minTxRate/vf.maxTxRate"
+        };
+        out.push((
+            field,
+            VfState {
+                rate: state.rate,
+                ..one()
+            },
+        ));
+    }
+    if state.spoof_chk.is_some() {
+        out.push((
+            "vf.spoofChk",
+            VfState {
+                spoof_chk: state.spoof_chk,
+                ..one()
+            },
+        ));
+    }
+    if state.link_state.is_some() {
+        out.push((
+            "vf.linkState",
+            VfState {
+                link_state: state.link_state,
+                ..one()
+            },
+        ));
+    }
+    if state.trust.is_some() {
+        out.push((
+            "vf.trust",
+            VfState {
+                trust: state.trust,
+                ..one()
+            },
+        ));
+    }
+    out
+}
+
+/// Why a PF's driver refused one setting, for the person reading the claim's status: the
+/// errnos SR-IOV PF drivers answer `IFLA_VF_*` requests with.
+pub fn refusal(field: &str, errno: i32) -> &'static str {
+    use nix::libc::{EINVAL, EOPNOTSUPP, EPROTONOSUPPORT, ERANGE};
+    match errno {
+        EOPNOTSUPP => "the PF's driver does not support this setting",
+        EPROTONOSUPPORT => "the PF's driver does not support this VLAN protocol",
+        EINVAL if field.contains("Rate") => {
+            "the PF's driver refused the rate (some support only a maximum, or none above \
+             the link speed)"
+        }
+        EINVAL | ERANGE => "the PF's driver refused the value",
+        _ => "the PF's driver refused it",
+    }
+}
+
 /// `RTM_SETLINK` on the PF with one `IFLA_VFINFO_LIST` / `IFLA_VF_INFO` nest carrying an
 /// attribute per setting in `state`, each tagged with VF `vf`. An 802.1ad tag goes as
 /// `IFLA_VF_VLAN_LIST` (the only attribute with an ethertype); 802.1Q as plain

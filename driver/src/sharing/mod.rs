@@ -376,23 +376,9 @@ pub fn expand(devices: &[Device], mode: ShareMode) -> Vec<Device> {
 /// `devices`' sender is dropped: the preparer resolves an allocated device name (a slot's too)
 /// through it. Once the mode's sender is gone, the last mode stays in force.
 pub async fn follow(
-    mut devices: watch::Receiver<Vec<Device>>,
-    mut mode: watch::Receiver<ShareMode>,
+    devices: watch::Receiver<Vec<Device>>,
+    mode: watch::Receiver<ShareMode>,
     out: watch::Sender<Vec<Device>>,
 ) {
-    let mut following = true;
-    loop {
-        let view = expand(&devices.borrow_and_update(), *mode.borrow_and_update());
-        out.send_if_modified(|current| {
-            let changed = *current != view;
-            if changed {
-                *current = view;
-            }
-            changed
-        });
-        tokio::select! {
-            changed = devices.changed() => if changed.is_err() { return },
-            changed = mode.changed(), if following => if changed.is_err() { following = false },
-        }
-    }
+    crate::watches::derive(devices, mode, out, |d, m| expand(d, *m)).await;
 }

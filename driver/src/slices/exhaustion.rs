@@ -100,29 +100,12 @@ pub fn mark(devices: &[Device], value: Option<&str>) -> Vec<Device> {
 /// preparer, the checkpoint and health see devices as discovered, and only the slices carry
 /// the cluster's state.
 pub async fn apply(
-    mut devices: watch::Receiver<Vec<Device>>,
-    mut exhausted: watch::Receiver<Option<String>>,
+    devices: watch::Receiver<Vec<Device>>,
+    exhausted: watch::Receiver<Option<String>>,
     out: watch::Sender<Vec<Device>>,
 ) {
     // Once the Network watch is gone, the last value it sent stays in force.
-    let mut following = true;
-    loop {
-        let marked = mark(
-            &devices.borrow_and_update(),
-            exhausted.borrow_and_update().as_deref(),
-        );
-        out.send_if_modified(|current| {
-            let changed = *current != marked;
-            if changed {
-                *current = marked;
-            }
-            changed
-        });
-        tokio::select! {
-            changed = devices.changed() => if changed.is_err() { return },
-            changed = exhausted.changed(), if following => following = changed.is_ok(),
-        }
-    }
+    crate::watches::derive(devices, exhausted, out, |d, e| mark(d, e.as_deref())).await;
 }
 
 #[cfg(test)]

@@ -209,14 +209,7 @@ pub async fn keep_current(
             settings.gone_grace,
         );
         scans += 1;
-        let changed = out.send_if_modified(|current| {
-            if *current == devices {
-                false
-            } else {
-                *current = devices;
-                true
-            }
-        });
+        let changed = crate::watches::send_if_changed(&out, devices);
         tracing::debug!(
             scans,
             changed,

@@ -20,25 +20,11 @@ pub fn without(devices: &[Device], withheld: &BTreeSet<String>) -> Vec<Device> {
 /// Sends `devices` minus `withheld` to `out` whenever either changes, until `devices`' sender
 /// is dropped (a dropped `withheld` sender leaves its last value in force).
 pub async fn apply(
-    mut devices: watch::Receiver<Vec<Device>>,
-    mut withheld: watch::Receiver<BTreeSet<String>>,
+    devices: watch::Receiver<Vec<Device>>,
+    withheld: watch::Receiver<BTreeSet<String>>,
     out: watch::Sender<Vec<Device>>,
 ) {
-    let mut following = true;
-    loop {
-        let offered = without(&devices.borrow_and_update(), &withheld.borrow_and_update());
-        out.send_if_modified(|current| {
-            let changed = *current != offered;
-            if changed {
-                *current = offered;
-            }
-            changed
-        });
-        tokio::select! {
-            changed = devices.changed() => if changed.is_err() { return },
-            changed = withheld.changed(), if following => following = changed.is_ok(),
-        }
-    }
+    crate::watches::derive(devices, withheld, out, |d, w| without(d, w)).await;
 }
 
 /// Sends the union of every set in `inputs` to `out` whenever one changes, so several reasons

@@ -5,14 +5,18 @@
 //! Every write first lands through [`LiveWrites`] (so a missing attribute or a FIFO fails
 //! exactly as on a live node), then the fixture does what the kernel would, after
 //! `drivers/pci/iov.c` and `drivers/base/bus.c`:
-//! - `sriov_numvfs` refuses a count over `sriov_totalvfs` (ERANGE) and a change between two
-//!   non-zero counts (EBUSY); enabling creates each VF at routing ID PF + `sriov_offset` + N ×
-//!   `sriov_stride` with `virtfnN`/`physfn` links, a bus link, its own IOMMU group, and — unless
-//!   `sriov_drivers_autoprobe` is 0 — binds it to the VF driver, which creates its netdev;
+//! - `sriov_numvfs` takes what `kstrtou16` takes (else EINVAL, also above 65535), refuses a
+//!   count over `sriov_totalvfs` (ERANGE), a change of a PF without a driver (ENOENT) and a
+//!   change between two non-zero counts (EBUSY); enabling creates each VF at routing ID PF +
+//!   `sriov_offset` + N × `sriov_stride` with `virtfnN`/`physfn` links, a bus link, its own
+//!   IOMMU group, and — unless `sriov_drivers_autoprobe` is 0 — binds it to the VF driver,
+//!   which creates its netdev (a new ifindex each time, as the kernel allocates them);
 //!   disabling removes them;
 //! - `driver_override` reads back `(null)` once cleared;
-//! - `drivers/<d>/unbind` (ENODEV unless bound to `d`) removes the binding and the netdev,
-//!   `drivers/<d>/bind` binds an unbound function;
+//! - `drivers/<d>/unbind` (ENODEV unless bound to `d`) removes the binding and the netdev; a
+//!   PF's driver disables SR-IOV as it goes (its VFs vanish, `sriov_numvfs` reads 0);
+//!   `drivers/<d>/bind` binds a function `d` matches (ENODEV otherwise: an override naming
+//!   another driver, vfio-pci without one, a VF driver on a PF), EBUSY when it is bound;
 //! - `drivers_probe` binds an unbound function to its override, else the driver it had when
 //!   the fixture started (the kernel's id-table match), else, for a VF, the VF driver; a driver
 //!   that is not loaded or whose probes are refused ([`FixtureKernel::refuse_probes_by`])
@@ -171,7 +175,7 @@ impl FixtureKernel {
         value: &str,
         before: Option<&str>,
     ) -> io::Result<()> {
-        let want: u32 = value.parse().map_err(|_| errno(nix::libc::EINVAL))?;
+        let want = u32::from(kstrtou16(value).ok_or_else(|| errno(nix::libc::EINVAL))?);
         let total = sysfs
             .read_i64(&pf.join("sriov_totalvfs"))
             .and_then(|t| u32::try_from(t).ok())
@@ -179,6 +183,10 @@ impl FixtureKernel {
         let now: u32 = before.and_then(|b| b.parse().ok()).unwrap_or(0);
         if want > total {
             return Err(errno(nix::libc::ERANGE));
+        }
+        if want != now && !sysfs.exists(&pf.join("driver")) {
+            // "no driver bound to device; cannot configure SR-IOV"
+            return Err(errno(nix::libc::ENOENT));
         }
         if now != 0 && want != 0 && want != now {
             return Err(errno(nix::libc::EBUSY));
@@ -231,15 +239,38 @@ impl FixtureKernel {
         if sysfs.link_name(&device.join("driver")).as_deref() != Some(driver) {
             return Err(errno(nix::libc::ENODEV));
         }
+        // A PF's driver disables SR-IOV in its remove (igb: "IOV Disabled"): the VFs go.
+        if sysfs.list(&device).iter().any(|e| e.starts_with("virtfn")) {
+            self.set_vfs(sysfs, &device, 0)?;
+            fs::write(sysfs.root().join(&device).join("sriov_numvfs"), "0\n")?;
+        }
         unbind(sysfs.root(), &device, driver)
     }
 
+    /// `bind_store`: ENODEV unless `driver` matches the function, then EBUSY if it is bound.
     fn bind_request(&self, sysfs: &Sysfs, driver: &str, address: &str) -> io::Result<()> {
         let device = Self::device(sysfs, address)?;
-        if sysfs.exists(&device.join("driver")) {
+        if !self.matches(sysfs, &device, driver) {
             return Err(errno(nix::libc::ENODEV));
         }
+        if sysfs.exists(&device.join("driver")) {
+            return Err(errno(nix::libc::EBUSY));
+        }
         self.attach(sysfs, &device, driver)
+    }
+
+    /// `pci_bus_match`: an override names the one driver that may take the function;
+    /// without one, a driver whose id table has it (here: the driver it had at start, or, for
+    /// a VF, the VF driver; vfio-pci has no table).
+    fn matches(&self, sysfs: &Sysfs, device: &Path, driver: &str) -> bool {
+        if let Some(over) = sysfs
+            .read(&device.join("driver_override"))
+            .filter(|o| o != "(null)")
+        {
+            return over == driver;
+        }
+        self.native.get(&file_name(device)).map(String::as_str) == Some(driver)
+            || (driver == self.vf_driver && sysfs.exists(&device.join("physfn")))
     }
 
     /// The driver a probe binds the function to: its override, else its driver at start, else
@@ -407,7 +438,7 @@ impl FixtureKernel {
             ("operstate", "down".to_owned()),
             ("type", "1".to_owned()),
             ("flags", "0x1002".to_owned()),
-            ("ifindex", (1000 + index).to_string()),
+            ("ifindex", next_ifindex(sysfs).to_string()),
         ];
         fs::create_dir_all(root.join(&net))?;
         for (file, value) in files {
@@ -433,6 +464,38 @@ impl Drop for Serving {
             let _ = thread.join();
         }
     }
+}
+
+/// `kstrtou16(buf, 0, …)`: decimal, `0x` hex or `0` octal, one trailing newline allowed; the
+/// kernel answers anything else (and anything above 65535) with EINVAL here.
+fn kstrtou16(text: &str) -> Option<u16> {
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    let (digits, radix) =
+        if let Some(hex) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+            (hex, 16)
+        } else if text.len() > 1 && text.starts_with('0') {
+            (&text[1..], 8)
+        } else {
+            (text, 10)
+        };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u16::from_str_radix(digits, radix).ok()
+}
+
+/// The ifindex of a new netdev: past every one the tree has, as the kernel never hands out
+/// one again while it runs (a rebound VF's netdev has a new one).
+fn next_ifindex(sysfs: &Sysfs) -> i64 {
+    let net = Path::new("sys/class/net");
+    sysfs
+        .list(net)
+        .iter()
+        .filter_map(|n| sysfs.read_i64(&net.join(n).join("ifindex")))
+        .chain(std::iter::once(999))
+        .max()
+        .unwrap_or(999)
+        + 1
 }
 
 /// A loaded driver's directory with the attributes writers use.

@@ -10,7 +10,7 @@ use super::Links;
 
 /// The real kernel takes the VF-table query (`RTEXT_FILTER_VF`) for any link and answers
 /// without a table when there are no VFs, and refuses a VF change on a device without SR-IOV
-/// with EOPNOTSUPP, which must reach the operator with what was being set.
+/// with EOPNOTSUPP, which must reach the operator naming the setting.
 pub(crate) async fn vf_requests_on_a_device_without_vfs(k: &Rtnl) -> anyhow::Result<()> {
     let _links = Links(vec!["knt-f0"]);
     ip(&[
@@ -30,8 +30,8 @@ pub(crate) async fn vf_requests_on_a_device_without_vfs(k: &Rtnl) -> anyhow::Res
         .context("a veth has no VFs to set")?
         .to_string();
     ensure!(
-        err.contains("setting VF 0 of knt-f0 (trust on)")
-            && err.contains("Operation not supported"),
+        err == "host: setting VF 0 of knt-f0: vf.trust (trust on): the PF's driver does not \
+                support this setting: Operation not supported (os error 95)",
         "{err}"
     );
     let missing = host

@@ -99,7 +99,8 @@ impl Session for FakeSession {
             link.name.clone_from(&new_name);
         }
         // The rest is applied in the target: a refusal leaves the device there, half-set.
-        let applied = apply(&mut link, change, range, renamed_onto_taken);
+        let mac_allowed = vf_mac_change(&mut s, &link, change);
+        let applied = apply(&mut link, change, range, renamed_onto_taken, mac_allowed);
         if applied.is_ok() {
             // Applied last, to the device as the pod now has it.
             set_ipv4_conf(&mut s, to, &link.name, change);
@@ -112,7 +113,7 @@ impl Session for FakeSession {
         s.links.entry(to.clone()).or_default().push(link);
         applied
             .map(|()| kept)
-            .map_err(|refused| Error::io(format!("moving {name}"), std::io::Error::other(refused)))
+            .map_err(|refused| Error::io(format!("moving {name}"), refusal(refused)))
     }
 
     fn remember(&mut self, name: &str, _index: u32) {
@@ -135,14 +136,24 @@ impl Session for FakeSession {
         let range = find(&mut s, &ns, name)
             .map(|l| l.index)
             .and_then(|i| s.mtu_range.get(&i).copied());
+        let before = find(&mut s, &ns, name).cloned();
+        let mac_allowed = before
+            .as_ref()
+            .is_none_or(|link| vf_mac_change(&mut s, link, change));
+        let opened = before.as_ref().is_some_and(|l| !l.up) && change.up == Some(true);
+        let mut reset = before.clone();
+        if let Some(link) = reset.as_mut().filter(|_| opened) {
+            vf_opened(&s, link);
+        }
         match find(&mut s, &ns, name) {
             Some(link) => {
-                apply(link, change, range, clash).map_err(|refused| {
-                    Error::io(
-                        format!("changing link {name}"),
-                        std::io::Error::other(refused),
-                    )
+                apply(link, change, range, clash, mac_allowed).map_err(|refused| {
+                    Error::io(format!("changing link {name}"), refusal(refused))
                 })?;
+                if let Some(reset) = reset.filter(|_| opened) {
+                    link.mac = reset.mac;
+                    link.permanent_mac = reset.permanent_mac;
+                }
                 let now = link.name.clone();
                 set_ipv4_conf(&mut s, &ns, &now, change);
                 // A qdisc belongs to the device, whatever it is called.
@@ -256,7 +267,7 @@ impl Session for FakeSession {
             pci_address: None,
         };
         // A creation with a refused attribute creates nothing.
-        apply(&mut link, change, None, false).map_err(|refused| {
+        apply(&mut link, change, None, false, true).map_err(|refused| {
             Error::io(
                 format!("creating {}", link.name),
                 std::io::Error::other(refused),
@@ -282,41 +293,64 @@ impl Session for FakeSession {
 
     async fn set_vf(&mut self, pf: &str, index: u32, state: &VfState) -> Result<()> {
         self.lookup(pf);
-        self.sent(1);
         let ns = self.ns.clone();
-        let mut s = self.record(format!("link set {pf} vf {index} {}", describe_vf(state)))?;
-        if find(&mut s, &ns, pf).is_none() {
-            drop(s);
-            return Err(self.missing(pf));
+        // One request per setting, in the kernel's order, as `rtnl` sends them.
+        for (field, one) in super::super::vf::settings(state) {
+            self.sent(1);
+            let mut s = self.record(format!("link set {pf} vf {index} {}", describe_vf(&one)))?;
+            if find(&mut s, &ns, pf).is_none() {
+                drop(s);
+                return Err(self.missing(pf));
+            }
+            let key = (pf.to_owned(), index);
+            let refused = s
+                .vf_refusals
+                .get(&(pf.to_owned(), field.to_owned()))
+                .copied();
+            let enforcing = s.enforcing.contains(pf);
+            let Some(vf) = s.vfs.get_mut(&key) else {
+                return Err(Error::io(
+                    format!("setting VF {index} of {pf}"),
+                    std::io::Error::from_raw_os_error(nix::libc::EINVAL),
+                ));
+            };
+            if let Some(errno) = refused {
+                return Err(Error::kernel(
+                    Ns::Host,
+                    format!(
+                        "setting VF {index} of {pf}: {field} ({})",
+                        describe_vf(&one)
+                    ),
+                    format!(
+                        "{}: {}",
+                        super::super::vf::refusal(field, errno),
+                        std::io::Error::from_raw_os_error(errno)
+                    ),
+                ));
+            }
+            let VfState {
+                mac,
+                vlan,
+                rate,
+                spoof_chk,
+                trust,
+                link_state,
+            } = one;
+            vf.mac = mac.or(vf.mac);
+            vf.vlan = vlan.or(vf.vlan);
+            vf.rate = rate.or(vf.rate);
+            vf.spoof_chk = spoof_chk.or(vf.spoof_chk);
+            vf.link_state = link_state.or(vf.link_state);
+            vf.trust = trust.or(vf.trust);
+            // igb: a MAC assigns (and is enforced), all zeros clears the assignment.
+            if let (Some(mac), true) = (mac, enforcing) {
+                if mac == [0; 6] {
+                    s.assigned_macs.remove(&key);
+                } else {
+                    s.assigned_macs.insert(key);
+                }
+            }
         }
-        let refuses_trust = s.no_trust.iter().any(|p| p == pf);
-        let Some(vf) = s.vfs.get_mut(&(pf.to_owned(), index)) else {
-            return Err(Error::io(
-                format!("setting VF {index} of {pf}"),
-                std::io::Error::other("Invalid argument"),
-            ));
-        };
-        // One message, applied attribute by attribute, as the kernel's do_setvfinfo does.
-        let VfState {
-            mac,
-            vlan,
-            rate,
-            spoof_chk,
-            trust,
-            link_state,
-        } = state.clone();
-        vf.mac = mac.or(vf.mac);
-        vf.vlan = vlan.or(vf.vlan);
-        vf.rate = rate.or(vf.rate);
-        vf.spoof_chk = spoof_chk.or(vf.spoof_chk);
-        if trust.is_some() && refuses_trust {
-            return Err(Error::io(
-                format!("setting VF {index} of {pf}"),
-                std::io::Error::other("Operation not supported"),
-            ));
-        }
-        vf.trust = trust.or(vf.trust);
-        vf.link_state = link_state.or(vf.link_state);
         Ok(())
     }
 
@@ -378,5 +412,15 @@ impl Session for FakeSession {
                 .retain(|(child, lower)| *child != key && *lower != key);
         }
         Ok(())
+    }
+}
+
+/// A refusal of `apply` as the kernel's errno where knic tells it apart.
+fn refusal(text: &'static str) -> std::io::Error {
+    match text {
+        "Cannot assign requested address" => {
+            std::io::Error::from_raw_os_error(nix::libc::EADDRNOTAVAIL)
+        }
+        other => std::io::Error::other(other),
     }
 }
