@@ -284,8 +284,9 @@ struct RunArgs {
     pod_label_reads: bool,
     /// The KNI network runtime API's unix socket (root only, 0600): a runtime, a VM manager or
     /// a test attaches knic networks to sandboxes through it. Empty: not served.
+    // A `String`, not a `PathBuf`: clap refuses an empty path value, and empty means off.
     #[arg(long, env = "KNIC_KNI_SOCKET", default_value = "")]
-    kni_socket: PathBuf,
+    kni_socket: String,
     /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
     #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
     kni_netns_dir: PathBuf,
@@ -648,7 +649,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let kni_served = cluster_kni::start(
         &wired,
         cluster_kni::Start {
-            socket: args.kni_socket.clone(),
+            socket: PathBuf::from(&args.kni_socket),
             netns_dir: args.kni_netns_dir.clone(),
             sysfs_root: args.discovery.sysfs_root.clone(),
             node: args.node_name.clone(),
