@@ -8,7 +8,9 @@
 //!   node exactly as before;
 //! - `fake/…`: `knic-driver run` against the in-process fake API with a test kubelet and NRI
 //!   runtime: a DRA-attached pod seen through QueryPodNetwork, and QueryNodeNetworks following
-//!   the driver's real state (registration, NRI, a device going away) (`kni/dra.rs`).
+//!   the driver's real state (registration, NRI, a device going away) (`kni/dra.rs`);
+//! - `real/…`: its twin on the real cluster (only with `KNIC_E2E_KUBECONFIG`): the real driver
+//!   of the real node, a pod through the real kubelet and containerd (`kni/real.rs`).
 //!
 //! Runs as root in private network and mount namespaces; without root the trials say so and
 //! are ignored.
@@ -25,6 +27,8 @@ use tokio::process::{Child, Command};
 
 #[path = "kni/dra.rs"]
 mod dra;
+#[path = "kni/real.rs"]
+mod real;
 
 /// The standalone driver of a trial, killed when dropped.
 struct Standalone {
@@ -453,6 +457,9 @@ async fn refusals(kni: &mut KniClient, netns: &Path, dir: &Path) -> anyhow::Resu
 
 fn main() {
     let args = knic_e2e::harness::arguments();
+    let real_cluster = knic_e2e::harness::real_cluster();
+    // Before isolating: the real twin runs in the host's namespaces.
+    let host = real::HostNamespaces::open();
     let isolated = isolate();
     if let Err(reason) = &isolated {
         eprintln!("skipped: KNI e2e tests: {reason}");
@@ -472,6 +479,7 @@ fn main() {
             let root = root.clone();
             move || dra::dra_pod_and_node_readiness(root)
         }),
+        real::trial(real_cluster, host),
     ];
     let conclusion = libtest_mimic::run(&args, trials);
     knic_e2e::harness::unisolate(&root);
