@@ -22,6 +22,8 @@ pub struct Start {
     pub sysfs_root: PathBuf,
     pub node: String,
     pub node_networks: bool,
+    /// Counts changes of any Network (the driver's Networks watch).
+    pub networks_changed: watch::Receiver<u64>,
     pub client: kube::Client,
     pub offered: watch::Receiver<Vec<Device>>,
     pub published: watch::Receiver<bool>,
@@ -65,6 +67,7 @@ pub fn start(
             s.client,
             s.node.clone(),
             door.clone(),
+            s.networks_changed,
             std::time::Duration::from_secs(30),
             s.stop.clone(),
         ));

@@ -597,9 +597,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let first_published = exhaustion::mark(&offered_rx.borrow(), None);
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    let (networks_changed_tx, networks_changed) = tokio::sync::watch::channel(0u64);
     tokio::spawn(knic_driver::api::networks::watch_networks(
         client.clone(),
         exhausted_tx,
+        networks_changed_tx,
         synced_tx,
     ));
     tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
@@ -654,6 +656,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             sysfs_root: args.discovery.sysfs_root.clone(),
             node: args.node_name.clone(),
             node_networks: args.node_networks,
+            networks_changed,
             client: client.clone(),
             offered: view_rx.clone(),
             published: published_fact,

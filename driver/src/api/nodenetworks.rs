@@ -45,13 +45,14 @@ pub fn status(readiness: &NodeReadiness) -> NodeNetworksStatus {
 }
 
 /// Keeps the object of `node` current: at start, whenever the driver's facts, the offered
-/// devices or the prepared claims change (at most once a second), and every `period` (the
-/// Networks are read then), until `stop` turns true. A failed write is logged and retried at
+/// devices, the prepared claims or any Network (`networks`) change (at most once a second),
+/// and every `period` (DeviceClasses, which nothing here watches, are read then), until `stop` turns true. A failed write is logged and retried at
 /// the next change or period; a cluster without the CRD costs a warning.
 pub async fn publish<K: Kernel>(
     client: kube::Client,
     node: String,
     door: Arc<Door<K>>,
+    mut networks: watch::Receiver<u64>,
     period: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -62,6 +63,8 @@ pub async fn publish<K: Kernel>(
     let mut prepared = door.claims.subscribe();
     let mut written: Option<NodeNetworksStatus> = None;
     let mut failing = false;
+    // The Networks watch ends only with the driver; until then its changes wake this loop.
+    let mut networks_open = true;
     loop {
         match door.readiness().await {
             Ok(readiness) => {
@@ -91,6 +94,7 @@ pub async fn publish<K: Kernel>(
             _ = facts.changed() => {}
             _ = offered.changed() => {}
             _ = prepared.changed() => {}
+            changed = networks.changed(), if networks_open => networks_open = changed.is_ok(),
             () = tokio::time::sleep(period) => {}
             _ = stop.changed() => return,
         }

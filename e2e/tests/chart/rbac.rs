@@ -150,8 +150,11 @@ pub(crate) const DRIVER: &[Need] = &[
     cluster(
         "knic.dev",
         "nodenetworks",
-        &["patch"],
-        Why::Used("driver/src/api/nodenetworks.rs write: server-side apply of this node's object"),
+        &["create", "patch"],
+        Why::Used(
+            "driver/src/api/nodenetworks.rs write: server-side apply of this node's object (a \
+             create when it does not exist yet: the real apiserver refused it with patch alone)",
+        ),
     ),
     cluster(
         "knic.dev",

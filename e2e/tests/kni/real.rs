@@ -39,13 +39,12 @@ const ADDRESS: &str = "10.236.0.2/24";
 const POD: &str = "app";
 const CLAIM: &str = "nic";
 
-/// How long a change the driver watches (its readiness facts, the devices, the prepared claims)
-/// may take to reach the NodeNetworks object: the driver writes within a second of it.
+/// How long a change the driver watches (its readiness facts, the devices, the prepared claims,
+/// any Network) may take to reach the NodeNetworks object: the driver writes within a second
+/// of it. Below the driver's 30 s rewrite period on purpose: a Network created 3 s after the
+/// last write reaches the object within it only because the driver watches Networks (before
+/// it did, this twin measured 29.9–30.1 s).
 const WATCHED: Duration = Duration::from_secs(20);
-/// How long a change the driver does not watch (a Network created, a DeviceClass) may take to
-/// reach the object: its 30 s rewrite period (`cluster_kni.rs`), its 1 s burst pause, the
-/// write, and slack for a loaded 2-core machine (29.9 s measured).
-const UNWATCHED: Duration = Duration::from_secs(40);
 
 /// The process's network and mount namespaces before it isolated itself.
 pub(crate) struct HostNamespaces {
@@ -375,25 +374,15 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
     kni.ok("SetupNodeNetwork", json!({}))
         .await
         .context("expected SetupNodeNetwork OK on a ready node")?;
-    let object = object_until(
-        node,
-        "the node ready and the Network ready",
-        UNWATCHED,
-        |o| {
-            o["status"]["ready"] == true
-                && entry(o, network)["ready"] == true
-                && entry(o, network)["reasons"].is_null()
-        },
-    )
+    let object = object_until(node, "the node ready and the Network ready", WATCHED, |o| {
+        o["status"]["ready"] == true
+            && entry(o, network)["ready"] == true
+            && entry(o, network)["reasons"].is_null()
+    })
     .await?;
     let lag = created.elapsed().as_secs_f64();
     println!(
-        "NodeNetworks {node_name} showed Network {network} ready {lag:.1} s after its creation{}",
-        if lag > WATCHED.as_secs_f64() {
-            " (more than 20 s: the driver does not watch Networks; its 30 s rewrite period)"
-        } else {
-            ""
-        }
+        "NodeNetworks {node_name} showed Network {network} ready {lag:.1} s after its creation"
     );
     ensure!(
         object["spec"]["nodeName"] == node_name
