@@ -56,14 +56,15 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # install twin). Without it those report themselves skipped with the reason.
 command -v buildah >/dev/null 2>&1 || apt_install buildah || say "no buildah: the image tests will be skipped"
 
-# PyPI: grpcio (a real gRPC C-core client for the kubelet-socket tests), jsonschema (the CDI
-# specs against the CDI specification's schema), helm-python-sdk (Helm v4's own engine for the
-# chart tests). Pinned, as the tests were checked with these.
+# PyPI: grpcio (a real gRPC C-core client for the kubelet-socket tests), grpcio-tools (the KNI
+# client the KNI tests generate from the upstream KNI api.proto), jsonschema (the CDI specs
+# against the CDI specification's schema), helm-python-sdk (Helm v4's own engine for the chart
+# tests). Pinned, as the tests were checked with these.
 pip_install() {
   python3 -m pip install -q --disable-pip-version-check "$@" 2>/dev/null \
     || python3 -m pip install -q --disable-pip-version-check --break-system-packages "$@"
 }
-for pair in grpc:grpcio==1.85.1 jsonschema:jsonschema==4.26.0 helm_python:helm-python-sdk==0.2.2; do
+for pair in grpc:grpcio==1.85.1 grpc_tools:grpcio-tools==1.85.1 jsonschema:jsonschema==4.26.0 helm_python:helm-python-sdk==0.2.2; do
   python3 -c "import ${pair%%:*}" >/dev/null 2>&1 && continue
   say "installing ${pair#*:} (PyPI)"
   pip_install "${pair#*:}" || say "could not install ${pair#*:}: the tests that need it will fail"

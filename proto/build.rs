@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "dra/v1beta1/api.proto",
     "dra-health/v1alpha1/api.proto",
     "dra-health/v1/api.proto",
+    "kni/api.proto",
 ];
 
 /// NRI and ttrpc's envelope: plain prost messages. NRI runs on ttrpc, not gRPC, and knic frames

@@ -584,7 +584,7 @@ async fn publish(ctx: &Context, network: &Network, type_: EventType, reason: &st
 }
 
 /// Deletes every NetworkAddress whose claim (namespace, name and uid) no longer exists and
-/// returns how many. Each claim is read directly rather than from a cache, so a claim created
+/// returns how many; a KNI sandbox's (claim uid `kni.…`) is its driver's to release. Each claim is read directly rather than from a cache, so a claim created
 /// a moment ago is never taken for gone; the delete is guarded by the allocation's uid, so an
 /// allocation recreated in between is left alone.
 pub async fn collect_addresses(client: &Client) -> Result<usize> {
@@ -594,6 +594,11 @@ pub async fn collect_addresses(client: &Client) -> Result<usize> {
     let mut collected = 0;
     for address in addresses.list(&ListParams::default()).await?.items {
         let claim = &address.spec.claim;
+        // A KNI sandbox's address has no ResourceClaim: the driver of its node releases it
+        // when the sandbox is detached.
+        if knic_proto::names::is_sandbox_claim_uid(&claim.uid) {
+            continue;
+        }
         let key = (claim.namespace.clone(), claim.name.clone());
         let uid = match claims.get(&key) {
             Some(uid) => uid.clone(),

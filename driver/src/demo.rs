@@ -47,6 +47,9 @@ macro_rules! say {
     }};
 }
 
+// The KNI step, after the kubelet's: the same device through the KNI socket.
+mod kni;
+
 const NODE: &str = "demo-node";
 const POD_UID: &str = "d3m0d3m0-0000-4000-8000-000000000001";
 const CLAIM_UID: &str = "d3m0d3m0-0000-4000-8000-0000000000c1";
@@ -200,6 +203,7 @@ async fn setup_links(scratch: &Scratch) -> anyhow::Result<()> {
 }
 
 async fn cleanup(scratch: &Scratch) {
+    kni::cleanup(scratch);
     // Deleting the peer namespace destroys the veth pair wherever its other end is.
     delete_netns(&scratch.peer_ns());
     delete_netns(&scratch.pod_ns());
@@ -301,13 +305,21 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
     let t = Instant::now();
     let paths = PluginPaths::under_kubelet_root(&scratch.dir.path().join("kubelet"));
     let (devices_tx, devices_rx) = tokio::sync::watch::channel(devices.clone());
+    let catalog = kni::catalog(scratch)?;
     let wired = wiring::node(Parts {
         source: Arc::new(DemoClaims(claim(&device)?)),
         checkpoint: CheckpointStore::new(&paths.plugin_dir),
         devices: devices_rx,
         kernel: Rtnl::new(None),
         status: Arc::new(LogStatus),
-        address_book: None,
+        // Addresses of the KNI step's Network, as files of NetworkAddress objects.
+        address_book: Some((
+            Arc::new(knic_driver::kni::addresses::FileAddressBook::new(
+                scratch.dir.path().join("addresses"),
+                catalog.clone(),
+            )),
+            NODE.into(),
+        )),
         pool: NODE.into(),
         sysfs_root: sysfs_root.to_path_buf(),
         fail_closed: None,
@@ -474,6 +486,8 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         bail!("unprepare failed: {error}");
     }
     steps.record("NodeUnprepareResources over gRPC", t);
+
+    kni::step(&mut steps, scratch, &wired, catalog, devices_tx.subscribe()).await?;
 
     let _ = stop_tx.send(true);
     drop(devices_tx);

@@ -17,6 +17,7 @@ pub mod events;
 pub mod failpoint;
 pub mod http;
 pub mod inventory;
+pub mod kni;
 pub mod kubelet;
 pub mod metrics;
 pub mod netns;

@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod cluster_kni;
 mod demo;
+mod standalone;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -17,6 +19,7 @@ use knic_driver::claims::orphans::{self, OrphanSettings};
 use knic_driver::http;
 use knic_driver::inventory::Filter;
 use knic_driver::inventory::table::render_table;
+use knic_driver::kni;
 use knic_driver::kubelet::health::HealthService;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
@@ -74,6 +77,9 @@ enum Command {
     /// It runs in network and mount namespaces of its own, so nothing it creates can outlive
     /// it, whatever stops it.
     Demo,
+    /// Serve the KNI network runtime API without a cluster (`--standalone`): Networks from
+    /// files, devices from this node, attachments through the same prepare and attach code.
+    Kni(Box<standalone::KniArgs>),
     /// The CDI hook the runtime runs at container creation (OCI state on stdin): fails unless
     /// the claim's interface is in the container's network namespace and up.
     CheckInterface(CheckArgs),
@@ -276,6 +282,19 @@ struct RunArgs {
     #[arg(long, env = "KNIC_POD_LABEL_READS", default_value_t = false,
         action = clap::ArgAction::Set)]
     pod_label_reads: bool,
+    /// The KNI network runtime API's unix socket (root only, 0600): a runtime, a VM manager or
+    /// a test attaches knic networks to sandboxes through it. Empty: not served.
+    // A `String`, not a `PathBuf`: clap refuses an empty path value, and empty means off.
+    #[arg(long, env = "KNIC_KNI_SOCKET", default_value = "")]
+    kni_socket: String,
+    /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
+    #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
+    kni_netns_dir: PathBuf,
+    /// Keep this node's NodeNetworks object (knic.dev) current: the driver's readiness and
+    /// the Networks usable here, for `kubectl get nodenetworks`.
+    #[arg(long, env = "KNIC_NODE_NETWORKS", default_value_t = false,
+        action = clap::ArgAction::Set)]
+    node_networks: bool,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -561,10 +580,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The devices of prepared claims the API says are gone are not offered (see
     // `claims::orphans`), until knic has unprepared them.
     let (withheld_tx, withheld_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    // Nor are the devices sandboxes hold through the KNI socket, until they are detached.
+    let (kni_held_tx, kni_held_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    tokio::spawn(kni::withheld(wired.claims.clone(), kni_held_tx));
+    let (all_withheld_tx, all_withheld_rx) = tokio::sync::watch::channel(BTreeSet::new());
+    tokio::spawn(slices::withhold::union(
+        vec![withheld_rx, kni_held_rx],
+        all_withheld_tx,
+    ));
     let (offered_tx, offered_rx) = tokio::sync::watch::channel(devices_rx.borrow().clone());
     tokio::spawn(slices::withhold::apply(
         devices_rx.clone(),
-        withheld_rx,
+        all_withheld_rx,
         offered_tx,
     ));
     tokio::spawn(orphans::reap(
@@ -582,15 +609,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let first_published = exhaustion::mark(&offered_rx.borrow(), None);
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    let (networks_changed_tx, networks_changed) = tokio::sync::watch::channel(0u64);
     tokio::spawn(knic_driver::api::networks::watch_networks(
         client.clone(),
         exhausted_tx,
+        networks_changed_tx,
         synced_tx,
     ));
     tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
     let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);
+    let published_fact = slices_published.clone();
     http::mirror(health.clone(), READY_SLICES, slices_published, |p| *p, None);
     let publishing = tokio::spawn(async move {
         // First publish once the full networks are known (a restart must not briefly offer
@@ -618,15 +648,36 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         stop_rx.clone(),
     ));
 
+    let nri_fact = nri_connected_tx.subscribe();
+    let kni_pods = wired.pods.clone();
     // Runtime hooks: attach when the sandbox exists, detach when it stops.
     let hooks = tokio::spawn(nri::run_reporting(
         nri_settings,
-        wired.pods,
+        wired.pods.clone(),
         stop_rx.clone(),
         nri_connected_tx,
     ));
 
     let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
+    // The KNI door beside the kubelet's: same store, same pod networks, its own preparer.
+    let kni_served = cluster_kni::start(
+        &wired,
+        cluster_kni::Start {
+            socket: PathBuf::from(&args.kni_socket),
+            netns_dir: args.kni_netns_dir.clone(),
+            sysfs_root: args.discovery.sysfs_root.clone(),
+            node: args.node_name.clone(),
+            node_networks: args.node_networks,
+            networks_changed,
+            client: client.clone(),
+            offered: view_rx.clone(),
+            published: published_fact,
+            registration: registration_rx.clone(),
+            nri: nri_fact,
+            pods: kni_pods,
+            stop: stop_rx.clone(),
+        },
+    )?;
     http::mirror(
         health.clone(),
         READY_REGISTERED,
@@ -634,12 +685,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         |r| *r == Registration::Registered,
         Some(metrics.kubelet_registered.clone()),
     );
-    let service = DraService::new(wired.preparer).with_events(events);
+    let service = DraService::new(wired.preparer.clone()).with_events(events);
     let health = HealthService::new(args.node_name.clone(), view_rx.clone());
     let served = kubelet::serve(&paths, service, health, registration, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    if let Some(kni_served) = kni_served
+        && let Ok(Err(e)) = kni_served.await
+    {
+        tracing::error!(error = %e, "the KNI socket failed");
+    }
     // Attach marks kept in memory reach the disk, so the next start need not re-check them.
     if let Err(e) = wired.claims.flush().await {
         tracing::warn!(error = %e, "could not write the last attach marks; the next start re-checks those devices");
@@ -716,6 +772,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Run(args) => run(*args).await,
             Command::Inventory(args) => inventory(args).await,
+            Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
             Command::CheckInterface(args) => {
                 use std::io::Read;

@@ -23,6 +23,12 @@ pub struct Node<K> {
     pub preparer: Arc<Preparer>,
     /// Attach and detach (the runtime's hooks).
     pub pods: Arc<PodNetworks<K>>,
+    /// The KNI door's prepare and unprepare: the same preparer's rules, its claims read from
+    /// `kni_pending` (no API object), without CDI specs or the NRI guard (a sandbox attached
+    /// through KNI is attached at once, not by the runtime's hooks).
+    pub kni_preparer: Arc<Preparer>,
+    /// Where the KNI door puts the claim of an attachment for `kni_preparer` to read.
+    pub kni_pending: Arc<crate::kni::sandbox::Pending>,
 }
 
 /// What a node's parts are made of.
@@ -65,6 +71,22 @@ pub struct FailClosed {
 pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
     let claims = Arc::new(ClaimStore::open(parts.checkpoint));
     let pods = PodNetworks::new(parts.kernel, claims.clone(), parts.status);
+    let kni_pending = Arc::new(crate::kni::sandbox::Pending::default());
+    let mut kni_preparer =
+        Preparer::new(knic_proto::DRIVER_NAME, kni_pending.clone(), claims.clone())
+            .with_devices(parts.devices.clone())
+            .with_pool(parts.pool.clone())
+            .with_pci(crate::sriov::vfio::Vfio::new(
+                parts.sysfs_root.clone(),
+                Arc::new(crate::sriov::writes::LiveWrites),
+            ))
+            .with_release(pods.clone());
+    if let Some((book, node)) = &parts.address_book {
+        kni_preparer = kni_preparer.with_address_book(book.clone(), node.clone());
+    }
+    if let Some(sharing) = &parts.sharing {
+        kni_preparer = kni_preparer.with_sharing(sharing.clone());
+    }
     let mut preparer = Preparer::new(knic_proto::DRIVER_NAME, parts.source, claims.clone())
         .with_devices(parts.devices)
         .with_pool(parts.pool)
@@ -88,6 +110,8 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
         claims,
         preparer: Arc::new(preparer),
         pods,
+        kni_preparer: Arc::new(kni_preparer),
+        kni_pending,
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_knic-driver");
 
 /// The lines the demo prints as it goes, in order: the moments a kill is tried at.
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 14] = [
     "knic demo: a pod gets a NIC",
     "✓ pod namespace, and veth",
     "✓ discovery",
@@ -28,6 +28,10 @@ const PHASES: [&str; 10] = [
     "✓ UDP echo",
     "✓ StopPodSandbox/RemovePodSandbox → detach",
     "✓ NodeUnprepareResources over gRPC",
+    "✓ KNI socket up",
+    "✓ KNI CreateNetwork + AttachInterface",
+    "✓ UDP echo from the KNI sandbox",
+    "✓ KNI DetachInterface + DeleteNetwork",
 ];
 
 fn skip_reason() -> Option<String> {
@@ -291,6 +295,8 @@ fn sigint_and_sigterm_clean_up_and_exit_with_the_signal_status() {
         (SIGTERM, PHASES[1]),
         (SIGTERM, PHASES[4]),
         (SIGINT, PHASES[6]),
+        // The device in the KNI sandbox's pinned namespace.
+        (SIGTERM, PHASES[11]),
     ]
     .into_iter()
     .enumerate()

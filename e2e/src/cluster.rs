@@ -554,8 +554,8 @@ fn namespace_for(test: &str) -> String {
     format!("knic-e2e-{}-{nanos:08x}", slug.trim_matches('-'))
 }
 
-/// Creates knic's CRDs (`Network`, `NetworkAddress`, as the chart ships them: both are
-/// generated from the same types) and waits until the apiserver serves them. A real twin then
+/// Creates knic's CRDs (`Network`, `NetworkAddress`, `NodeNetworks`, as the chart ships them:
+/// all are generated from the same types) and waits until the apiserver serves them. A real twin then
 /// never meets a cluster without them (the IPAM twins once failed with "404 page not found"
 /// because nothing had installed them); CRDs already there (from the chart) are left as they are.
 pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
@@ -563,7 +563,11 @@ pub async fn ensure_crds(client: &kube::Client) -> anyhow::Result<()> {
     use knic_proto::network::{Network, NetworkAddress};
     use kube::{CustomResourceExt, ResourceExt};
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [Network::crd(), NetworkAddress::crd()] {
+    for crd in [
+        Network::crd(),
+        NetworkAddress::crd(),
+        knic_proto::network::readiness::NodeNetworks::crd(),
+    ] {
         let name = crd.name_any();
         // Created when missing, never taken over: a forced apply made the tests the owner of
         // the fields, and `helm install` (Helm v4 applies the chart's CRDs server-side) then

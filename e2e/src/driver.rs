@@ -113,6 +113,15 @@ impl DriverConfig {
                 // Parallel drivers would fight over the default port; tests that scrape it
                 // set a free one ([`DriverConfig::with_http`]).
                 ("KNIC_HTTP_ADDRESS".into(), String::new()),
+                // The KNI socket of this driver only, never a host path.
+                (
+                    "KNIC_KNI_SOCKET".into(),
+                    dir.join("kni.sock").to_string_lossy().into_owned(),
+                ),
+                (
+                    "KNIC_KNI_NETNS_DIR".into(),
+                    dir.join("netns").to_string_lossy().into_owned(),
+                ),
             ],
             stand_in_runtime: true,
         }

@@ -13,6 +13,7 @@ pub mod grpcwire;
 pub mod harness;
 pub mod helm;
 pub mod image;
+pub mod kni;
 pub mod kubelet;
 pub mod nodeauth;
 pub mod real_node;

@@ -280,8 +280,8 @@ pub async fn install(cluster: &Cluster, leftovers: &mut Leftovers) -> anyhow::Re
         }
     }
     ensure!(
-        policies.len() == 4,
-        "admission.yaml rendered {} policies, the twins cover 4",
+        policies.len() == 5,
+        "admission.yaml rendered {} policies, the twins cover 5",
         policies.len()
     );
     let api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());

@@ -384,8 +384,21 @@ fn driver_daemonset() -> anyhow::Result<()> {
         default_value("cdiDir")?,
         "/var/run/netns".to_owned(),
         "/proc/sys/net".to_owned(),
+        // The KNI socket's directory (driver.kni.socket), where runtimes on the node find it.
+        "/var/run/knic".to_owned(),
     ]
     .into();
+    let kni = container
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "KNIC_KNI_SOCKET")
+        .and_then(|v| v.value.as_deref());
+    ensure!(
+        kni == Some(default_value("driver.kni.socket")?.as_str())
+            && kni == Some("/var/run/knic/kni.sock"),
+        "KNIC_KNI_SOCKET is {kni:?}, want driver.kni.socket's default"
+    );
     let volumes = pod.volumes.as_deref().unwrap_or_default();
     let host_paths: BTreeSet<String> = volumes
         .iter()

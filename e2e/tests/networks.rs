@@ -566,7 +566,10 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
     let live = mk("10.104.0.2", "live", &claim.uid)?;
     let gone = mk("10.104.0.3", "gone", "uid-gone")?;
     let stale = mk("10.104.0.4", "live", "uid-of-an-older-claim")?;
-    for a in [&live, &gone, &stale] {
+    // A KNI sandbox's address: no ResourceClaim exists for it, and its node's driver releases
+    // it at DetachInterface; the collector must not take it away from the sandbox.
+    let sandbox = mk("10.104.0.5", "kni-sbx1-gc", "kni.sbx1.network.gc")?;
+    for a in [&live, &gone, &stale, &sandbox] {
         addresses.create(&PostParams::default(), a).await?;
     }
     eventually("orphans collected", WAIT, || async {
@@ -577,13 +580,18 @@ async fn orphaned_addresses_collected(env: &mut Env) -> anyhow::Result<()> {
             .iter()
             .map(|a| a.name_any())
             .collect();
-        ensure!(left == vec![live.name_any()], "left: {left:?}");
+        ensure!(
+            left == vec![live.name_any(), sandbox.name_any()],
+            "left: {left:?}"
+        );
         Ok(Some(()))
     })
     .await?;
-    addresses
-        .delete(&live.name_any(), &DeleteParams::default())
-        .await?;
+    for a in [&live, &sandbox] {
+        addresses
+            .delete(&a.name_any(), &DeleteParams::default())
+            .await?;
+    }
     Ok(())
 }
 

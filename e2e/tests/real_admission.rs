@@ -595,6 +595,141 @@ async fn networkaddresses_of_its_own_node_only(t: &mut Twin) -> anyhow::Result<(
     Ok(())
 }
 
+/// The driver writes its own node's NodeNetworks object and status with its own code
+/// (`api::nodenetworks::write`, server-side apply, only `patch` granted), which kubectl then
+/// shows; another node's object or status, and a token bound to no node, are refused.
+async fn nodenetworks_of_its_own_node_only(t: &mut Twin) -> anyhow::Result<()> {
+    use knic_proto::network::readiness::{NodeNetwork, NodeNetworks, NodeNetworksStatus};
+    let policy = t.installed.policy("knic-nodenetworks-own-node")?.to_owned();
+    let node = t.node().to_owned();
+    let driver: Api<NodeNetworks> = Api::all(t.driver.clone());
+    let admin: Api<NodeNetworks> = Api::all(t.cluster.client.clone());
+    let object = |name: &str| {
+        json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NodeNetworks",
+               "metadata": {"name": name}, "spec": {"nodeName": name}})
+    };
+    let apply = PatchParams::apply("knic.dev").force();
+    let dry = PatchParams {
+        dry_run: true,
+        ..apply.clone()
+    };
+    let write_other = format!(
+        "this user running on node '{node}' may not write the NodeNetworks of node '{OTHER_NODE}'"
+    );
+    // Someone's driver may keep the node's object: it is left as it was found.
+    let found = admin.get_opt(&node).await?;
+    if found.is_none() {
+        t.leftovers.track::<NodeNetworks>(&node);
+    }
+    t.leftovers.track::<NodeNetworks>(OTHER_NODE);
+    let forged_object = Patch::Apply(object(OTHER_NODE));
+    until_refused("the NodeNetworks policy acts", &write_other, || {
+        driver.patch(OTHER_NODE, &dry, &forged_object)
+    })
+    .await?;
+
+    let mut status = NodeNetworksStatus {
+        ready: false,
+        reasons: vec!["NRI plugin not connected to the container runtime".into()],
+        networks: vec![NodeNetwork {
+            name: "knt-blue".into(),
+            ready: false,
+            reasons: vec!["NRI plugin not connected to the container runtime".into()],
+            free_devices: vec!["knt-dev0".into()],
+        }],
+        ..Default::default()
+    };
+    status.summarise();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(t.driver.clone());
+    knic_driver::api::nodenetworks::write(&driver, &nodes, &node, &status)
+        .await
+        .context("the driver writing its own node's NodeNetworks with its own code")?;
+    let written = admin.get(&node).await?;
+    let got = written.status.clone().unwrap_or_default();
+    ensure!(
+        got.networks == status.networks
+            && got.networks_summary.as_deref() == Some("0/1")
+            && got.updated.is_some()
+            && written
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o[0].kind == "Node"),
+        "{written:?}"
+    );
+    // Visible with kubectl, with the printer columns.
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&t.cluster.kubeconfig)
+        .args(["get", "nodenetworks", &node, "-o", "wide"])
+        .output()
+        .context("running kubectl")?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    println!("kubectl get nodenetworks {node} -o wide:\n{table}");
+    ensure!(
+        out.status.success()
+            && table
+                .lines()
+                .next()
+                .is_some_and(|h| h.split_whitespace().collect::<Vec<_>>()
+                    == ["NAME", "READY", "NETWORKS", "READY-NETWORKS", "UPDATED"])
+            && table.contains(&format!("{node} "))
+            && table.contains("0/1"),
+        "kubectl: {table} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert_denied(
+        "another node's NodeNetworks",
+        driver
+            .patch(OTHER_NODE, &apply, &Patch::Apply(object(OTHER_NODE)))
+            .await,
+        &policy,
+        &write_other,
+    )?;
+    admin
+        .patch(OTHER_NODE, &apply, &Patch::Apply(object(OTHER_NODE)))
+        .await
+        .context("the admin writing another node's object")?;
+    let forged = json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NodeNetworks",
+        "metadata": {"name": OTHER_NODE}, "status": {"ready": true}});
+    assert_denied(
+        "another node's NodeNetworks status",
+        driver
+            .patch_status(OTHER_NODE, &apply, &Patch::Apply(forged))
+            .await,
+        &policy,
+        &write_other,
+    )?;
+    // The driver never deletes its object (the Node owns it): RBAC grants no delete at all.
+    let (code, text) = knic_e2e::nodeauth::refusal(
+        "deleting another node's NodeNetworks",
+        driver.delete(OTHER_NODE, &DeleteParams::default()).await,
+    )?;
+    ensure!(
+        code == 403 && text.contains("cannot delete resource \"nodenetworks\""),
+        "deleting another node's NodeNetworks: refused with {code} {text:?}, want RBAC's 403"
+    );
+    let unbound: Api<NodeNetworks> = Api::all(t.unbound().await?);
+    assert_denied(
+        "a token bound to no node",
+        unbound
+            .patch(&node, &dry, &Patch::Apply(object(&node)))
+            .await,
+        &policy,
+        NO_NODE,
+    )?;
+    if let Some(found) = found {
+        // Put back what the node's own driver had written.
+        let mut back = serde_json::to_value(&found)?;
+        back["metadata"] = json!({"name": node});
+        admin
+            .patch_status(&node, &apply, &Patch::Apply(back))
+            .await?;
+    }
+    Ok(())
+}
+
 /// The driver's Events (built by its own `api::events::event`) go through as its own node's
 /// instance; the same Event as another node's driver is refused.
 async fn events_as_its_own_node_only(t: &mut Twin) -> anyhow::Result<()> {
@@ -671,7 +806,7 @@ async fn events_as_its_own_node_only(t: &mut Twin) -> anyhow::Result<()> {
 fn main() {
     let args = knic_e2e::harness::arguments();
     let real = knic_e2e::harness::real_cluster();
-    let twins: [(&str, &str, Body); 4] = [
+    let twins: [(&str, &str, Body); 5] = [
         (
             "policies/resourceslices_of_its_own_node_only",
             "adm-slices",
@@ -690,6 +825,11 @@ fn main() {
         ("policies/events_as_its_own_node_only", "adm-events", |t| {
             Box::pin(events_as_its_own_node_only(t))
         }),
+        (
+            "policies/nodenetworks_of_its_own_node_only",
+            "adm-nodenet",
+            |t| Box::pin(nodenetworks_of_its_own_node_only(t)),
+        ),
     ];
     let mut trials = Vec::new();
     for (name, slug, body) in twins {

@@ -50,6 +50,14 @@ pub mod nri {
     tonic::include_proto!("nri.pkg.api.v1alpha1");
 }
 
+/// The KNI network runtime API (package `kni`, service `KNI`): a node-local door beside the
+/// kubelet's through which a runtime, a VM manager or a test attaches knic networks to a
+/// sandbox. Wire-compatible with the KNI project's beta API (see `proto/kni/api.proto`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod kni {
+    tonic::include_proto!("kni");
+}
+
 /// ttrpc's request/response envelope: NRI runs ttrpc, not gRPC, over its multiplexed socket.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod ttrpc {

@@ -46,6 +46,18 @@ pub fn check_dns_subdomain(value: &str) -> Result<()> {
     Ok(())
 }
 
+/// How a prepared claim made through the driver's KNI socket (an attach outside DRA) is told
+/// from a ResourceClaim: its UID starts with this. A Kubernetes UID is a UUID (hex digits and
+/// dashes), so a UID with a dot can never be one. The driver keeps such claims out of what
+/// asks the API about claims (orphans, NRI's sync of pods), and the controller does not collect
+/// their `NetworkAddress` objects while their node exists.
+pub const SANDBOX_CLAIM_UID_PREFIX: &str = "kni.";
+
+/// Whether `uid` is a KNI attachment's (see [`SANDBOX_CLAIM_UID_PREFIX`]).
+pub fn is_sandbox_claim_uid(uid: &str) -> bool {
+    uid.starts_with(SANDBOX_CLAIM_UID_PREFIX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,7 @@ use crate::netconfig::RouteConfig;
 
 mod compile;
 mod devices;
+pub mod readiness;
 mod share;
 mod validate;
 

@@ -36,10 +36,14 @@ fn render(crd: &CustomResourceDefinition) -> String {
     )
 }
 
-fn crds() -> [(&'static str, CustomResourceDefinition); 2] {
+fn crds() -> [(&'static str, CustomResourceDefinition); 3] {
     [
         ("crds/networks.knic.dev.yaml", Network::crd()),
         ("crds/networkaddresses.knic.dev.yaml", NetworkAddress::crd()),
+        (
+            "crds/nodenetworks.knic.dev.yaml",
+            knic_proto::network::readiness::NodeNetworks::crd(),
+        ),
     ]
 }
 

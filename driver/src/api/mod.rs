@@ -4,10 +4,12 @@
 //! in-memory doubles and this is the only place that knows the API's shapes and quirks.
 
 pub mod addresses;
+pub mod catalog;
 pub mod claims;
 pub mod client;
 pub mod events;
 pub mod networks;
+pub mod nodenetworks;
 pub mod slices;
 pub mod status;
 

@@ -9,14 +9,17 @@ use tokio::sync::watch;
 
 use crate::slices::exhaustion::{attribute_value, exhausted_names};
 
-/// Watches every Network and sends [`attribute_value`] to `out` whenever it changes, and
-/// signals `synced` once the first full list is in, so slices are not published before the
+/// Watches every Network and sends [`attribute_value`] to `out` whenever it changes, counts
+/// every change of any Network in `changed` (this node's `NodeNetworks` object is recomputed
+/// on it: without it a new Network reached the object only at its 30 s period, as a real
+/// cluster showed), and signals `synced` once the first full list is in, so slices are not published before the
 /// full networks are known (a restarting driver would otherwise briefly offer them). Runs until
 /// `out` has no receiver. A cluster without the Network CRD (the driver deployed alone) only
 /// costs a retried watch and one warning.
 pub async fn watch_networks(
     client: kube::Client,
     out: watch::Sender<Option<String>>,
+    changed: watch::Sender<u64>,
     synced: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut synced = Some(synced);
@@ -39,6 +42,7 @@ pub async fn watch_networks(
                 Some(Ok(watcher::Event::InitDone | watcher::Event::Apply(_)
                     | watcher::Event::Delete(_))) => {
                     warned = false;
+                    changed.send_modify(|n| *n = n.wrapping_add(1));
                     let networks: Vec<Network> =
                         store.state().iter().map(|n| n.as_ref().clone()).collect();
                     let value = attribute_value(&networks);

@@ -143,7 +143,8 @@ impl Reaper {
             .retain(|uid, _| checkpoint.claims.get(uid).is_some_and(|c| !in_pod(c)));
         let mut due = Vec::new();
         for (uid, claim) in &checkpoint.claims {
-            if in_pod(claim) {
+            // A KNI attachment has no ResourceClaim to look up: its caller detaches it.
+            if in_pod(claim) || knic_proto::names::is_sandbox_claim_uid(uid) {
                 continue;
             }
             let track = self.tracks.entry(uid.clone()).or_insert_with(|| Track {

@@ -481,7 +481,7 @@ pub async fn dial(path: &Path) -> Result<tonic::transport::Channel> {
 
 /// Binds a root-only unix socket, removing a stale file first but never a live socket: a second
 /// driver instance on the same path is an error, not something to silently take over.
-fn bind_socket(path: &Path) -> Result<UnixListener> {
+pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -518,13 +518,13 @@ fn bind_socket(path: &Path) -> Result<UnixListener> {
 }
 
 /// The connections a listener accepts, each behind the authority shim.
-fn incoming(
+pub(crate) fn incoming(
     listener: UnixListener,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityShim<UnixStream>>> {
     UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityShim::new))
 }
 
-fn remove_socket(path: &Path) {
+pub(crate) fn remove_socket(path: &Path) {
     match std::fs::remove_file(path) {
         Ok(()) => tracing::info!(socket = %path.display(), "socket removed"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -35,6 +35,24 @@ impl<K: Kernel> PodNetworks<K> {
     /// Attaches every device of the pod's claims into `netns`; all or nothing.
     pub async fn attach_pod(&self, pod_uid: &str, pod_name: &str, netns: PathBuf) -> Result<()> {
         let claims = self.claims.claims_for_pod(pod_uid).await?;
+        for (claim, entries) in self.attach_claims(claims, pod_uid, pod_name, netns).await? {
+            if !entries.is_empty() {
+                self.publish_status(claim, entries);
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches every device of `claims` (all of one pod, or of one KNI sandbox attachment)
+    /// into `netns`, all or nothing, and returns each claim's status entries for the caller to
+    /// publish (the kubelet's door writes them to the claim, the KNI door answers with them).
+    pub async fn attach_claims(
+        &self,
+        claims: Vec<PreparedClaim>,
+        pod_uid: &str,
+        pod_name: &str,
+        netns: PathBuf,
+    ) -> Result<Vec<(PreparedClaim, Vec<DeviceStatus>)>> {
         // Held from the record to the last move when a device uses a shared host VLAN: no
         // detach may see "nobody records it" and delete it in between (see `uplinks`).
         let uses_uplink = claims
@@ -139,13 +157,14 @@ impl<K: Kernel> PodNetworks<K> {
                 }
             });
         }
-        for (claim, mut entries) in claims.into_iter().zip(entries) {
-            entries.extend(vfio_statuses(&claim, pod_name));
-            if !entries.is_empty() {
-                self.publish_status(claim, entries);
-            }
-        }
-        Ok(())
+        Ok(claims
+            .into_iter()
+            .zip(entries)
+            .map(|(claim, mut entries)| {
+                entries.extend(vfio_statuses(&claim, pod_name));
+                (claim, entries)
+            })
+            .collect())
     }
 
     /// What attaching `a` into `path` needs: a sandbox recreated with a new namespace first

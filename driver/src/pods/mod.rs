@@ -151,6 +151,10 @@ impl<K: Kernel> PodNetworks<K> {
         reason: &'static str,
         message: String,
     ) {
+        // A KNI attachment has no ResourceClaim to report on: its caller gets the error.
+        if knic_proto::names::is_sandbox_claim_uid(&claim.uid) {
+            return;
+        }
         let sink = self
             .events
             .lock()
@@ -225,6 +229,10 @@ impl<K: Kernel> PodNetworks<K> {
     }
 
     fn publish_status(&self, claim: PreparedClaim, devices: Vec<DeviceStatus>) {
+        // A KNI attachment has no ResourceClaim to write to: its caller got the answer.
+        if knic_proto::names::is_sandbox_claim_uid(&claim.uid) {
+            return;
+        }
         let sink = self.status.clone();
         // After the hook has answered: the runtime's 2 s budget is for the kernel work.
         tokio::spawn(async move {
@@ -289,7 +297,11 @@ impl<K: Kernel> PodNetworks<K> {
     /// Brings every recorded device of `claims` home, then forgets their records in one
     /// durable write. A crash in between leaves records of devices already home, which a
     /// retried detach puts back again (detach is idempotent), as a crash mid-device would.
-    async fn detach_claims(&self, claims: Vec<PreparedClaim>, netns: Option<&Ns>) -> Result<()> {
+    pub async fn detach_claims(
+        &self,
+        claims: Vec<PreparedClaim>,
+        netns: Option<&Ns>,
+    ) -> Result<()> {
         let uses_uplink = claims
             .iter()
             .flat_map(|c| &c.attachments)
@@ -338,6 +350,17 @@ impl<K: Kernel> PodNetworks<K> {
             1 => Err(errors.remove(0)),
             _ => Err(Error::Several(errors)),
         }
+    }
+
+    /// The interface `ifname` in the namespace at `netns` as the kernel has it now (MAC and
+    /// addresses), or `None` when the namespace or the interface is gone: what a KNI query
+    /// answers beside the checkpoint's record.
+    pub async fn link_in(&self, netns: &Path, ifname: &str) -> Result<Option<netns::LinkState>> {
+        let Some(mut session) = self.kernel.open(&Ns::Pod(netns.to_path_buf())).await? else {
+            return Ok(None);
+        };
+        use crate::netns::Session as _;
+        session.link(ifname).await
     }
 
     /// Puts back every device of the pod's claims.
@@ -518,6 +541,11 @@ impl<K: Kernel> PodNetworks<K> {
         pod_uids.sort();
         pod_uids.dedup();
         for uid in pod_uids {
+            // A KNI sandbox is no pod of the runtime's: its attachments stay until its caller
+            // detaches them (the runtime's list never names it).
+            if knic_proto::names::is_sandbox_claim_uid(&uid) {
+                continue;
+            }
             let away = checkpoint
                 .claims
                 .values()

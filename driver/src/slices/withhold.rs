@@ -27,6 +27,48 @@ pub async fn apply(
     crate::watches::derive(devices, withheld, out, |d, w| without(d, w)).await;
 }
 
+/// Sends the union of every set in `inputs` to `out` whenever one changes, so several reasons
+/// to withhold devices (orphaned claims, KNI attachments) feed one [`apply`]. A dropped sender
+/// leaves its last set in force; returns once `out` has no receiver.
+pub async fn union(
+    mut inputs: Vec<watch::Receiver<BTreeSet<String>>>,
+    out: watch::Sender<BTreeSet<String>>,
+) {
+    let mut live: Vec<bool> = vec![true; inputs.len()];
+    loop {
+        let all: BTreeSet<String> = inputs
+            .iter_mut()
+            .flat_map(|rx| rx.borrow_and_update().clone())
+            .collect();
+        out.send_if_modified(|current| {
+            let changed = *current != all;
+            if changed {
+                *current = all;
+            }
+            changed
+        });
+        let waits = inputs
+            .iter_mut()
+            .zip(&live)
+            .enumerate()
+            .filter(|(_, (_, live))| **live)
+            .map(|(i, (rx, _))| Box::pin(async move { (i, rx.changed().await.is_ok()) }));
+        let waits: Vec<_> = waits.collect();
+        if waits.is_empty() {
+            out.closed().await;
+            return;
+        }
+        tokio::select! {
+            ((i, ok), _, _) = futures::future::select_all(waits) => {
+                if !ok {
+                    live[i] = false;
+                }
+            }
+            () = out.closed() => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +103,36 @@ mod tests {
             .unwrap();
         drop(devices_tx);
         task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn union_merges_every_reason_to_withhold() {
+        let set = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect::<BTreeSet<_>>()
+        };
+        let (orphans_tx, orphans) = watch::channel(set(&["a"]));
+        let (kni_tx, kni) = watch::channel(BTreeSet::new());
+        let (out, mut merged) = watch::channel(BTreeSet::new());
+        let task = tokio::spawn(union(vec![orphans, kni], out));
+        merged.wait_for(|s| *s == set(&["a"])).await.unwrap();
+        kni_tx.send_replace(set(&["b", "a"]));
+        merged.wait_for(|s| *s == set(&["a", "b"])).await.unwrap();
+        orphans_tx.send_replace(BTreeSet::new());
+        // "a" stays: the KNI side still withholds it.
+        merged.wait_for(|s| *s == set(&["a", "b"])).await.unwrap();
+        kni_tx.send_replace(set(&["b"]));
+        merged.wait_for(|s| *s == set(&["b"])).await.unwrap();
+        // A dropped input keeps its last set in force.
+        drop(kni_tx);
+        orphans_tx.send_replace(set(&["c"]));
+        merged.wait_for(|s| *s == set(&["b", "c"])).await.unwrap();
+        drop(merged);
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("union ends without a receiver")
+            .unwrap();
     }
 }

@@ -149,6 +149,8 @@ struct Request {
     operation: &'static str,
     username: String,
     node: Option<&'static str>,
+    /// The object's name (`request.name`).
+    name: String,
     object: Value,
     old: Value,
 }
@@ -170,7 +172,7 @@ impl Policy {
         if let Some(node) = r.node {
             extra["authentication.kubernetes.io/node-name"] = json!([node]);
         }
-        let request = json!({"operation": r.operation,
+        let request = json!({"operation": r.operation, "name": r.name,
             "userInfo": {"username": r.username, "extra": extra}});
         let mut env = Env::new([
             ("request".to_owned(), Val::from_json(&request)?),
@@ -225,6 +227,7 @@ fn request(
         operation,
         username: driver_name(),
         node: Some(NODE),
+        name: String::new(),
         object,
         old,
     }
@@ -675,6 +678,76 @@ fn event_cases() -> anyhow::Result<()> {
     )
 }
 
+fn node_networks(name: &str) -> Value {
+    json!({"metadata": {"name": name}, "spec": {"nodeName": name}})
+}
+
+fn node_networks_cases() -> anyhow::Result<()> {
+    let n = |resource: &'static str, op: &'static str, name: &str| {
+        let object = node_networks(name);
+        let (object, old) = match op {
+            "DELETE" => (Value::Null, object),
+            _ => (object, Value::Null),
+        };
+        Request {
+            name: name.to_owned(),
+            ..request("knic.dev", resource, op, object, old)
+        }
+    };
+    run_cases(
+        "knic-nodenetworks-own-node",
+        vec![
+            (
+                "its own node's object",
+                n("nodenetworks", "CREATE", NODE),
+                Verdict::Allowed,
+            ),
+            (
+                "its own node's status",
+                n("nodenetworks/status", "UPDATE", NODE),
+                Verdict::Allowed,
+            ),
+            (
+                "an admin writes any",
+                Request {
+                    username: "kubernetes-admin".into(),
+                    ..n("nodenetworks", "UPDATE", OTHER)
+                },
+                Verdict::NotMatched,
+            ),
+            (
+                "token without a node",
+                Request {
+                    node: None,
+                    ..n("nodenetworks", "CREATE", NODE)
+                },
+                denied(NO_NODE),
+            ),
+            (
+                "another node's object",
+                n("nodenetworks", "CREATE", OTHER),
+                denied(format!(
+                    "this user running on node '{NODE}' may not write the NodeNetworks of node '{OTHER}'"
+                )),
+            ),
+            (
+                "another node's status",
+                n("nodenetworks/status", "UPDATE", OTHER),
+                denied(format!(
+                    "this user running on node '{NODE}' may not write the NodeNetworks of node '{OTHER}'"
+                )),
+            ),
+            (
+                "deleting another node's",
+                n("nodenetworks", "DELETE", OTHER),
+                denied(format!(
+                    "this user running on node '{NODE}' may not write the NodeNetworks of node '{OTHER}'"
+                )),
+            ),
+        ],
+    )
+}
+
 /// Every write the driver's RBAC grants goes through a policy bound to its node.
 fn driver_writes_are_policed() -> anyhow::Result<()> {
     let policies = load()?;
@@ -718,13 +791,14 @@ fn driver_writes_are_policed() -> anyhow::Result<()> {
 pub fn trials() -> Vec<Trial> {
     vec![
         check("chart/policies_compile_and_bind_with_deny", || {
-            ensure!(load()?.len() == 4, "four policies");
+            ensure!(load()?.len() == 5, "five policies");
             Ok(())
         }),
         check("chart/policy_resourceslices_own_node", slice_cases),
         check("chart/policy_resourceclaim_status_own_node", claim_cases),
         check("chart/policy_networkaddresses_own_node", address_cases),
         check("chart/policy_events_own_node", event_cases),
+        check("chart/policy_nodenetworks_own_node", node_networks_cases),
         check(
             "chart/policies_cover_every_driver_write",
             driver_writes_are_policed,

@@ -138,6 +138,30 @@ pub(crate) const DRIVER: &[Need] = &[
              and attach failures",
         ),
     ),
+    cluster(
+        "resource.k8s.io",
+        "deviceclasses",
+        &["list"],
+        Why::Used(
+            "driver/src/api/catalog.rs KubeCatalog::classes: the selectors of a Network's class \
+             for the KNI socket and the NodeNetworks object",
+        ),
+    ),
+    cluster(
+        "knic.dev",
+        "nodenetworks",
+        &["create", "patch"],
+        Why::Used(
+            "driver/src/api/nodenetworks.rs write: server-side apply of this node's object (a \
+             create when it does not exist yet: the real apiserver refused it with patch alone)",
+        ),
+    ),
+    cluster(
+        "knic.dev",
+        "nodenetworks/status",
+        &["patch"],
+        Why::Used("driver/src/api/nodenetworks.rs write: server-side apply of its status"),
+    ),
 ];
 
 /// What `knic-driver run --pod-label-reads=true` calls besides [`DRIVER`]; the chart grants it

@@ -33,7 +33,7 @@ fn typed_defaults() -> anyhow::Result<()> {
         ("ClusterRole", 2),
         ("ClusterRoleBinding", 2),
         ("ConfigMap", 1),
-        ("CustomResourceDefinition", 2),
+        ("CustomResourceDefinition", 3),
         ("DaemonSet", 1),
         ("Deployment", 1),
         ("DeviceClass", 4),
@@ -43,8 +43,8 @@ fn typed_defaults() -> anyhow::Result<()> {
         ("Secret", 1),
         ("Service", 1),
         ("ServiceAccount", 2),
-        ("ValidatingAdmissionPolicy", 4),
-        ("ValidatingAdmissionPolicyBinding", 4),
+        ("ValidatingAdmissionPolicy", 5),
+        ("ValidatingAdmissionPolicyBinding", 5),
         ("ValidatingWebhookConfiguration", 1),
     ]
     .iter()
@@ -59,7 +59,8 @@ fn typed_defaults() -> anyhow::Result<()> {
     ensure!(
         crds == BTreeSet::from([
             "networks.knic.dev".into(),
-            "networkaddresses.knic.dev".into()
+            "networkaddresses.knic.dev".into(),
+            "nodenetworks.knic.dev".into()
         ]),
         "{crds:?}"
     );

@@ -9,7 +9,7 @@
 //! a later syntax error instead. Recursion is bounded by [`MAX_DEPTH`] here and by each node's
 //! recorded depth, so no text can overflow the stack.
 
-use knic_proto::cel::lexer::{Tok, Token, lex};
+use super::lexer::{Tok, Token, lex};
 
 use super::ast::{Chain, Expr, Func, Kind, Macro, Rel, node, too_deep};
 use super::{MAX_DEPTH, Result, Value, subset, syntax, unsupported};

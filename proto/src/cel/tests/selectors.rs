@@ -103,7 +103,7 @@ fn exhaustion_selector() {
     );
 
     // The selector knic really generates, against the attribute drivers really publish.
-    use knic_proto::network::{
+    use crate::network::{
         EXHAUSTED_ATTRIBUTE, exhausted_attribute, exhaustion_selector, exhaustion_token,
     };
     let selector = compile(&exhaustion_selector("blue"));
