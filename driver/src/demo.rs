@@ -33,7 +33,7 @@ use knic_driver::slices::rescan::Discovery;
 use knic_driver::slices::{self, PoolOwner};
 use knic_driver::wiring::{self, Parts};
 use knic_proto::dra::v1;
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::signal::{SigSet, Signal};
 use serde_json::json;
@@ -70,30 +70,16 @@ impl Scratch {
     }
 }
 
-/// Creates a network namespace kept alive by a bind mount at `path` (what `ip netns add` does).
+/// Creates a network namespace kept alive by a bind mount at `path` (what `ip netns add` does),
+/// as the KNI door's CreateNetwork does.
 fn make_netns(path: &Path) -> anyhow::Result<()> {
-    std::fs::File::create(path)?;
-    std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<()> {
-            unshare(CloneFlags::CLONE_NEWNET)?;
-            mount(
-                Some("/proc/thread-self/ns/net"),
-                path,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )?;
-            Ok(())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
-    })
-    .with_context(|| format!("creating network namespace {}", path.display()))
+    knic_driver::kni::pin::create(path)
+        .with_context(|| format!("creating network namespace {}", path.display()))?;
+    Ok(())
 }
 
 fn delete_netns(path: &Path) {
-    let _ = umount2(path, MntFlags::MNT_DETACH);
-    let _ = std::fs::remove_file(path);
+    let _ = knic_driver::kni::pin::delete(path);
 }
 
 fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {

@@ -552,6 +552,23 @@ async fn a_device_recorded_before_identities_still_comes_home() {
     );
 }
 
+/// What a PF reports for a VF nothing was assigned to: any PF before knic touches the VF, and
+/// igb right after creating it (the VF tests and the igb model start from it).
+fn unassigned_vf() -> VfState {
+    VfState {
+        mac: Some([0; 6]),
+        vlan: Some(super::vf::VfVlanTag {
+            id: 0,
+            qos: 0,
+            protocol: knic_proto::netconfig::VfVlanProtocol::Dot1Q,
+        }),
+        rate: Some((0, 0)),
+        spoof_chk: Some(true),
+        trust: Some(false),
+        link_state: Some(knic_proto::netconfig::VfLinkState::Auto),
+    }
+}
+
 // SR-IOV VF settings made through the PF (issue 12), in a file of its own.
 mod vf;
 

@@ -8,29 +8,12 @@
 use knic_proto::netconfig::{VfLinkState, VfSettings, VfVlanProtocol};
 
 use super::super::fake::FakeKernel;
-use super::super::vf::VfVlanTag;
 use super::*;
 
 const PF: &str = "eth1";
 const VF_NETDEV: &str = "eth2";
 const VF_PCI: &str = "0000:02:10.0";
 const OWN_MAC: [u8; 6] = [0x56, 0xd4, 0x2b, 0x71, 0x9f, 0xe8];
-
-/// An igb VF as it is after creation: nothing assigned.
-fn fresh() -> VfState {
-    VfState {
-        mac: Some([0; 6]),
-        vlan: Some(VfVlanTag {
-            id: 0,
-            qos: 0,
-            protocol: VfVlanProtocol::Dot1Q,
-        }),
-        rate: Some((0, 0)),
-        spoof_chk: Some(true),
-        trust: Some(false),
-        link_state: Some(VfLinkState::Auto),
-    }
-}
 
 /// An igb PF with VF 0, whose netdev (down, random MAC) is on the host; and a pod namespace.
 fn kernel() -> FakeKernel {
@@ -46,7 +29,7 @@ fn kernel() -> FakeKernel {
     k.add_link(&Ns::Host, VF_NETDEV, 1500, OWN_MAC, None, &[]);
     k.set_down(&Ns::Host, VF_NETDEV);
     k.vf_netdev(&Ns::Host, VF_NETDEV, PF, 0, VF_PCI);
-    k.add_vf(PF, 0, fresh());
+    k.add_vf(PF, 0, unassigned_vf());
     k.igb(PF);
     k.add_namespace(&pod());
     k
@@ -112,7 +95,7 @@ async fn an_assigned_mac_comes_and_goes_through_an_enforcing_pf() {
         k.vf(PF, 0),
         Some(VfState {
             mac: Some(OWN_MAC),
-            ..fresh()
+            ..unassigned_vf()
         })
     );
 }
@@ -157,7 +140,7 @@ async fn a_setting_igb_lacks_fails_the_attach_naming_it() {
             .expect_err("igb refuses")
             .to_string();
         assert_eq!(err, want);
-        assert_eq!(k.vf(PF, 0), Some(fresh()));
+        assert_eq!(k.vf(PF, 0), Some(unassigned_vf()));
         assert!(k.links(&pod()).is_empty(), "nothing moved");
         assert_eq!(vf_link(&k, &Ns::Host, VF_NETDEV).mac, Some(OWN_MAC));
     }
@@ -199,7 +182,7 @@ async fn a_mac_the_vf_registered_itself_is_not_turned_into_an_assigned_one() {
         0,
         VfState {
             mac: Some(OWN_MAC),
-            ..fresh()
+            ..unassigned_vf()
         },
     );
     let p = vf_plan([0x02, 0, 0, 0, 0x20, 3], VfSettings::default());

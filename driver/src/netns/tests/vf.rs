@@ -12,22 +12,6 @@ const PF: &str = "ens1f0";
 const VF_NETDEV: &str = "ens1f0v3";
 const VF_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x33];
 
-/// What the PF reports for VF 3 before knic touches it.
-fn untouched() -> VfState {
-    VfState {
-        mac: Some([0; 6]),
-        vlan: Some(VfVlanTag {
-            id: 0,
-            qos: 0,
-            protocol: VfVlanProtocol::Dot1Q,
-        }),
-        rate: Some((0, 0)),
-        spoof_chk: Some(true),
-        trust: Some(false),
-        link_state: Some(VfLinkState::Auto),
-    }
-}
-
 fn settings() -> VfSettings {
     VfSettings {
         mac: Some(VF_MAC),
@@ -47,7 +31,7 @@ fn kernel() -> FakeKernel {
     let k = FakeKernel::new();
     k.add_link(&Ns::Host, PF, 1500, [0xaa, 0, 0, 0, 0, 0xf0], None, &[]);
     k.add_link(&Ns::Host, VF_NETDEV, 1500, [0xaa, 0, 0, 0, 0, 3], None, &[]);
-    k.add_vf(PF, 3, untouched());
+    k.add_vf(PF, 3, unassigned_vf());
     k.add_namespace(&pod());
     k
 }
@@ -75,7 +59,7 @@ const SET: [&str; 6] = [
     "host: link set ens1f0 vf 3 state enable",
     "host: link set ens1f0 vf 3 trust on",
 ];
-/// The requests that put `untouched()` back.
+/// The requests that put `unassigned_vf()` back.
 const RESET: [&str; 6] = [
     "host: link set ens1f0 vf 3 mac 00:00:00:00:00:00",
     "host: link set ens1f0 vf 3 vlan 0 qos 0 proto 802.1Q",
@@ -112,7 +96,7 @@ async fn capture_records_the_previous_values_of_exactly_what_will_change() {
     let restore = capture(&k, &vf_plan(AttachMode::Move))
         .await
         .expect("captures");
-    assert_eq!(restore.vf, Some(untouched()));
+    assert_eq!(restore.vf, Some(unassigned_vf()));
     assert!(k.log().is_empty(), "capture only reads: {:?}", k.log());
 }
 
@@ -179,7 +163,7 @@ async fn detach_puts_the_vf_back_after_the_device_is_home_idempotently() {
             > position(&log, RESET[5]),
         "{log:#?}"
     );
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     let host = k.links(&Ns::Host);
     assert!(host.contains(&restore.host), "{host:?}");
     let before = k.log().len();
@@ -200,7 +184,7 @@ async fn a_failed_move_rolls_the_vf_back() {
         .expect_err("the move fails")
         .to_string();
     assert!(err.contains("Device or resource busy"), "{err}");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     let log = k.log();
     assert_eq!(log[..6], SET);
     assert_eq!(log[log.len() - 6..], RESET);
@@ -215,7 +199,7 @@ async fn a_failure_after_the_move_brings_the_device_home_and_then_rolls_the_vf_b
     attach(&k, &p, &pod(), &restore, false)
         .await
         .expect_err("the address fails");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     assert!(k.links(&pod()).is_empty());
     let log = k.log();
     assert!(
@@ -256,7 +240,7 @@ async fn settings_a_pf_made_before_refusing_one_are_rolled_back() {
     );
     // The MAC, VLAN, rate, spoof check and link state were made before trust failed; exactly
     // those are undone (asking this PF for trust again would fail the undo too).
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     assert_eq!(k.log()[..6], SET);
     assert_eq!(k.log()[6..], RESET[..5]);
     assert!(k.links(&pod()).is_empty(), "nothing moved");
@@ -271,10 +255,10 @@ async fn a_crash_after_the_settings_is_reset_from_the_checkpointed_record() {
     let checkpoint = serde_json::to_string(&(&p, &restore)).expect("serializes");
     // The VF was set, then the driver died before the move.
     let mut host = k.open(&Ns::Host).await.expect("opens").expect("host");
-    let wanted = super::super::vf::request(&settings(), &untouched());
+    let wanted = super::super::vf::request(&settings(), &unassigned_vf());
     host.set_vf(PF, 3, &wanted).await.expect("sets");
     drop(host);
-    assert_ne!(k.vf(PF, 3), Some(untouched()));
+    assert_ne!(k.vf(PF, 3), Some(unassigned_vf()));
     // The restarted driver only has the checkpoint; the pod went away meanwhile.
     let (p, restore): (AttachPlan, Restore) =
         serde_json::from_str(&checkpoint).expect("deserializes");
@@ -282,7 +266,7 @@ async fn a_crash_after_the_settings_is_reset_from_the_checkpointed_record() {
     detach(&k, &p, Some(&pod()), &restore)
         .await
         .expect("detaches");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     let log = k.log();
     assert_eq!(log[log.len() - 6..], RESET);
     let vf_netdev = k.links(&Ns::Host).into_iter().find(|l| l.name == VF_NETDEV);
@@ -304,7 +288,7 @@ async fn a_lost_device_still_gets_its_vf_settings_back() {
     detach(&k, &p, Some(&pod()), &restore)
         .await
         .expect("detaches");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
 }
 
 #[tokio::test]
@@ -323,13 +307,13 @@ async fn a_vlan_child_of_a_vf_also_gets_the_vf_settings_and_gives_them_back() {
     detach(&k, &p, Some(&pod()), &restore)
         .await
         .expect("detaches");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     // And a failed VLAN attach after the child was created rolls the VF back too.
     k.fail_on("/var/run/netns/cni-1: addr add", "No space left on device");
     attach(&k, &p, &pod(), &restore, false)
         .await
         .expect_err("the address fails");
-    assert_eq!(k.vf(PF, 3), Some(untouched()));
+    assert_eq!(k.vf(PF, 3), Some(unassigned_vf()));
     assert!(k.links(&pod()).is_empty());
     let temp = p.vlan_temp_name();
     assert!(k.links(&Ns::Host).iter().all(|l| l.name != temp));
