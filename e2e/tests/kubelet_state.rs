@@ -138,10 +138,19 @@ async fn scenario(node: &mut RealNode, harness: &Harness) -> anyhow::Result<()> 
         withheld_seen.get(),
         "the device was offered while the orphaned claim was still prepared"
     );
-    let logs = node.logs();
+    // The checkpoint shows the claim gone a moment before the driver logs it (CI read the
+    // log in between once): the lines get a few seconds.
+    let logged = eventually("the orphan's two log lines", Duration::from_secs(5), || {
+        let logs = node.logs();
+        async move {
+            Ok((logs.contains("a prepared claim is gone from the API")
+                && logs.contains("orphaned claim unprepared"))
+            .then_some(()))
+        }
+    })
+    .await;
     ensure!(
-        logs.contains("a prepared claim is gone from the API")
-            && logs.contains("orphaned claim unprepared"),
+        logged.is_ok(),
         "the driver did not log the orphan's two steps"
     );
     let events: Api<Event> = Api::namespaced(node.cluster.client.clone(), &ns);

@@ -95,10 +95,15 @@ pub fn read(kubelet_dir: &Path) -> anyhow::Result<Node> {
             (d, exists)
         })
         .collect();
+    // The pod network's bridge comes with the node's first pod (the CNI bridge plugin makes
+    // it then and never removes it): on a freshly started cluster that is the release's pod,
+    // but the bridge is the cluster's, not something the release left.
+    let pod_network = cni_bridges();
     let links = ip(&["-o", "link", "show"])?
         .lines()
         .filter_map(|l| l.split(": ").nth(1))
         .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .filter(|n| !pod_network.contains(n))
         .collect();
     let netns = match std::fs::read_dir("/var/run/netns") {
         Ok(entries) => entries
@@ -164,6 +169,37 @@ pub fn unroute(vip: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The bridges the node's CNI configurations name (`type: bridge`, `bridge` defaulting to
+/// `cni0` as the plugin does), from the harness's CNI directory and the usual one.
+fn cni_bridges() -> BTreeSet<String> {
+    let mut dirs = vec![PathBuf::from("/etc/cni/net.d")];
+    if let Some(harness) = std::env::var_os("HARNESS_DIR") {
+        dirs.push(Path::new(&harness).join("conf/cni"));
+    }
+    let mut out = BTreeSet::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            let plugins = match config.get("plugins").and_then(|p| p.as_array()) {
+                Some(plugins) => plugins.clone(),
+                None => vec![config],
+            };
+            for plugin in plugins.iter().filter(|p| p["type"] == "bridge") {
+                out.insert(plugin["bridge"].as_str().unwrap_or("cni0").to_owned());
+            }
+        }
+    }
+    out
 }
 
 /// What differs between the node `before` the install and `after` the uninstall, as lines a

@@ -146,15 +146,25 @@ pub async fn provisioning_racing_a_prepare(m: Machine) -> anyhow::Result<()> {
         let claim = rig.claim("racer", &device_name(&vf0), None).await?;
         let virtfn = |n: u32| pf.dir().join(format!("virtfn{n}")).exists();
         let mut caught = false;
-        for _ in 0..3 {
+        for _ in 0..4 {
             std::fs::write(pf.dir().join("sriov_numvfs"), "0")?;
-            // The re-creation has started: VF 0 is there, VF 1 not yet.
-            let started = eventually("the re-creation starts", Duration::from_secs(30), || {
-                let seen = virtfn(0) && !virtfn(1);
-                async move { Ok(seen.then_some(())) }
+            // The re-creation has started: VF 0 is there, VF 1 not yet. igb adds the second VF
+            // ~25 ms after the first, so a 50 ms poll missed it three times in a row in CI; this
+            // looks every millisecond, on a thread of its own (the driver's next pass re-creates
+            // them within ~2 s of the reset).
+            let dir = pf.dir();
+            let started = tokio::task::spawn_blocking(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while std::time::Instant::now() < deadline {
+                    if dir.join("virtfn0").exists() && !dir.join("virtfn1").exists() {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                false
             })
-            .await;
-            if started.is_err() {
+            .await?;
+            if !started {
                 // Both VFs came within one poll: try again.
                 eventually("the count is whole", Duration::from_secs(30), || async {
                     Ok((pf.num_vfs()? == 2 && virtfn(1)).then_some(()))
