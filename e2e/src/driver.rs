@@ -158,6 +158,34 @@ impl DriverConfig {
     }
 }
 
+/// When a driver registered with the node's real kubelet last went away. The kubelet wipes the
+/// node's ResourceSlices of a driver 30 s after its plugin deregisters unless it registers
+/// again meanwhile: a test binary that ends sooner leaves that wipe to hit the next binary's
+/// freshly published slices (CI: `real/gate_off_publishes_child_slots` saw its slices deleted
+/// and re-created 29 s after `real_node`'s last driver stopped).
+static REAL_PLUGIN_LEFT: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// The kubelet's delay before it wipes a deregistered driver's slices, and a margin.
+const KUBELET_WIPE_DELAY: Duration = Duration::from_secs(32);
+
+/// Called at the end of a test binary: waits out the real kubelet's delayed slice wipe after
+/// the last driver registered with it went away, so the wipe finds nothing of the next binary.
+/// Returns at once when no driver of this process registered with a real kubelet.
+pub fn wait_for_the_kubelets_wipe() {
+    let left = *REAL_PLUGIN_LEFT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(left) = left else { return };
+    let rest = KUBELET_WIPE_DELAY.saturating_sub(left.elapsed());
+    if !rest.is_zero() {
+        eprintln!(
+            "waiting {:.0} s for the real kubelet's delayed wipe of this binary's slices",
+            rest.as_secs_f64()
+        );
+        std::thread::sleep(rest);
+    }
+}
+
 /// A running driver; killed when dropped (with its stand-in runtime, if any).
 pub struct DriverProcess {
     child: Child,
@@ -167,6 +195,7 @@ pub struct DriverProcess {
 
 impl Drop for DriverProcess {
     fn drop(&mut self) {
+        self.note_if_real_kubelet();
         if let Some(runtime) = &self.runtime {
             runtime.abort();
         }
@@ -228,8 +257,23 @@ impl DriverProcess {
         std::fs::read_to_string(&self.config.log_file).unwrap_or_default()
     }
 
+    /// Notes the time when this driver registers with the node's real kubelet (its
+    /// registration directory is below `KNIC_E2E_KUBELET_DIR`), for
+    /// [`wait_for_the_kubelets_wipe`].
+    fn note_if_real_kubelet(&self) {
+        let real = std::env::var_os(crate::cluster::ENV_KUBELET_DIR)
+            .is_some_and(|dir| self.config.registry_dir.starts_with(dir));
+        if real {
+            *REAL_PLUGIN_LEFT
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(std::time::Instant::now());
+        }
+    }
+
     /// `kill -9`: no chance to clean up, exactly like an OOM kill or node crash.
     pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        self.note_if_real_kubelet();
         self.child.start_kill()?;
         self.child.wait().await?;
         Ok(())
@@ -237,6 +281,7 @@ impl DriverProcess {
 
     /// SIGTERM, as the kubelet sends on pod deletion; waits for the exit.
     pub async fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
+        self.note_if_real_kubelet();
         let pid = self.child.id().context("driver already exited")?;
         let status = Command::new("kill")
             .arg("-TERM")

@@ -358,6 +358,7 @@ pub fn run_trials(args: &libtest_mimic::Arguments, trials: Vec<Trial>) -> ! {
         .and_then(|r| r.harness);
     let before = harness.as_ref().and_then(|h| h.gates().ok());
     let conclusion = libtest_mimic::run(args, trials);
+    crate::driver::wait_for_the_kubelets_wipe();
     if let (Some(harness), Some(before)) = (&harness, before)
         && let Err(e) = harness.restore(&before)
     {

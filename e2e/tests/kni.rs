@@ -482,6 +482,7 @@ fn main() {
         real::trial(real_cluster, host),
     ];
     let conclusion = libtest_mimic::run(&args, trials);
+    knic_e2e::driver::wait_for_the_kubelets_wipe();
     knic_e2e::harness::unisolate(&root);
     conclusion.exit()
 }

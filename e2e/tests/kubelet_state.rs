@@ -225,5 +225,7 @@ fn main() {
     let trials = vec![trial(name, runnable.is_none(), move || async move {
         run(runnable.context("no real cluster")?).await
     })];
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    knic_e2e::driver::wait_for_the_kubelets_wipe();
+    conclusion.exit();
 }

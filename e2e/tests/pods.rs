@@ -275,6 +275,7 @@ fn main() {
         },
     ));
     let conclusion = libtest_mimic::run(&args, trials);
+    knic_e2e::driver::wait_for_the_kubelets_wipe();
     if let (Ok(root), None) = (&isolated, &real) {
         unisolate(root);
     }

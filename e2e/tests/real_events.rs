@@ -549,5 +549,7 @@ fn main() {
             })
         })
         .collect();
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    knic_e2e::driver::wait_for_the_kubelets_wipe();
+    conclusion.exit();
 }

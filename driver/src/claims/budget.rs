@@ -59,6 +59,10 @@ pub fn keep(
         let ours = mine.entry(port.clone()).or_default();
         *ours = ours.saturating_add(bandwidth.egress);
         if others.saturating_add(*ours) > policy.total {
+            // By name, not by the checkpoint's UID order: real UIDs are random, and an operator
+            // (and a test) reads the same list for the same claims every time.
+            let mut held = held;
+            held.sort_by(|(a, _), (b, _)| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
             let holders: Vec<String> = held
                 .iter()
                 .map(|(c, r)| format!("{}/{} {}", c.namespace, c.name, rate(*r)))
@@ -175,6 +179,20 @@ mod tests {
             "request nic: bandwidth.egress: 2Gbit/s on shared port ens1f0 would exceed its \
              total of 10Gbit/s: 9Gbit/s is prepared for other claims (ns/a 6Gbit/s, ns/b \
              3Gbit/s)"
+        );
+        // Listed by name whatever the UIDs' order (a real cluster's are random: b's sorted
+        // first once in CI, and the real twin's expected text did not match).
+        let mut by_uid = held.clone();
+        for (uid, c) in std::mem::take(&mut by_uid.claims) {
+            let mut c = c;
+            c.uid = if c.name == "a" { "z-uid".into() } else { uid };
+            by_uid.claims.insert(c.uid.clone(), c);
+        }
+        let mut over = claim("c", "ens1f0-s2", Some(2_000_000_000));
+        assert!(
+            keep(&mut over, &by_uid, |_| Some(policy()))
+                .expect_err("over")
+                .ends_with("(ns/a 6Gbit/s, ns/b 3Gbit/s)")
         );
         let huge = node(&[("a", "ens1f0-s0", u64::MAX), ("b", "ens1f0-s1", u64::MAX)]);
         let mut small = claim("c", "ens1f0-s2", Some(1));
