@@ -54,16 +54,8 @@ pub struct Built {
     pub took: Duration,
 }
 
-/// Runs `charts/image/build.sh --profile PROFILE --output ARCHIVE` with cargo's output in
-/// `target_dir` (its own: the build's flags, crt-static and an explicit --target, share nothing
-/// with the test build, and the running `cargo test` may hold the lock on that one).
-pub fn build(profile: &str, archive: &Path, target_dir: &Path) -> anyhow::Result<Built> {
-    let started = Instant::now();
-    let mut command = Command::new(repo().join("charts/image/build.sh"));
-    command
-        .args(["--profile", profile, "--output"])
-        .arg(archive)
-        .env("CARGO_TARGET_DIR", target_dir);
+/// Runs `command` to its end; its stdout, or an error naming the command, status and output.
+pub fn run(command: &mut Command) -> anyhow::Result<String> {
     let out = command
         .output()
         .with_context(|| format!("running {command:?}"))?;
@@ -74,7 +66,20 @@ pub fn build(profile: &str, archive: &Path, target_dir: &Path) -> anyhow::Result
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `charts/image/build.sh --profile PROFILE --output ARCHIVE` with cargo's output in
+/// `target_dir` (its own: the build's flags, crt-static and an explicit --target, share nothing
+/// with the test build, and the running `cargo test` may hold the lock on that one).
+pub fn build(profile: &str, archive: &Path, target_dir: &Path) -> anyhow::Result<Built> {
+    let started = Instant::now();
+    let mut command = Command::new(repo().join("charts/image/build.sh"));
+    command
+        .args(["--profile", profile, "--output"])
+        .arg(archive)
+        .env("CARGO_TARGET_DIR", target_dir);
+    let stdout = run(&mut command)?;
     let lines: Vec<&str> = stdout.lines().collect();
     let [path, reference] = lines.as_slice() else {
         bail!("build.sh printed {stdout:?}, want the archive path and the reference");

@@ -16,21 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use libtest_mimic::{Failed, Trial};
 use serde_json::{Value, json};
 
-use knic_e2e::image::repo;
-
-fn run(command: &mut Command) -> anyhow::Result<String> {
-    let out = command
-        .output()
-        .with_context(|| format!("running {command:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{command:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+use knic_e2e::image::{repo, run};
 
 /// The Dockerfile's final stage as an image config: what build.sh must reproduce.
 fn dockerfile_config() -> anyhow::Result<Value> {

@@ -29,15 +29,20 @@ pub struct Node {
     pub nft: String,
 }
 
+/// The entries of `dir`, none when it does not exist.
+fn entries(dir: &Path) -> anyhow::Result<Vec<std::fs::DirEntry>> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .collect::<std::io::Result<Vec<_>>>()
+            .with_context(|| format!("listing {}", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("listing {}", dir.display())),
+    }
+}
+
 /// Every file below `dir` (none when it does not exist).
 fn files_below(dir: &Path, out: &mut BTreeSet<PathBuf>) -> anyhow::Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
-    for entry in entries {
-        let entry = entry?;
+    for entry in entries(dir)? {
         if entry.file_type()?.is_dir() {
             files_below(&entry.path(), out)?;
         } else {
@@ -49,13 +54,7 @@ fn files_below(dir: &Path, out: &mut BTreeSet<PathBuf>) -> anyhow::Result<()> {
 
 /// Entries of `dir` whose names start with `prefix` or `.prefix`.
 fn named(dir: &Path, prefix: &str, out: &mut BTreeSet<PathBuf>) -> anyhow::Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
-    for entry in entries {
-        let entry = entry?;
+    for entry in entries(dir)? {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with(prefix) || name.starts_with(&format!(".{prefix}")) {
             out.insert(entry.path());
@@ -180,10 +179,7 @@ fn cni_bridges() -> BTreeSet<String> {
     }
     let mut out = BTreeSet::new();
     for dir in dirs {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.filter_map(Result::ok) {
+        for entry in entries(&dir).unwrap_or_default() {
             let Ok(text) = std::fs::read_to_string(entry.path()) else {
                 continue;
             };
