@@ -722,7 +722,10 @@ mod decimal {
     )
 )]
 #[schemars(transform = kubernetes_integer_formats)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+// Machine-written, so tolerant: an older controller or driver must keep reading allocations
+// a newer one wrote with fields it does not know (the human-written NetworkSpec stays strict,
+// where a typo must be refused).
+#[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self == oldSelf",
     "message": "an allocation is immutable: delete it to release the address and create another"
@@ -745,9 +748,9 @@ pub struct NetworkAddressSpec {
     pub node: Option<String>,
 }
 
-/// The ResourceClaim an address belongs to.
+/// The ResourceClaim an address belongs to (machine-written, tolerant like the allocation).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ClaimRef {
     /// The claim's namespace.
     pub namespace: String,
