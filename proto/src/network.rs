@@ -31,10 +31,12 @@ mod compile;
 mod devices;
 pub mod readiness;
 mod share;
+mod update;
 mod validate;
 
 pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_config};
 pub use devices::lint_cel;
+pub use update::validate_update;
 pub use validate::{validate_against, validate_network};
 
 /// The API group of both resources: the driver name, so one string names everything knic owns.
