@@ -26,6 +26,9 @@ fn blue(patch: impl FnOnce(&mut Value)) -> Network {
     serde_json::from_value(n).expect("a Network")
 }
 
+/// An edit of the Network's JSON.
+type Patch = Box<dyn Fn(&mut Value)>;
+
 fn refusals(old: &Network, new: &Network) -> Vec<String> {
     validate_update(old, new)
         .iter()
@@ -36,7 +39,7 @@ fn refusals(old: &Network, new: &Network) -> Vec<String> {
 #[test]
 fn every_refusal_names_its_field_and_why() {
     let old = blue(|_| {});
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    let cases: Vec<(&str, Patch, &str)> = vec![
         (
             "vlan",
             Box::new(|n| n["spec"]["vlan"] = json!(300)),
@@ -147,7 +150,7 @@ fn several_refusals_come_in_spec_order() {
 #[test]
 fn live_and_new_pod_only_changes_pass() {
     let old = blue(|_| {});
-    let free: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    let free: Vec<(&str, Patch)> = vec![
         ("mtu", Box::new(|n| n["spec"]["mtu"] = json!(1400))),
         (
             "routes",
