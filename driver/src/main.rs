@@ -295,6 +295,11 @@ struct RunArgs {
     #[arg(long, env = "KNIC_NODE_NETWORKS", default_value_t = false,
         action = clap::ArgAction::Set)]
     node_networks: bool,
+    /// Pods per second a change of a Network's routes or MTU is applied to on this node
+    /// (a token bucket: a Network with many pods here is updated over several seconds).
+    #[arg(long, env = "KNIC_LIVE_UPDATE_RATE", default_value_t = 10,
+        value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    live_update_rate: u32,
     #[command(flatten)]
     discovery: DiscoveryArgs,
 }
@@ -610,11 +615,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (published_tx, published_rx) = tokio::sync::watch::channel(first_published);
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     let (networks_changed_tx, networks_changed) = tokio::sync::watch::channel(0u64);
+    let (networks_tx, networks_rx) = tokio::sync::watch::channel(Arc::new(Vec::new()));
     tokio::spawn(knic_driver::api::networks::watch_networks(
         client.clone(),
         exhausted_tx,
         networks_changed_tx,
         synced_tx,
+        networks_tx,
+    ));
+    tokio::spawn(knic_driver::pods::update::follow(
+        wired.pods.clone(),
+        networks_rx,
+        args.live_update_rate,
+        knic_driver::pods::update::DEBOUNCE,
     ));
     tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)

@@ -335,6 +335,7 @@ async fn claim_status_write_survives() -> anyhow::Result<()> {
                 "devices": [], "configs": [], "preparedAt": 0,
             }))?;
         let entry = knic_driver::pods::DeviceStatus {
+            updated: None,
             pool: cluster.node.clone(),
             device: vf_device(i),
             ready: true,

@@ -293,6 +293,7 @@ async fn allocated_claim(t: &Twin, name: &str, node: &str) -> anyhow::Result<Pre
 
 fn configured(pool: &str) -> DeviceStatus {
     DeviceStatus {
+        updated: None,
         pool: pool.to_owned(),
         device: "knt-dev0".into(),
         ready: true,

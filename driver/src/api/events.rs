@@ -182,7 +182,15 @@ pub fn event(
             ..Default::default()
         },
         event_time: Some(MicroTime(now)),
-        type_: Some("Warning".into()),
+        // An applied live update is news, not trouble; every other reason is a failure.
+        type_: Some(
+            if warning.reason == crate::pods::update::EVENT_UPDATED {
+                "Normal"
+            } else {
+                "Warning"
+            }
+            .into(),
+        ),
         action: Some(warning.action.into()),
         reason: Some(warning.reason.into()),
         note: Some(bounded::cap_text(&warning.message, NOTE_LIMIT).into_owned()),
@@ -247,6 +255,11 @@ mod tests {
         assert!(single.series.is_none());
         assert_eq!(single.note.as_deref(), Some("m"));
         assert_eq!(single.type_.as_deref(), Some("Warning"));
+        // An applied live update is the one Normal Event.
+        let mut applied = warning("MTU 1450→1400".into());
+        applied.reason = crate::pods::update::EVENT_UPDATED;
+        let normal = event(&regarding, None, &applied, 1, now, "i");
+        assert_eq!(normal.type_.as_deref(), Some("Normal"));
         assert_eq!(
             single.reporting_controller.as_deref(),
             Some("knic.dev/driver")

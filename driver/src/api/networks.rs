@@ -15,12 +15,14 @@ use crate::slices::exhaustion::{attribute_value, exhausted_names};
 /// cluster showed), and signals `synced` once the first full list is in, so slices are not published before the
 /// full networks are known (a restarting driver would otherwise briefly offer them). Runs until
 /// `out` has no receiver. A cluster without the Network CRD (the driver deployed alone) only
-/// costs a retried watch and one warning.
+/// costs a retried watch and one warning. Every Network, as the store holds it after each
+/// change, goes to `all` (live updates of routes and MTU read it: no second watch).
 pub async fn watch_networks(
     client: kube::Client,
     out: watch::Sender<Option<String>>,
     changed: watch::Sender<u64>,
     synced: tokio::sync::oneshot::Sender<()>,
+    all: watch::Sender<std::sync::Arc<Vec<Network>>>,
 ) {
     let mut synced = Some(synced);
     let api: Api<Network> = Api::all(client);
@@ -46,6 +48,7 @@ pub async fn watch_networks(
                     let networks: Vec<Network> =
                         store.state().iter().map(|n| n.as_ref().clone()).collect();
                     let value = attribute_value(&networks);
+                    all.send_replace(std::sync::Arc::new(networks.clone()));
                     out.send_if_modified(|current| {
                         let changed = *current != value;
                         if changed {

@@ -48,6 +48,17 @@ pub fn status_patch(
                     "lastTransitionTime": now,
                 }],
             });
+            if let Some(u) = &d.updated
+                && let Some(conditions) = entry["conditions"].as_array_mut()
+            {
+                conditions.push(serde_json::json!({
+                    "type": crate::pods::update::CONDITION,
+                    "status": if u.ok { "True" } else { "False" },
+                    "reason": u.reason,
+                    "message": u.message,
+                    "lastTransitionTime": now,
+                }));
+            }
             if let Some(name) = &d.interface_name {
                 let mut data = serde_json::json!({"interfaceName": name, "ips": d.ips});
                 if let Some(mac) = &d.hardware_address {
@@ -123,6 +134,7 @@ mod tests {
             functions: vec![],
         };
         let ok = DeviceStatus {
+            updated: None,
             pool: "node-a".into(),
             device: "d0".into(),
             ready: true,
@@ -134,6 +146,7 @@ mod tests {
             data: None,
         };
         let failed = DeviceStatus {
+            updated: None,
             ready: false,
             reason: "AttachFailed".into(),
             interface_name: None,
@@ -159,6 +172,39 @@ mod tests {
         assert_eq!(now_rfc3339().len(), 20);
     }
 
+    /// A live update's result rides as a second condition of the device's entry.
+    #[test]
+    fn a_live_update_is_the_network_updated_condition() {
+        let claim: PreparedClaim = serde_json::from_value(serde_json::json!({
+            "namespace": "ns", "name": "c", "uid": "u", "podUid": "p", "podName": "pod",
+            "devices": [], "configs": [], "preparedAt": 0,
+        }))
+        .expect("claim");
+        let entry = DeviceStatus {
+            pool: "node-a".into(),
+            device: "d0".into(),
+            ready: true,
+            reason: "InterfaceConfigured".into(),
+            message: "net1 configured".into(),
+            interface_name: Some("net1".into()),
+            ips: vec![],
+            hardware_address: None,
+            data: None,
+            updated: Some(crate::pods::update::Updated {
+                ok: false,
+                reason: "UpdateFailed".into(),
+                message: "mtu too big".into(),
+            }),
+        };
+        let patch = status_patch(&claim, &[entry], "2026-11-22T00:00:00Z");
+        assert_eq!(
+            patch["status"]["devices"][0]["conditions"][1],
+            serde_json::json!({"type": "NetworkUpdated", "status": "False",
+                "reason": "UpdateFailed", "message": "mtu too big",
+                "lastTransitionTime": "2026-11-22T00:00:00Z"})
+        );
+    }
+
     #[test]
     fn a_share_of_a_device_names_its_share_id() {
         let claim: PreparedClaim = serde_json::from_value(serde_json::json!({
@@ -169,6 +215,7 @@ mod tests {
         }))
         .expect("claim");
         let entry = DeviceStatus {
+            updated: None,
             pool: "node-a".into(),
             device: "ens1f0".into(),
             ready: true,

@@ -124,6 +124,10 @@ pub struct Attachment {
     /// Attach finished; false with `restore` set means it was cut short and must be resumed.
     #[serde(default)]
     pub attached: bool,
+    /// The last live update of the device's Network (see [`crate::pods::update`]): pending
+    /// while its kernel step may not have run, then its result for the claim condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<crate::pods::update::LiveUpdate>,
 }
 
 impl Attachment {
@@ -134,6 +138,7 @@ impl Attachment {
             restore: None,
             netns: None,
             attached: false,
+            live: None,
         }
     }
 }

@@ -523,6 +523,20 @@ impl FakeSession {
         }
     }
 
+    fn del_route(&self, name: &str, route: &Route) -> Result<()> {
+        let ns = self.ns.clone();
+        let via = route
+            .gateway
+            .map(|g| format!(" via {g}"))
+            .unwrap_or_default();
+        let mut s = self.record(format!("route del {}{via} dev {name}", route.destination))?;
+        if let Some(routes) = s.routes.get_mut(&ns) {
+            // Like the kernel's ESRCH, which knic takes as done: a route already gone is fine.
+            routes.retain(|(dev, r)| !(dev == name && r == route));
+        }
+        Ok(())
+    }
+
     fn add_route(&self, name: &str, route: &Route) -> Result<()> {
         let ns = self.ns.clone();
         let via = route
@@ -541,7 +555,11 @@ impl FakeSession {
                 std::io::Error::other("Network is down"),
             )),
             Some(true) => {
-                s.routes.entry(ns).or_default().push((name.into(), *route));
+                // The kernel answers EEXIST for the same route again, which knic takes as done.
+                let routes = s.routes.entry(ns).or_default();
+                if !routes.iter().any(|(dev, r)| dev == name && r == route) {
+                    routes.push((name.into(), *route));
+                }
                 Ok(())
             }
         }

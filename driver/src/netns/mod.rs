@@ -229,6 +229,13 @@ pub trait Session: Send {
         name: &str,
         routes: &[Route],
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes routes through `name` (one already gone is fine), pipelined like
+    /// [`Session::add_routes`]: a live update of a Network takes back the routes it dropped.
+    fn del_routes(
+        &mut self,
+        name: &str,
+        routes: &[Route],
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.
     fn set_sysctls(
         &mut self,

@@ -381,6 +381,9 @@ impl RtnlSession {
     }
 }
 
+/// `ESRCH`: the route to delete is not there (a repeated live update).
+const ESRCH: i32 = 3;
+
 impl Session for RtnlSession {
     async fn find_link(&mut self, name: &str) -> Result<Option<LinkState>> {
         Ok(self.find(name).await?.as_ref().map(state))
@@ -517,6 +520,37 @@ impl Session for RtnlSession {
             })
             .collect();
         self.create_all(requests).await
+    }
+
+    async fn del_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        if routes.is_empty() {
+            return Ok(());
+        }
+        let index = self.index(name).await?;
+        let (messages, contexts): (Vec<_>, Vec<_>) = routes
+            .iter()
+            .map(|route| {
+                let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelRoute(route_message(
+                    index, route,
+                )));
+                req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+                (
+                    req,
+                    format!("deleting route {} via {name}", route.destination),
+                )
+            })
+            .unzip();
+        self.sent(messages.len() as u64);
+        let context = contexts.first().cloned().unwrap_or_default();
+        let answers = self.wire.requests(messages).map_err(io(context))?;
+        for (answer, context) in answers.into_iter().zip(contexts) {
+            if let Err(refused) = answer
+                && refused.errno != ESRCH
+            {
+                return Err(Error::io(context, refused.to_io()));
+            }
+        }
+        Ok(())
     }
 
     async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {

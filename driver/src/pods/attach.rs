@@ -129,6 +129,7 @@ impl<K: Kernel> PodNetworks<K> {
             m.attach_duration.observe_since([], started);
             match outcome {
                 Ok(link) => entries[s.claim].push(DeviceStatus {
+                    updated: None,
                     pool: a.plan.pool.clone(),
                     device: a.plan.device.clone(),
                     ready: true,
@@ -281,6 +282,7 @@ impl<K: Kernel> PodNetworks<K> {
         let short_name = pod_name.rsplit_once('/').map_or(pod_name, |(_, n)| n);
         self.warn(claim, (short_name, pod_uid), reason, e.to_string());
         let failed = DeviceStatus {
+            updated: None,
             pool: a.plan.pool.clone(),
             device: a.plan.device.clone(),
             ready: false,

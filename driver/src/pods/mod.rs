@@ -27,6 +27,7 @@ use crate::nri::{NriHandler, PodSandbox};
 use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
 
 mod attach;
+pub mod update;
 mod uplinks;
 
 /// One device's line in a claim's `status.devices`.
@@ -51,6 +52,8 @@ pub struct DeviceStatus {
     /// Device data for the status's `data` (PCI address, VFIO group, RDMA devices, mode): what
     /// a VM or DPDK user needs to find the function.
     pub data: Option<serde_json::Value>,
+    /// The `NetworkUpdated` condition, once a live update of the device's Network ran.
+    pub updated: Option<update::Updated>,
 }
 
 /// The status `data` of an attached device: its PCI function's (address, mode, RDMA devices)
@@ -405,6 +408,7 @@ pub fn vfio_statuses(claim: &PreparedClaim, pod_name: &str) -> Vec<DeviceStatus>
                 .map(|d| d.pool.clone())
                 .unwrap_or_default();
             Some(DeviceStatus {
+                updated: None,
                 pool,
                 device: f.device.clone(),
                 ready: true,
@@ -606,3 +610,6 @@ mod uplink_tests;
 
 #[cfg(test)]
 mod write_tests;
+
+#[cfg(test)]
+mod update_tests;

@@ -159,6 +159,15 @@ impl<S: Session> Session for TimedSession<S> {
         .await
     }
 
+    async fn del_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        timed(
+            &self.spent,
+            "del_routes",
+            self.inner.del_routes(name, routes),
+        )
+        .await
+    }
+
     async fn set_sysctls(&mut self, name: &str, sysctls: &BTreeMap<String, String>) -> Result<()> {
         timed(
             &self.spent,
@@ -257,6 +266,9 @@ mod tests {
             Ok(())
         }
         async fn add_routes(&mut self, _: &str, _: &[Route]) -> Result<()> {
+            Ok(())
+        }
+        async fn del_routes(&mut self, _: &str, _: &[Route]) -> Result<()> {
             Ok(())
         }
         async fn set_sysctls(&mut self, _: &str, _: &BTreeMap<String, String>) -> Result<()> {

@@ -195,6 +195,18 @@ impl Session for FakeSession {
         Ok(())
     }
 
+    async fn del_routes(&mut self, name: &str, routes: &[Route]) -> Result<()> {
+        if routes.is_empty() {
+            return Ok(());
+        }
+        self.lookup(name);
+        self.sent(routes.len());
+        for route in routes {
+            self.del_route(name, route)?;
+        }
+        Ok(())
+    }
+
     async fn set_sysctls(
         &mut self,
         name: &str,
