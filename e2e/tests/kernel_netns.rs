@@ -44,6 +44,10 @@ mod sysctl;
 #[path = "kernel_netns/refused.rs"]
 mod refused;
 
+// Live update of a Network's routes and MTU in a pod (issue 26 part 4).
+#[path = "kernel_netns/live.rs"]
+mod live;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -705,6 +709,12 @@ fn main() {
         (
             "kernel/a_move_home_onto_a_taken_name_is_finished_by_the_retry",
             |k| Box::pin(refused::a_move_home_onto_a_taken_name_is_finished_by_the_retry(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/live_update_changes_routes_and_mtu_in_place",
+            |k| Box::pin(live::routes_and_mtu_change_in_place(k)),
             unisolated.clone(),
             false,
         ),
