@@ -234,6 +234,7 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
         .await?;
     node.running("a", Duration::from_secs(180)).await?;
     has_the_address(node, network, "a").await?;
+    live_update(node, network, "a").await?;
     let full = status_where(node, network, "Exhausted, 0/1 free, no node", |s| {
         condition(s, CONDITION_EXHAUSTED)["status"] == json!("True")
             && s["addressSummary"] == json!("0/1")
@@ -364,6 +365,90 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
         },
     )
     .await?;
+    Ok(())
+}
+
+/// `ip route` of `dev` inside the namespace at `netns`.
+fn routes_in(netns: &Path, dev: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["ip", "route", "show", "dev", dev])
+        .output()?;
+    ensure!(out.status.success(), "ip route: {out:?}");
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Issue 26 part 4 on the real cluster: the Network's MTU and a subnet route change while pod
+/// `pod` runs; the real driver applies them in the pod's namespace (read back with `ip`), and
+/// the claim status carries `NetworkUpdated` with the summary.
+async fn live_update(node: &RealNode, network: &str, pod: &str) -> anyhow::Result<()> {
+    let netns = node.pod_netns(pod).await?;
+    let mtu_of = || {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["ip", "-o", "link", "show", "dev", "net1"])
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    ensure!(mtu_of().contains("mtu 1450"), "before: {}", mtu_of());
+    let patched = networks(node)
+        .patch(
+            network,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"mtu": 1400, "ipam": {"subnets": [
+                {"cidr": CIDR, "gateway": GATEWAY, "routes": [{"destination": "203.0.113.0/24"}]}
+            ]}}})),
+        )
+        .await?;
+    let generation = patched.metadata.generation.unwrap_or_default();
+    let started = Instant::now();
+    wait_for(
+        "the pod's net1 has MTU 1400 and the new route",
+        Duration::from_secs(30),
+        || async {
+            let routes = routes_in(&netns, "net1")?;
+            Ok((mtu_of().contains("mtu 1400")
+                && routes.contains(&format!("203.0.113.0/24 via {GATEWAY}")))
+            .then_some(()))
+        },
+    )
+    .await?;
+    let in_kernel = started.elapsed();
+    let claim = node.claim_of(pod).await?;
+    let want = format!(
+        "MTU 1450→1400, routes +203.0.113.0/24 (Network {network} generation {generation})"
+    );
+    let updated = wait_for(
+        "the claim's NetworkUpdated condition",
+        Duration::from_secs(30),
+        || async {
+            let status = node.claim_status(&claim).await?;
+            let conditions = status["devices"][0]["conditions"].clone();
+            Ok(conditions.as_array().and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == json!("NetworkUpdated"))
+                    .cloned()
+            }))
+        },
+    )
+    .await?;
+    ensure!(
+        updated["status"] == json!("True")
+            && updated["reason"] == json!("Applied")
+            && updated["message"] == json!(want),
+        "{updated}"
+    );
+    let status = node.claim_status(&claim).await?;
+    ensure!(
+        condition(&status["devices"][0], "Ready")["status"] == json!("True"),
+        "Ready kept: {status}"
+    );
+    println!(
+        "live update: pod {pod} had MTU 1400 and 203.0.113.0/24 {:.1}s after the patch; \
+         claim condition NetworkUpdated=True {want:?}",
+        in_kernel.as_secs_f64()
+    );
     Ok(())
 }
 
