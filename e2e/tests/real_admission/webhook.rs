@@ -536,6 +536,28 @@ async fn scenario(
         .create(&PostParams::default(), &serde_json::from_value(good)?)
         .await
         .context("a valid Network")?;
+    // Live update (issue 26 part 4): a VLAN change running pods cannot follow is refused on
+    // UPDATE through the real apiserver, in validate_update's words; an MTU change passes.
+    let good_name = format!("{ns}-good");
+    let vlan_patch = kube::api::Patch::Merge(json!({"spec": {"vlan": 3998}}));
+    let patch_params = kube::api::PatchParams::default();
+    refused(
+        "a Network's VLAN changed under running pods",
+        "networks.validate.knic.dev",
+        "spec.vlan: cannot change from 3999 to 3998: running pods stay on VLAN 3999 and cannot \
+         be moved live; create another Network and move the workloads",
+        "spec.vlan: cannot change from 3999 to 3998",
+        || networks.patch(&good_name, &patch_params, &vlan_patch),
+    )
+    .await?;
+    networks
+        .patch(
+            &good_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"mtu": 1400}})),
+        )
+        .await
+        .context("an MTU change is live, so allowed")?;
     networks
         .delete(&format!("{ns}-good"), &DeleteParams::default())
         .await?;
