@@ -103,8 +103,11 @@ pub struct PreparedClaim {
     pub functions: Vec<crate::claims::functions::PciFunction>,
     /// The claim's `knic.dev/network` label: Kubernetes copies it from the Network's generated
     /// template, so it names the Network the claim's devices belong to. `None` for a
-    /// hand-written claim (and in checkpoints written before knic kept it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// hand-written claim. Read by prepare's planning only, which records what it means in each
+    /// plan (`network`, `fromTemplate`), so it is not checkpointed: `PreparedClaim` refuses
+    /// unknown fields, and a field here would make every checkpoint unreadable to the driver
+    /// version before it (a rollback).
+    #[serde(skip)]
     pub network_label: Option<String>,
 }
 

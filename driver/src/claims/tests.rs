@@ -105,6 +105,9 @@ fn resolve_keeps_the_network_label() {
     b.0["metadata"]["labels"] = json!({"knic.dev/network": "blue", "app": "x"});
     let labelled = resolve(DRIVER, &wanted("u1"), &b.build(), 7).unwrap();
     assert_eq!(labelled.network_label.as_deref(), Some("blue"));
+    // Not checkpointed (the plans carry what it means): older drivers keep reading the file.
+    let stored = serde_json::to_value(&labelled).unwrap();
+    assert!(stored.get("networkLabel").is_none(), "{stored}");
 }
 
 #[test]
@@ -335,6 +338,12 @@ async fn ipam_addresses_are_planned_checkpointed_and_released_by_unprepare() {
     );
     let address = prepared.allocations[0].address;
     assert_eq!(prepared.attachments[0].plan.addresses, [address]);
+    // G1 through prepare: a hand-written claim's Network is its config's ipam.network.
+    let plan = &prepared.attachments[0].plan;
+    assert_eq!(
+        (plan.network.as_deref(), plan.from_template),
+        (Some("blue"), false)
+    );
     assert_eq!(book.addresses(), [address.to_string()]);
 
     preparer.prepare(&[claim_ref("b", "ub")]).await["ub"]
