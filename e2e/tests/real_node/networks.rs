@@ -379,8 +379,8 @@ fn routes_in(netns: &Path, dev: &str) -> anyhow::Result<String> {
 }
 
 /// Issue 26 part 4 on the real cluster: the Network's MTU and a subnet route change while pod
-/// `pod` runs; the real driver applies them in the pod's namespace (read back with `ip`), and
-/// the claim status carries `NetworkUpdated` with the summary.
+/// `pod` runs; the real driver applies them in the pod's namespace (read back with `ip`), the
+/// claim status carries `NetworkUpdated` with the summary, and the pod a Normal Event saying it.
 async fn live_update(node: &RealNode, network: &str, pod: &str) -> anyhow::Result<()> {
     let netns = node.pod_netns(pod).await?;
     let mtu_of = || {
@@ -443,6 +443,27 @@ async fn live_update(node: &RealNode, network: &str, pod: &str) -> anyhow::Resul
     ensure!(
         condition(&status["devices"][0], "Ready")["status"] == json!("True"),
         "Ready kept: {status}"
+    );
+    let events: Api<Event> = Api::namespaced(node.cluster.client.clone(), &node.cluster.namespace);
+    let event = wait_for(
+        "a Normal NetworkUpdated Event on the pod",
+        Duration::from_secs(30),
+        || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("NetworkUpdated")
+                        && e.involved_object.name.as_deref() == Some(pod)
+                }))
+        },
+    )
+    .await?;
+    ensure!(
+        event.type_.as_deref() == Some("Normal") && event.message.as_deref() == Some(want.as_str()),
+        "{event:?}"
     );
     println!(
         "live update: pod {pod} had MTU 1400 and 203.0.113.0/24 {:.1}s after the patch; \
