@@ -728,7 +728,40 @@ fn report(format: LogFormat, error: &anyhow::Error) {
 
 /// Not `#[tokio::main]`: the demo moves into namespaces of its own before the runtime starts,
 /// because namespaces belong to threads and every runtime thread must inherit the demo's.
+/// Where the driver's CNI door listens, and where the plugin asks.
+const DEFAULT_CNI_SOCKET: &str = "/var/run/knic/cni.sock";
+
+/// The binary run as the CNI plugin `knic` (the chart copies it to `/opt/cni/bin/knic`): the
+/// CNI calling convention (environment and stdin, answer on stdout) leaves no room for flags,
+/// so the socket comes from `KNIC_CNI_SOCKET` or the default.
+fn cni_plugin() -> std::process::ExitCode {
+    use std::io::Read;
+    let mut stdin = Vec::new();
+    // A network configuration is a few hundred bytes; Multus never sends more than 1 MiB.
+    if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut stdin) {
+        eprintln!("reading the network configuration on stdin: {e}");
+    }
+    let socket = std::env::var_os("KNIC_CNI_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CNI_SOCKET));
+    let (out, ok) =
+        knic_driver::cni::plugin::run(&knic_driver::cni::plugin::environment(), &stdin, &socket);
+    println!("{out}");
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
 fn main() -> std::process::ExitCode {
+    let invoked_as = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if invoked_as.as_deref() == Some(knic_proto::network::nad::CNI_TYPE) {
+        return cni_plugin();
+    }
     let cli = Cli::parse();
     // The demo prints its own narrative; routine log lines would drown it.
     let default_level = if matches!(cli.command, Command::Demo) {
