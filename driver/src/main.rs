@@ -287,6 +287,12 @@ struct RunArgs {
     // A `String`, not a `PathBuf`: clap refuses an empty path value, and empty means off.
     #[arg(long, env = "KNIC_KNI_SOCKET", default_value = "")]
     kni_socket: String,
+    /// The CNI door's unix socket (root only, 0600): the `knic` CNI plugin (this binary run
+    /// as `/opt/cni/bin/knic`, e.g. by Multus) asks through it to attach a pod's claim of a
+    /// Network into the netns the runtime made. Empty: not served. The plugin finds it at
+    /// `KNIC_CNI_SOCKET`, else /var/run/knic/cni.sock.
+    #[arg(long, default_value = "")]
+    cni_socket: String,
     /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
     #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
     kni_netns_dir: PathBuf,
@@ -658,6 +664,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         nri_connected_tx,
     ));
 
+    let cni_served = match args.cni_socket.as_str() {
+        "" => None,
+        socket => Some(knic_driver::cni::door::serve(
+            std::path::Path::new(socket),
+            wired.pods.clone(),
+            stop_rx.clone(),
+        )?),
+    };
     let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
     // The KNI door beside the kubelet's: same store, same pod networks, its own preparer.
     let kni_served = cluster_kni::start(
@@ -691,6 +705,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    if let Some(cni_served) = cni_served {
+        let _ = cni_served.await;
+    }
     if let Some(kni_served) = kni_served
         && let Ok(Err(e)) = kni_served.await
     {

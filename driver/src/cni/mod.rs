@@ -12,6 +12,7 @@
 //! Why not wait for NRI: Multus runs inside the runtime's sandbox set-up, before NRI's
 //! RunPodSandbox, so waiting for the hook would deadlock.
 
+pub mod door;
 pub mod plugin;
 pub mod result;
 
