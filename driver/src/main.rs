@@ -291,7 +291,7 @@ struct RunArgs {
     /// as `/opt/cni/bin/knic`, e.g. by Multus) asks through it to attach a pod's claim of a
     /// Network into the netns the runtime made. Empty: not served. The plugin finds it at
     /// `KNIC_CNI_SOCKET`, else /var/run/knic/cni.sock.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "KNIC_CNI_SOCKET", default_value = "")]
     cni_socket: String,
     /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
     #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
