@@ -120,7 +120,16 @@ pub fn template_spec(name: &str, spec: &NetworkSpec) -> Result<ResourceClaimTemp
     });
     let parameters = serde_json::to_value(template_config(name, spec))?;
     Ok(ResourceClaimTemplateSpec {
-        metadata: None,
+        // Kubernetes copies the template's metadata into every claim it creates: the label
+        // tells the driver which Network a pod's claim belongs to (live updates of routes and
+        // MTU find the pods by it), independent of what the opaque config says.
+        metadata: Some(ObjectMeta {
+            labels: Some(BTreeMap::from([(
+                NETWORK_LABEL.to_owned(),
+                name.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        }),
         spec: ResourceClaimSpec {
             devices: Some(DeviceClaim {
                 requests: Some(vec![DraRequest {

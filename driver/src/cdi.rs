@@ -381,6 +381,7 @@ mod tests {
 
     fn claim() -> PreparedClaim {
         PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "c".into(),
             uid: "u1".into(),

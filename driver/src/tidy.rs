@@ -101,6 +101,7 @@ mod tests {
 
     fn claim(uid: &str) -> PreparedClaim {
         PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "c".into(),
             uid: uid.into(),

@@ -143,6 +143,8 @@ fn verify_detached(side: &str) -> anyhow::Result<()> {
 fn knic_plan() -> AttachPlan {
     let cidr = |s: &str| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "bench".into(),
         device: HOST_IF.into(),
         request: "nic".into(),

@@ -147,6 +147,8 @@ fn kind() -> ChildKind {
 fn knic_plan() -> AttachPlan {
     let cidr = |s: &str| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "bench".into(),
         device: PARENT.into(),
         request: "nic".into(),

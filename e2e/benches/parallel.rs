@@ -139,6 +139,8 @@ fn address4(i: usize) -> String {
 fn plan(i: usize) -> AttachPlan {
     let cidr = |s: String| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "parallel".into(),
         device: host_if(i),
         request: "nic".into(),
@@ -168,6 +170,7 @@ async fn prepare(claims: &ClaimStore, pods: usize) -> anyhow::Result<()> {
     let mut next = locked.checkpoint()?.clone();
     for i in 0..pods {
         let claim = PreparedClaim {
+            network_label: None,
             namespace: "bench".into(),
             name: format!("claim-{i}"),
             uid: format!("claim-uid-{i}"),

@@ -107,6 +107,8 @@ impl Drop for Setup {
 fn plan(i: usize) -> AttachPlan {
     let cidr = |s: String| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "soak".into(),
         device: host_if(i),
         request: "nic".into(),

@@ -62,6 +62,8 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "node".into(),
         device: host_ifname.into(),
         request: "nic".into(),
@@ -509,6 +511,7 @@ async fn two_pods_share_a_host_vlan(_k: &Rtnl) -> anyhow::Result<()> {
             p.addresses = vec![cidr(&format!("192.0.2.{}/24", 10 + i))];
             p.routes.clear();
             let claim = PreparedClaim {
+                network_label: None,
                 namespace: "ns".into(),
                 name: format!("c{i}"),
                 uid: format!("claim-{i}"),

@@ -273,7 +273,7 @@ async fn templates_follow_namespaces(env: &mut Env) -> anyhow::Result<()> {
     let template = api.get(&name).await?;
     assert_eq!(
         serde_json::to_value(&template.spec)?,
-        json!({"metadata": {}, "spec": {"devices": {
+        json!({"metadata": {"labels": {"knic.dev/network": name}}, "spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "vf.knic.dev",
                 "selectors": [

@@ -276,6 +276,7 @@ async fn allocated_claim(t: &Twin, name: &str, node: &str) -> anyhow::Result<Pre
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
     Ok(PreparedClaim {
+        network_label: None,
         namespace: ns.to_owned(),
         name: name.to_owned(),
         uid: claim.metadata.uid.unwrap_or_default(),

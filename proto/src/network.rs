@@ -32,10 +32,12 @@ mod devices;
 pub mod nad;
 pub mod readiness;
 mod share;
+mod update;
 mod validate;
 
 pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_config};
 pub use devices::lint_cel;
+pub use update::validate_update;
 pub use validate::{validate_against, validate_network};
 
 /// The API group of both resources: the driver name, so one string names everything knic owns.
@@ -744,7 +746,10 @@ mod decimal {
     )
 )]
 #[schemars(transform = kubernetes_integer_formats)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+// Machine-written, so tolerant: an older controller or driver must keep reading allocations
+// a newer one wrote with fields it does not know (the human-written NetworkSpec stays strict,
+// where a typo must be refused).
+#[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self == oldSelf",
     "message": "an allocation is immutable: delete it to release the address and create another"
@@ -767,9 +772,9 @@ pub struct NetworkAddressSpec {
     pub node: Option<String>,
 }
 
-/// The ResourceClaim an address belongs to.
+/// The ResourceClaim an address belongs to (machine-written, tolerant like the allocation).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ClaimRef {
     /// The claim's namespace.
     pub namespace: String,

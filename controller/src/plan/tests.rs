@@ -42,7 +42,7 @@ fn template_carries_request_and_config() {
     let json = serde_json::to_value(&*spec).expect("json");
     assert_eq!(
         json,
-        serde_json::json!({"spec": {"devices": {
+        serde_json::json!({"metadata": {"labels": {"knic.dev/network": "blue"}}, "spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "vf.knic.dev", "allocationMode": "ExactCount", "count": 2,
                 "selectors": [{"cel": {"expression": exhaustion_selector("blue")}}]}}],
@@ -316,22 +316,38 @@ fn finalizer_is_knic_owned() {
     assert!(FINALIZER.starts_with(knic_proto::DRIVER_NAME));
 }
 
-/// The template as a real v1.36 apiserver gives it back (recorded from the shared cluster):
-/// `spec.metadata` is `{}` where knic sent none; that is the same template, not a change.
+/// The template as a real v1.36 apiserver gives it back: `spec.metadata` as knic sent it (the
+/// Network label), and before knic sent any, `{}`. The first is unchanged; a pre-label template
+/// (`{}` or none) differs, so every template is replaced once on upgrade and its claims carry
+/// the label from then on.
 #[test]
-fn a_template_stored_with_empty_metadata_is_unchanged() {
+fn the_claim_label_counts_in_the_template_comparison() {
     let n = network("blue", 0, 100, "192.0.2.0/24");
     let Plan::Generate(desired) = plan(&n, std::slice::from_ref(&n)) else {
         panic!("valid network must generate");
     };
-    let mut stored = serde_json::to_value(&*desired).expect("json");
-    stored["metadata"] = serde_json::json!({});
-    let live: ResourceClaimTemplateSpec = serde_json::from_value(stored).expect("template spec");
-    assert_ne!(
-        live, *desired,
-        "the plain comparison that re-created templates"
+    let labels = desired.metadata.as_ref().and_then(|m| m.labels.clone());
+    assert_eq!(
+        labels,
+        Some(BTreeMap::from([(
+            NETWORK_LABEL.to_owned(),
+            "blue".to_owned()
+        )])),
+        "claims made from the template are labelled with their Network"
     );
+    let stored = serde_json::to_value(&*desired).expect("json");
+    let live: ResourceClaimTemplateSpec =
+        serde_json::from_value(stored.clone()).expect("template spec");
     assert!(same_template_spec(&live, &desired));
+    for before_labels in [serde_json::json!({}), serde_json::Value::Null] {
+        let mut old = stored.clone();
+        old["metadata"] = before_labels;
+        let old: ResourceClaimTemplateSpec = serde_json::from_value(old).expect("template spec");
+        assert!(
+            !same_template_spec(&old, &desired),
+            "replaced once on upgrade"
+        );
+    }
     // A real difference still counts, in the spec and in the claim metadata alike.
     let mut other = live.clone();
     other.metadata = Some(ObjectMeta {

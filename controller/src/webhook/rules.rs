@@ -112,7 +112,7 @@ pub fn check(kind: Kind, object: &Value, old: Option<&Value>, cluster: &dyn Clus
         Kind::DeviceClass => device_class(object),
         Kind::ResourceClaim => claim(object, "spec", cluster),
         Kind::ResourceClaimTemplate => claim(object, "spec.spec", cluster),
-        Kind::Network => network(object, cluster),
+        Kind::Network => network(object, old, cluster),
     }
 }
 
@@ -287,7 +287,11 @@ fn claim(object: &Value, at: &str, cluster: &dyn Cluster) -> Verdict {
 /// before it, so the refusal is the text the `Invalid` condition would carry. Without the
 /// cache of Networks only the checks of the Network alone run, and a warning says the
 /// reconciler still checks the rest.
-fn network(object: &Value, cluster: &dyn Cluster) -> Verdict {
+///
+/// On an update, the changes running pods cannot follow are refused too
+/// ([`knic_proto::network::validate_update`]): the new spec alone may be valid, but pods
+/// prepared under the old one would stay on the old VLAN, devices or addresses.
+fn network(object: &Value, old: Option<&Value>, cluster: &dyn Cluster) -> Verdict {
     let mut verdict = Verdict::default();
     let mut network: Network = match serde_json::from_value(object.clone()) {
         Ok(n) => n,
@@ -314,6 +318,19 @@ fn network(object: &Value, cluster: &dyn Cluster) -> Verdict {
             Vec::new()
         }
     };
+    if let Some(old) = old {
+        match serde_json::from_value::<Network>(old.clone()) {
+            Ok(old) => verdict
+                .errors
+                .extend(knic_proto::network::validate_update(&old, &network)),
+            // A stored object the current types cannot read (written before a field was
+            // removed): its successor is checked alone rather than made unchangeable.
+            Err(e) => verdict.warnings.push(format!(
+                "the stored Network could not be read ({e}); the change was checked without \
+                 comparing it"
+            )),
+        }
+    }
     if let Plan::Invalid(message) = plan(&network, &all) {
         verdict.errors.push(FieldError::new("", message));
     }

@@ -546,6 +546,66 @@ fn updates_that_leave_the_checked_part_alone_are_allowed() {
     );
 }
 
+/// Live update: what running pods follow (MTU, routes) is allowed; a VLAN or subnet change
+/// is refused with `validate_update`'s text, before the reconciler's own checks.
+#[test]
+fn network_updates_running_pods_cannot_follow_are_refused() {
+    let cluster = Snapshot {
+        networks: Some(Vec::new()),
+        ..Snapshot::default()
+    };
+    let stored = network("blue", Some(0), 200, "192.0.2.0/24");
+    let update = |new: &Network| {
+        verdict(ask(
+            &cluster,
+            KNIC,
+            "Network",
+            "UPDATE",
+            json_of(new),
+            Some(json_of(&stored)),
+        ))
+    };
+    let mut live = stored.clone();
+    live.spec.mtu = Some(1400);
+    live.spec.ipam.subnets[0].routes =
+        serde_json::from_value(json!([{"destination": "203.0.113.0/24"}])).expect("routes");
+    assert_eq!(update(&live), (true, None, vec![]));
+
+    let mut vlan = stored.clone();
+    vlan.spec.vlan = Some(300);
+    assert_eq!(
+        update(&vlan),
+        (
+            false,
+            Some(
+                "spec.vlan: cannot change from 200 to 300: running pods stay on VLAN 200 and \
+                 cannot be moved live; create another Network and move the workloads"
+                    .to_owned()
+            ),
+            vec![]
+        )
+    );
+    let mut cidr = stored.clone();
+    cidr.spec.ipam.subnets[0].cidr = "198.51.100.0/24".into();
+    assert_eq!(
+        update(&cidr).1.as_deref(),
+        Some(
+            "spec.ipam.subnets[0].cidr: cannot change 192.0.2.0/24 to 198.51.100.0/24: pods \
+             hold addresses of it; add the new subnet as another entry"
+        )
+    );
+    // A create has no old object: the same VLAN 300 Network is fine.
+    let got = verdict(ask(
+        &cluster,
+        KNIC,
+        "Network",
+        "CREATE",
+        json_of(&vlan),
+        None,
+    ));
+    assert_eq!(got, (true, None, vec![]));
+}
+
 #[test]
 fn deletes_other_kinds_and_other_versions_are_allowed_unchecked() {
     let bad = class("vf.knic.dev", vec![knic(json!({"vlan": {"id": 0}}))]);

@@ -109,6 +109,7 @@ mod tests {
     #[test]
     fn status_patch_carries_whole_entries() {
         let claim = PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "c".into(),
             uid: "u".into(),

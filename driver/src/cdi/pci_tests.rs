@@ -119,6 +119,7 @@ fn claim() -> PreparedClaim {
         uverbs: vec!["uverbs3".into()],
     }];
     PreparedClaim {
+        network_label: None,
         namespace: "ns".into(),
         name: "c".into(),
         uid: "u1".into(),

@@ -118,6 +118,7 @@ mod tests {
             burst: None,
         });
         PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: name.into(),
             uid: format!("uid-{name}"),

@@ -101,6 +101,11 @@ pub struct PreparedClaim {
     /// the CDI spec and the claim status. Defaulted so older checkpoints still load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub functions: Vec<crate::claims::functions::PciFunction>,
+    /// The claim's `knic.dev/network` label: Kubernetes copies it from the Network's generated
+    /// template, so it names the Network the claim's devices belong to. `None` for a
+    /// hand-written claim (and in checkpoints written before knic kept it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_label: Option<String>,
 }
 
 /// A device's attach plan and its progress.
@@ -458,6 +463,7 @@ mod tests {
         cp.claims.insert(
             "uid-1".into(),
             PreparedClaim {
+                network_label: None,
                 namespace: "ns".into(),
                 name: "claim".into(),
                 uid: "uid-1".into(),

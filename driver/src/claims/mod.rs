@@ -176,6 +176,12 @@ pub fn resolve(
         }
     };
     Ok(PreparedClaim {
+        network_label: claim
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(knic_proto::network::NETWORK_LABEL))
+            .cloned(),
         namespace: wanted.namespace.clone(),
         name: wanted.name.clone(),
         uid: wanted.uid.clone(),

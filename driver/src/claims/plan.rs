@@ -80,8 +80,10 @@ pub fn plans(
         if valid.device_mode == netconfig::DeviceMode::VfioPci {
             continue;
         }
-        if let Some(network) = valid.ipam_network.clone() {
-            match with_ipam(merged, &valid, &device.request, &network, ipam.get(&index)) {
+        // Before `with_ipam`, which replaces the `ipam` section by the addresses it gave.
+        let network = valid.ipam_network.clone();
+        if let Some(network) = &network {
+            match with_ipam(merged, &valid, &device.request, network, ipam.get(&index)) {
                 Ok(v) => valid = v,
                 Err(e) => {
                     errors.extend(e);
@@ -137,9 +139,17 @@ pub fn plans(
             });
             continue;
         }
-        wanted.push((device, valid, host_ifname, vf, bandwidth, is_shared));
+        wanted.push((
+            device,
+            valid,
+            host_ifname,
+            vf,
+            bandwidth,
+            is_shared,
+            network,
+        ));
     }
-    for (device, valid, host_ifname, vf, bandwidth, is_shared) in wanted {
+    for (device, valid, host_ifname, vf, bandwidth, is_shared, network) in wanted {
         let mode = shared::mode(&valid, is_shared, &host_ifname);
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
@@ -153,6 +163,8 @@ pub fn plans(
             }
         };
         out.push(AttachPlan {
+            network: claim.network_label.clone().or(network),
+            from_template: claim.network_label.is_some(),
             pool: device.pool.clone(),
             device: device.device.clone(),
             request: device.request.clone(),
@@ -370,6 +382,7 @@ mod tests {
 
     pub(super) fn claim(devices: Vec<PreparedDevice>, configs: Vec<OpaqueConfig>) -> PreparedClaim {
         PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "c".into(),
             uid: "u".into(),
@@ -601,6 +614,54 @@ mod tests {
         );
         assert_eq!(p[0].mtu, Some(9000));
         assert_eq!(p[1].addresses[0].to_string(), "192.0.2.11/24");
+    }
+
+    /// G1: the plan names its Network: the claim's `knic.dev/network` label (a claim made from
+    /// the Network's template, whose MTU is then the Network's), else the config's
+    /// `ipam.network` (a hand-written claim), else none.
+    #[test]
+    fn the_plan_knows_its_network_and_whether_it_came_from_the_template() {
+        let ipam_config = || config("FromClaim", &[], json!({"ipam": {"network": "blue"}}));
+        let ipam = IpamAddresses::from([(0, addressing(&["192.0.2.10/24"], json!([])))]);
+        let mut c = claim(vec![device("a", "d0", Some("eth1"))], vec![ipam_config()]);
+        let by_config = plans(&c, &configure(&c), &BTreeSet::new(), &ipam).unwrap();
+        assert_eq!(
+            (by_config[0].network.as_deref(), by_config[0].from_template),
+            (Some("blue"), false)
+        );
+        c.network_label = Some("blue-template".into());
+        let by_label = plans(&c, &configure(&c), &BTreeSet::new(), &ipam).unwrap();
+        assert_eq!(
+            (by_label[0].network.as_deref(), by_label[0].from_template),
+            (Some("blue-template"), true),
+            "the label wins over the config"
+        );
+        let hand = claim(vec![device("a", "d0", Some("eth1"))], vec![]);
+        let none = plans(
+            &hand,
+            &configure(&hand),
+            &BTreeSet::new(),
+            &IpamAddresses::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            (none[0].network.as_deref(), none[0].from_template),
+            (None, false)
+        );
+        // Checkpoints stay small and old ones load: both fields are left out when unset.
+        let stored = serde_json::to_value(&none[0]).unwrap();
+        assert!(stored.get("network").is_none() && stored.get("fromTemplate").is_none());
+        let loaded: AttachPlan = serde_json::from_value(stored).unwrap();
+        assert_eq!(loaded, none[0]);
+        let stored = serde_json::to_value(&by_label[0]).unwrap();
+        assert_eq!(
+            (&stored["network"], &stored["fromTemplate"]),
+            (&json!("blue-template"), &json!(true))
+        );
+        assert_eq!(
+            serde_json::from_value::<AttachPlan>(stored).unwrap(),
+            by_label[0]
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ fn hold_next_write(store: &ClaimStore) -> (mpsc::Receiver<()>, mpsc::Sender<()>)
 
 fn claim(uid: &str) -> PreparedClaim {
     PreparedClaim {
+        network_label: None,
         namespace: "ns".into(),
         name: uid.into(),
         uid: uid.into(),

@@ -41,6 +41,9 @@ impl ClaimBuilder {
     pub(super) fn build(self) -> ResourceClaim {
         serde_json::from_value(self.0).unwrap()
     }
+    fn clone_build(&self) -> ResourceClaim {
+        serde_json::from_value(self.0.clone()).unwrap()
+    }
 }
 
 pub(super) fn wanted(uid: &str) -> ClaimRef {
@@ -88,6 +91,20 @@ fn refusal(result: Result<PreparedClaim>) -> String {
         }) if namespace == "ns" && name == "claim" => reason,
         other => panic!("expected a refusal of ns/claim, got {other:?}"),
     }
+}
+
+/// G1: Kubernetes copies the generated template's label into the claim; resolve keeps it (and
+/// only it) so the plans name the claim's Network.
+#[test]
+fn resolve_keeps_the_network_label() {
+    let mut b = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .reserved_for(&[("pod", "pod-uid")]);
+    let unlabelled = resolve(DRIVER, &wanted("u1"), &b.clone_build(), 7).unwrap();
+    assert_eq!(unlabelled.network_label, None);
+    b.0["metadata"]["labels"] = json!({"knic.dev/network": "blue", "app": "x"});
+    let labelled = resolve(DRIVER, &wanted("u1"), &b.build(), 7).unwrap();
+    assert_eq!(labelled.network_label.as_deref(), Some("blue"));
 }
 
 #[test]

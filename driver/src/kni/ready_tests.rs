@@ -22,6 +22,7 @@ fn device(name: &str, attrs: serde_json::Value) -> Device {
 
 fn holding(device: &str, share: Option<&str>) -> Checkpoint {
     let claim = PreparedClaim {
+        network_label: None,
         namespace: "ns".into(),
         name: "c".into(),
         uid: "u".into(),

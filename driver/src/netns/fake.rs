@@ -62,6 +62,8 @@ pub(crate) fn plan(
     addresses: &[&str],
 ) -> AttachPlan {
     AttachPlan {
+        network: None,
+        from_template: false,
         pool: "node-a".into(),
         device: device.into(),
         request: "nic".into(),

@@ -388,6 +388,17 @@ pub struct AttachPlan {
     /// knic had limits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<Bandwidth>,
+    /// The Network the attachment belongs to (the claim's `knic.dev/network` label, else the
+    /// config's `ipam.network`), so a change of that Network finds the pods it must update
+    /// live. `None` for a hand-configured device and in checkpoints written before knic
+    /// recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// The claim came from the Network's generated template (it carries the label), so the
+    /// Network's `mtu` is the pod's; a hand-written claim's MTU is its own and a live update
+    /// leaves it alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_template: bool,
 }
 
 impl AttachPlan {

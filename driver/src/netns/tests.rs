@@ -17,6 +17,8 @@ fn plan(mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
+        network: None,
+        from_template: false,
         mode,
         mac: Some([0x02, 0, 0, 0, 0, 0x10]),
         routes: vec![Route {

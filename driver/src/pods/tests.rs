@@ -87,6 +87,7 @@ mod hooks {
         let dir = tempfile::tempdir().expect("tempdir");
         let claims = Arc::new(ClaimStore::open(CheckpointStore::new(dir.path())));
         let claim = PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "c".into(),
             uid: "claim-uid".into(),

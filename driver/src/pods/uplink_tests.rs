@@ -45,6 +45,7 @@ fn claim(pod: &str) -> PreparedClaim {
         uplink: Some(uplink()),
     };
     PreparedClaim {
+        network_label: None,
         namespace: "ns".into(),
         name: format!("claim-{pod}"),
         uid: format!("claim-uid-{pod}"),

@@ -67,6 +67,7 @@ async fn setup(devices: u8) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let claims = Arc::new(ClaimStore::open(CheckpointStore::new(dir.path())));
     let claim = PreparedClaim {
+        network_label: None,
         namespace: "ns".into(),
         name: "c".into(),
         uid: "claim-uid".into(),

@@ -352,6 +352,7 @@ fn sriov_held_vfs_are_read_from_the_checkpoint() {
     checkpoint.claims.insert(
         "uid".into(),
         PreparedClaim {
+            network_label: None,
             namespace: "ns".into(),
             name: "a".into(),
             uid: "uid".into(),

@@ -15,6 +15,8 @@ use super::describe;
 
 fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
     let plan = |device: &str| AttachPlan {
+        network: None,
+        from_template: false,
         pool: "node-a".into(),
         device: device.into(),
         request: "nic".into(),
@@ -35,6 +37,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         }),
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
+        network_label: None,
         namespace: "default".into(),
         name: format!("claim-{uid}"),
         uid: uid.into(),

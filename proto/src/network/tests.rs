@@ -125,3 +125,28 @@ fn address_count_is_exact_decimal_strings() {
         assert!(serde_json::from_value::<AddressCount>(bad).is_err());
     }
 }
+
+/// G2: allocations are machine-written, so an older reader must accept a NetworkAddress a
+/// newer writer gave a field it does not know (in the spec and in its claim reference).
+#[test]
+fn a_network_address_with_unknown_fields_parses() {
+    let a: NetworkAddress = serde_json::from_value(serde_json::json!({
+        "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkAddress",
+        "metadata": {"name": "blue-192-0-2-10"},
+        "spec": {
+            "network": "blue", "address": "192.0.2.10/24", "node": "vm",
+            "claim": {"namespace": "ns", "name": "c", "uid": "u", "futureClaimField": 1},
+            "overlay": {"vtep": "10.0.0.5", "mac": "02:00:00:00:00:01"}
+        }
+    }))
+    .expect("a newer writer's allocation parses");
+    assert_eq!(a.spec.address, "192.0.2.10/24");
+    assert_eq!(a.spec.claim.uid, "u");
+    // The human-written Network stays strict: a typo there is refused, naming the field.
+    let err = serde_json::from_value::<NetworkSpec>(serde_json::json!({
+        "devices": {"deviceClassName": "knic.dev"}, "mtuu": 1400
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("unknown field `mtuu`"), "{err}");
+}

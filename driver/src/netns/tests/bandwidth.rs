@@ -9,6 +9,8 @@ use super::*;
 
 fn limited(mode: AttachMode, burst: Option<u32>) -> AttachPlan {
     AttachPlan {
+        network: None,
+        from_template: false,
         bandwidth: Some(Bandwidth {
             egress: 2_000_000_000,
             burst,

@@ -37,6 +37,8 @@ fn kernel() -> FakeKernel {
 
 fn vf_plan(mac: [u8; 6], settings: VfSettings) -> AttachPlan {
     AttachPlan {
+        network: None,
+        from_template: false,
         mac: Some(mac),
         vf: Some(VfPlan {
             pf: PF.into(),

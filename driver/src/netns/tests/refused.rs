@@ -61,6 +61,8 @@ async fn an_mtu_the_device_refuses_after_the_move_is_undone() {
 async fn a_mac_the_device_refuses_after_the_move_is_undone() {
     let (k, _) = kernel();
     let p = AttachPlan {
+        network: None,
+        from_template: false,
         mac: Some([0x01, 0, 0x5e, 0, 0, 1]),
         ..plan(AttachMode::Move)
     };
