@@ -83,6 +83,31 @@ enum Command {
     /// The CDI hook the runtime runs at container creation (OCI state on stdin): fails unless
     /// the claim's interface is in the container's network namespace and up.
     CheckInterface(CheckArgs),
+    /// Copy this binary to DIR/knic, the CNI plugin Multus runs for a Network's
+    /// NetworkAttachmentDefinition (the chart's init container, with driver.cni.enabled): the
+    /// image has no shell or cp. Written beside and renamed, so a runtime never runs half a file.
+    InstallCni(InstallCniArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct InstallCniArgs {
+    /// The node's CNI binary directory (as mounted).
+    #[arg(long, default_value = "/opt/cni/bin")]
+    dir: PathBuf,
+}
+
+/// See [`Command::InstallCni`].
+fn install_cni(dir: &std::path::Path) -> anyhow::Result<()> {
+    let target = dir.join(knic_proto::network::nad::CNI_TYPE);
+    let temp = dir.join(".knic.tmp");
+    std::fs::copy("/proc/self/exe", &temp)
+        .with_context(|| format!("copying this binary to {}", temp.display()))?;
+    std::fs::set_permissions(&temp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("making {} executable", temp.display()))?;
+    std::fs::rename(&temp, &target)
+        .with_context(|| format!("renaming {} to {}", temp.display(), target.display()))?;
+    tracing::info!(plugin = %target.display(), "CNI plugin installed");
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -824,6 +849,7 @@ fn main() -> std::process::ExitCode {
             Command::Inventory(args) => inventory(args).await,
             Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
+            Command::InstallCni(args) => install_cni(&args.dir),
             Command::CheckInterface(args) => {
                 use std::io::Read;
                 // The OCI state is a few hundred bytes; a runtime never sends more than 1 MiB.

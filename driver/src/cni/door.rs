@@ -3,8 +3,8 @@
 //! runtime made, and gets the interface's facts back.
 //!
 //! The claim of the Network is found among the pod's prepared claims by the Network its
-//! addresses were allocated from (`ipam: {network}`, which every generated template of a
-//! Network with subnets carries). The attach is the NRI hook's own `attach_pod`, idempotent,
+//! attachment records (the `knic.dev/network` label generated templates put on claims, else
+//! the config's `ipam.network`), so a static-IPAM Network's claims are found too. The attach is the NRI hook's own `attach_pod`, idempotent,
 //! so the hook that runs after the runtime's sandbox set-up finds the pod attached.
 
 use std::path::{Path, PathBuf};
@@ -28,9 +28,15 @@ pub const ATTACH_FAILED: u32 = 100;
 /// The largest request read.
 const MAX_REQUEST: u64 = 64 * 1024;
 
-/// Whether `claim` serves `network`.
+/// Whether `claim` serves `network`: its attachments say so (the claim's `knic.dev/network`
+/// label from a generated template, else its `ipam.network`); a claim prepared by a driver
+/// too old to record that is matched by the Network its addresses came from.
 fn serves(claim: &PreparedClaim, network: &str) -> bool {
-    claim.allocations.iter().any(|a| a.network == network)
+    claim
+        .attachments
+        .iter()
+        .any(|a| a.plan.network.as_deref() == Some(network))
+        || claim.allocations.iter().any(|a| a.network == network)
 }
 
 /// Answers one request.
