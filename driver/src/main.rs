@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod cluster_kni;
+mod cni_bin;
 mod demo;
 mod standalone;
 
@@ -86,28 +87,7 @@ enum Command {
     /// Copy this binary to DIR/knic, the CNI plugin Multus runs for a Network's
     /// NetworkAttachmentDefinition (the chart's init container, with driver.cni.enabled): the
     /// image has no shell or cp. Written beside and renamed, so a runtime never runs half a file.
-    InstallCni(InstallCniArgs),
-}
-
-#[derive(Debug, clap::Args)]
-struct InstallCniArgs {
-    /// The node's CNI binary directory (as mounted).
-    #[arg(long, default_value = "/opt/cni/bin")]
-    dir: PathBuf,
-}
-
-/// See [`Command::InstallCni`].
-fn install_cni(dir: &std::path::Path) -> anyhow::Result<()> {
-    let target = dir.join(knic_proto::network::nad::CNI_TYPE);
-    let temp = dir.join(".knic.tmp");
-    std::fs::copy("/proc/self/exe", &temp)
-        .with_context(|| format!("copying this binary to {}", temp.display()))?;
-    std::fs::set_permissions(&temp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .with_context(|| format!("making {} executable", temp.display()))?;
-    std::fs::rename(&temp, &target)
-        .with_context(|| format!("renaming {} to {}", temp.display(), target.display()))?;
-    tracing::info!(plugin = %target.display(), "CNI plugin installed");
-    Ok(())
+    InstallCni(cni_bin::InstallCniArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -770,39 +750,13 @@ fn report(format: LogFormat, error: &anyhow::Error) {
 
 /// Not `#[tokio::main]`: the demo moves into namespaces of its own before the runtime starts,
 /// because namespaces belong to threads and every runtime thread must inherit the demo's.
-/// Where the driver's CNI door listens, and where the plugin asks.
-const DEFAULT_CNI_SOCKET: &str = "/var/run/knic/cni.sock";
-
-/// The binary run as the CNI plugin `knic` (the chart copies it to `/opt/cni/bin/knic`): the
-/// CNI calling convention (environment and stdin, answer on stdout) leaves no room for flags,
-/// so the socket comes from `KNIC_CNI_SOCKET` or the default.
-fn cni_plugin() -> std::process::ExitCode {
-    use std::io::Read;
-    let mut stdin = Vec::new();
-    // A network configuration is a few hundred bytes; Multus never sends more than 1 MiB.
-    if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut stdin) {
-        eprintln!("reading the network configuration on stdin: {e}");
-    }
-    let socket = std::env::var_os("KNIC_CNI_SOCKET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CNI_SOCKET));
-    let (out, ok) =
-        knic_driver::cni::plugin::run(&knic_driver::cni::plugin::environment(), &stdin, &socket);
-    println!("{out}");
-    if ok {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    }
-}
-
 fn main() -> std::process::ExitCode {
     let invoked_as = std::env::args_os()
         .next()
         .map(PathBuf::from)
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
     if invoked_as.as_deref() == Some(knic_proto::network::nad::CNI_TYPE) {
-        return cni_plugin();
+        return cni_bin::plugin();
     }
     let cli = Cli::parse();
     // The demo prints its own narrative; routine log lines would drown it.
@@ -849,7 +803,7 @@ fn main() -> std::process::ExitCode {
             Command::Inventory(args) => inventory(args).await,
             Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
-            Command::InstallCni(args) => install_cni(&args.dir),
+            Command::InstallCni(args) => cni_bin::install(&args.dir),
             Command::CheckInterface(args) => {
                 use std::io::Read;
                 // The OCI state is a few hundred bytes; a runtime never sends more than 1 MiB.

@@ -151,8 +151,14 @@ async fn scenario(root: &Path, cluster: &Cluster) -> anyhow::Result<()> {
         // The plugin as Multus runs it: /opt/cni/bin/knic is the driver binary.
         let bin_dir = cluster.tmp.path().join("cni-bin");
         std::fs::create_dir_all(&bin_dir)?;
+        // Installed as the chart's init container does it.
+        let installed = std::process::Command::new(knic_e2e::driver::binary()?)
+            .args(["install-cni", "--dir"])
+            .arg(&bin_dir)
+            .output()?;
+        ensure!(installed.status.success(), "install-cni: {}", String::from_utf8_lossy(&installed.stderr));
         let bin = bin_dir.join("knic");
-        std::os::unix::fs::symlink(knic_e2e::driver::binary()?, &bin)?;
+        ensure!(std::fs::metadata(&bin)?.permissions().mode() & 0o777 == 0o755, "plugin mode");
         let pod_ns = Netns::new("knt-cni-pod")?;
         let config = nad_config(network);
 
