@@ -25,6 +25,7 @@ pub mod http;
 pub use knic_proto::ipam;
 pub mod leader;
 pub mod metrics;
+pub mod nad;
 pub use knic_proto::network;
 pub mod plan;
 pub mod reconcile;

@@ -306,20 +306,28 @@ pub fn is_ready(status: &NetworkStatus) -> bool {
         .any(|c| c.type_ == CONDITION_READY && c.status == "True")
 }
 
-/// The Ready condition's message: which template went to which namespaces.
-pub fn generated_message(templates: &[TemplateRef]) -> String {
+/// The Ready condition's message: which template (and NetworkAttachmentDefinition, when the
+/// Network asks for them) went to which namespaces.
+pub fn generated_message(templates: &[TemplateRef], nads: &[TemplateRef]) -> String {
     if templates.is_empty() {
         return "no namespace is selected; no ResourceClaimTemplate generated".to_owned();
     }
-    let namespaces: Vec<&str> = templates.iter().map(|t| t.namespace.as_str()).collect();
-    format!(
-        "ResourceClaimTemplate {:?} applied in {}",
-        templates
-            .first()
-            .map(|t| t.name.as_str())
-            .unwrap_or_default(),
-        namespaces.join(", ")
-    )
+    let applied = |kind: &str, refs: &[TemplateRef]| {
+        let namespaces: Vec<&str> = refs.iter().map(|t| t.namespace.as_str()).collect();
+        format!(
+            "{kind} {:?} applied in {}",
+            refs.first().map(|t| t.name.as_str()).unwrap_or_default(),
+            namespaces.join(", ")
+        )
+    };
+    let mut message = applied("ResourceClaimTemplate", templates);
+    if !nads.is_empty() {
+        message = format!(
+            "{message}; {}",
+            applied("NetworkAttachmentDefinition", nads)
+        );
+    }
+    message
 }
 
 /// Equal up to condition timestamps, which [`condition`] already carries over, so a status

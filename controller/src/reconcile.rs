@@ -269,6 +269,7 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
             // No count in the note: an earlier attempt that failed at the finalizer may already
             // have removed some, and the Event reports the outcome, not this attempt.
             delete_templates(&ctx.client, &name, &BTreeSet::new()).await?;
+            crate::nad::delete_all(&ctx.client, &name).await?;
             if set_finalizer(&networks, &fresh, false).await? {
                 let note = "removed every ResourceClaimTemplate generated for it".to_owned();
                 publish(&ctx, &network, EventType::Normal, reason::CLEANED_UP, note).await;
@@ -293,14 +294,40 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
     let mut invalid = match plan(&network, &all) {
         Plan::Invalid(message) => Some(message),
         Plan::Generate(spec) => match generate(&ctx.client, &network, *spec).await? {
-            Generated::Applied { templates, foreign } => {
+            Generated::Applied {
+                templates,
+                foreign,
+                selected,
+            } => {
                 status.templates = templates;
-                let ready = foreign.is_empty();
-                let (why, message) = if ready {
-                    (reason::GENERATED, generated_message(&status.templates))
-                } else {
+                let nads = crate::nad::sync(&ctx.client, &network, &selected).await?;
+                let (why, message) = if !foreign.is_empty() {
                     (reason::TEMPLATE_CONFLICT, foreign.join("; "))
+                } else {
+                    match nads {
+                        crate::nad::Outcome::CrdMissing => (
+                            crate::nad::REASON_CRD_MISSING,
+                            crate::nad::crd_missing_message(),
+                        ),
+                        crate::nad::Outcome::Synced { foreign, .. } if !foreign.is_empty() => {
+                            (crate::nad::REASON_CONFLICT, foreign.join("; "))
+                        }
+                        crate::nad::Outcome::Synced { nads, .. } => {
+                            status.network_attachment_definitions = nads;
+                            (
+                                reason::GENERATED,
+                                generated_message(
+                                    &status.templates,
+                                    &status.network_attachment_definitions,
+                                ),
+                            )
+                        }
+                        crate::nad::Outcome::Off => {
+                            (reason::GENERATED, generated_message(&status.templates, &[]))
+                        }
+                    }
                 };
+                let ready = why == reason::GENERATED;
                 status.conditions = vec![
                     condition(
                         CONDITION_READY,
@@ -326,6 +353,7 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
     };
     if let Some(message) = invalid.take() {
         delete_templates(&ctx.client, &name, &BTreeSet::new()).await?;
+        crate::nad::delete_all(&ctx.client, &name).await?;
         status.conditions = vec![
             condition(
                 CONDITION_READY,
@@ -381,8 +409,12 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
             }
             status.conditions.push(exhausted);
         }
-        if previous.templates != status.templates || !is_ready(&previous) {
-            let message = generated_message(&status.templates);
+        if previous.templates != status.templates
+            || previous.network_attachment_definitions != status.network_attachment_definitions
+            || !is_ready(&previous)
+        {
+            let message =
+                generated_message(&status.templates, &status.network_attachment_definitions);
             publish(
                 &ctx,
                 &network,
@@ -406,6 +438,8 @@ enum Generated {
     Applied {
         templates: Vec<TemplateRef>,
         foreign: Vec<String>,
+        /// The namespaces the Network selects (NADs go to the same ones).
+        selected: BTreeSet<String>,
     },
     /// The apiserver refused the template (e.g. a selector that does not compile as CEL).
     Refused(String),
@@ -499,7 +533,11 @@ async fn generate(
         });
     }
     delete_templates(client, &name, &selected).await?;
-    Ok(Generated::Applied { templates, foreign })
+    Ok(Generated::Applied {
+        templates,
+        foreign,
+        selected,
+    })
 }
 
 /// Deletes the network's templates outside `keep` (namespaces); returns how many.

@@ -16,10 +16,11 @@ use crate::Result;
 use crate::network::{Network, NetworkStatus};
 
 /// The status fields the reconciler owns (all but `availableNodes`).
-const RECONCILER_FIELDS: [&str; 6] = [
+const RECONCILER_FIELDS: [&str; 7] = [
     "observedGeneration",
     "conditions",
     "templates",
+    "networkAttachmentDefinitions",
     "addresses",
     "addressSummary",
     "devicesSummary",

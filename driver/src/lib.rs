@@ -12,6 +12,7 @@ pub mod api;
 pub mod bounded;
 pub mod cdi;
 pub mod claims;
+pub mod cni;
 pub mod error;
 pub mod events;
 pub mod failpoint;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod cluster_kni;
+mod cni_bin;
 mod demo;
 mod standalone;
 
@@ -83,6 +84,10 @@ enum Command {
     /// The CDI hook the runtime runs at container creation (OCI state on stdin): fails unless
     /// the claim's interface is in the container's network namespace and up.
     CheckInterface(CheckArgs),
+    /// Copy this binary to DIR/knic, the CNI plugin Multus runs for a Network's
+    /// NetworkAttachmentDefinition (the chart's init container, with driver.cni.enabled): the
+    /// image has no shell or cp. Written beside and renamed, so a runtime never runs half a file.
+    InstallCni(cni_bin::InstallCniArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -287,6 +292,12 @@ struct RunArgs {
     // A `String`, not a `PathBuf`: clap refuses an empty path value, and empty means off.
     #[arg(long, env = "KNIC_KNI_SOCKET", default_value = "")]
     kni_socket: String,
+    /// The CNI door's unix socket (root only, 0600): the `knic` CNI plugin (this binary run
+    /// as `/opt/cni/bin/knic`, e.g. by Multus) asks through it to attach a pod's claim of a
+    /// Network into the netns the runtime made. Empty: not served. The plugin finds it at
+    /// `KNIC_CNI_SOCKET`, else /var/run/knic/cni.sock.
+    #[arg(long, env = "KNIC_CNI_SOCKET", default_value = "")]
+    cni_socket: String,
     /// The one directory KNI CreateNetwork pins sandbox network namespaces in.
     #[arg(long, env = "KNIC_KNI_NETNS_DIR", default_value = "/var/run/netns")]
     kni_netns_dir: PathBuf,
@@ -671,6 +682,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         nri_connected_tx,
     ));
 
+    let cni_served = match args.cni_socket.as_str() {
+        "" => None,
+        socket => Some(knic_driver::cni::door::serve(
+            std::path::Path::new(socket),
+            wired.pods.clone(),
+            stop_rx.clone(),
+        )?),
+    };
     let (registration, registration_rx) = tokio::sync::watch::channel(Registration::Pending);
     // The KNI door beside the kubelet's: same store, same pod networks, its own preparer.
     let kni_served = cluster_kni::start(
@@ -704,6 +723,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = rescans.await;
     let _ = hooks.await;
+    if let Some(cni_served) = cni_served {
+        let _ = cni_served.await;
+    }
     if let Some(kni_served) = kni_served
         && let Ok(Err(e)) = kni_served.await
     {
@@ -742,6 +764,13 @@ fn report(format: LogFormat, error: &anyhow::Error) {
 /// Not `#[tokio::main]`: the demo moves into namespaces of its own before the runtime starts,
 /// because namespaces belong to threads and every runtime thread must inherit the demo's.
 fn main() -> std::process::ExitCode {
+    let invoked_as = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if invoked_as.as_deref() == Some(knic_proto::network::nad::CNI_TYPE) {
+        return cni_bin::plugin();
+    }
     let cli = Cli::parse();
     // The demo prints its own narrative; routine log lines would drown it.
     let default_level = if matches!(cli.command, Command::Demo) {
@@ -787,6 +816,7 @@ fn main() -> std::process::ExitCode {
             Command::Inventory(args) => inventory(args).await,
             Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
+            Command::InstallCni(args) => cni_bin::install(&args.dir),
             Command::CheckInterface(args) => {
                 use std::io::Read;
                 // The OCI state is a few hundred bytes; a runtime never sends more than 1 MiB.

@@ -29,6 +29,7 @@ use crate::netconfig::RouteConfig;
 
 mod compile;
 mod devices;
+pub mod nad;
 pub mod readiness;
 mod share;
 mod update;
@@ -245,7 +246,20 @@ pub struct NetworkSpec {
     pub stable_addresses: Option<StableAddresses>,
     /// Which namespaces get a ResourceClaimTemplate for this network.
     pub namespaces: Namespaces,
+    /// Present (`{}`): every selected namespace also gets a `NetworkAttachmentDefinition`
+    /// (`k8s.cni.cncf.io/v1`) of the Network's name, so Multus-based workloads (and KubeVirt
+    /// VMs through Multus) can name the network; the interface still comes from the pod's
+    /// claim of the generated template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_attachment_definition: Option<NadOptions>,
 }
+
+/// `networkAttachmentDefinition: {}`; an object rather than a boolean so options can be added
+/// without a new field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(transform = allow_empty_object)]
+pub struct NadOptions {}
 
 impl NetworkSpec {
     /// Interfaces per pod with the default applied, so every reader agrees on what unset means.
@@ -593,6 +607,14 @@ pub struct NetworkStatus {
         "x-kubernetes-list-map-keys" = ["namespace", "name"]
     ))]
     pub templates: Vec<TemplateRef>,
+    /// The NetworkAttachmentDefinitions generated for this Network (with
+    /// `spec.networkAttachmentDefinition`), so Multus users can see what to name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["namespace", "name"]
+    ))]
+    pub network_attachment_definitions: Vec<TemplateRef>,
     /// Free and total allocatable addresses over all subnets; unset for `static` IPAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<AddressCount>,

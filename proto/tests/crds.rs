@@ -12,7 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use knic_proto::network::{
-    AddressCount, ClaimRef, Network, NetworkAddress, NetworkAddressSpec, NetworkStatus,
+    AddressCount, ClaimRef, NadOptions, Network, NetworkAddress, NetworkAddressSpec, NetworkStatus,
     TemplateRef, validate_against, validate_network,
 };
 use kube::CustomResourceExt;
@@ -408,8 +408,26 @@ fn sample_network_with_an_unknown_field_is_rejected() {
 }
 
 #[test]
+fn nad_field_is_an_empty_object_that_refuses_options() {
+    let mut value = sample();
+    value["spec"]["networkAttachmentDefinition"] = json!({});
+    let network: Network = serde_json::from_value(value.clone()).expect("parses");
+    assert_eq!(
+        network.spec.network_attachment_definition,
+        Some(NadOptions {})
+    );
+    assert_eq!(serde_json::to_value(&network).expect("serializes"), value);
+    value["spec"]["networkAttachmentDefinition"] = json!({"resourceName": "x"});
+    let error = serde_json::from_value::<Network>(value)
+        .expect_err("an unknown option must be refused")
+        .to_string();
+    assert!(error.contains("unknown field `resourceName`"), "{error}");
+}
+
+#[test]
 fn full_status_fits_the_crd() {
     let mut network: Network = serde_json::from_value(sample()).expect("sample");
+    network.spec.network_attachment_definition = Some(NadOptions {});
     let addresses = AddressCount {
         free: (1 << 64) + 250,
         total: (1 << 64) + 253,
@@ -425,6 +443,10 @@ fn full_status_fits_the_crd() {
             type_: knic_proto::network::CONDITION_READY.into(),
         }],
         templates: vec![TemplateRef {
+            namespace: "blue-a".into(),
+            name: "blue".into(),
+        }],
+        network_attachment_definitions: vec![TemplateRef {
             namespace: "blue-a".into(),
             name: "blue".into(),
         }],

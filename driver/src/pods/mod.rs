@@ -355,6 +355,12 @@ impl<K: Kernel> PodNetworks<K> {
         }
     }
 
+    /// The pod's prepared claims as the checkpoint has them: the CNI door finds the claim of
+    /// the Network Multus asks for among them.
+    pub async fn pod_claims(&self, pod_uid: &str) -> Result<Vec<PreparedClaim>> {
+        self.claims.claims_for_pod(pod_uid).await
+    }
+
     /// The interface `ifname` in the namespace at `netns` as the kernel has it now (MAC and
     /// addresses), or `None` when the namespace or the interface is gone: what a KNI query
     /// answers beside the checkpoint's record.

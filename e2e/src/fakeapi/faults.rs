@@ -25,6 +25,9 @@ pub enum RequestFault {
     Internal,
     /// No answer at all, ever: the client's own timeout must end the request.
     Hang,
+    /// 404 `NotFound` with "the server could not find the requested resource", as the
+    /// apiserver answers for a resource whose CRD is not installed.
+    NoSuchResource,
 }
 
 /// A fault armed for the next `left` requests matching `method` and `path`.
@@ -143,6 +146,12 @@ pub(super) async fn answer(fault: RequestFault, path: &str) -> Response<Body> {
                 "code": 500}),
         ),
         RequestFault::Hang => std::future::pending().await,
+        RequestFault::NoSuchResource => respond(
+            StatusCode::NOT_FOUND,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "the server could not find the requested resource",
+                "reason": "NotFound", "details": {}, "code": 404}),
+        ),
     }
 }
 

@@ -243,6 +243,27 @@ pub(crate) const CONTROLLER: &[Need] = &[
         Why::Used("controller/src/reconcile.rs delete_templates"),
     ),
     cluster(
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        &["list"],
+        Why::Used("controller/src/nad.rs sync (list by name), delete_all (list by label)"),
+    ),
+    cluster(
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        &["create", "patch"],
+        Why::Used(
+            "controller/src/nad.rs sync: server-side apply is a patch, authorized as a create \
+             when the NAD does not exist yet",
+        ),
+    ),
+    cluster(
+        "k8s.cni.cncf.io",
+        "network-attachment-definitions",
+        &["delete"],
+        Why::Used("controller/src/nad.rs delete (uid precondition)"),
+    ),
+    cluster(
         "resource.k8s.io",
         "resourceclaims",
         &["get"],
