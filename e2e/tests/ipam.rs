@@ -30,6 +30,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+#[path = "ipam/stable.rs"]
 mod stable;
 use stable::stable_addresses_survive_churn;
 
@@ -519,6 +520,7 @@ impl Controller {
         let config = reconcile::Config {
             resync: Duration::from_secs(30),
             gc_interval: Duration::from_secs(30),
+            identity_reads: true,
             retry: Duration::from_millis(250),
             instance: Some("knic-e2e-ipam".into()),
             availability: knic_controller::availability::Settings {
