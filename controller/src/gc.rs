@@ -111,7 +111,10 @@ pub fn held_since(address: &NetworkAddress) -> Option<Timestamp> {
 
 /// Whether an allocation is marked held.
 pub fn is_held(address: &NetworkAddress) -> bool {
-    address.labels().get(HELD_LABEL).is_some_and(|v| v == "true")
+    address
+        .labels()
+        .get(HELD_LABEL)
+        .is_some_and(|v| v == "true")
 }
 
 /// The StatefulSet an identity's pod name belongs to and whether it keeps that ordinal:
@@ -231,8 +234,10 @@ pub async fn collect_addresses(client: &Client, identity_reads: bool) -> Result<
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    Ok(_) => tracing::info!(%name, identity = address.spec.identity.as_deref().unwrap_or_default(),
-                        grace, "claim gone without unprepare; address held for its identity"),
+                    Ok(_) => {
+                        tracing::info!(%name, identity = address.spec.identity.as_deref().unwrap_or_default(),
+                        grace, "claim gone without unprepare; address held for its identity")
+                    }
                     Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {}
                     Err(e) => return Err(e.into()),
                 }

@@ -45,8 +45,8 @@ use crate::network::{
     TemplateRef,
 };
 pub use crate::plan::{
-    FINALIZER, Plan, REQUEST_NAME, address_count_held, condition, exhausted_condition, plan, reason,
-    template, template_spec,
+    FINALIZER, Plan, REQUEST_NAME, address_count_held, condition, exhausted_condition, plan,
+    reason, template, template_spec,
 };
 use crate::plan::{generated_message, is_ours, is_ready, same_status, same_template_spec};
 use crate::{Error, FIELD_MANAGER, Result};

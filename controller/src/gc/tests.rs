@@ -54,7 +54,10 @@ fn a_claim_gone_without_unprepare_is_marked_held() {
         held_since: None,
         ..held()
     };
-    assert_eq!(decide(&facts, at("2026-01-01T12:00:00Z")), Decision::MarkHeld);
+    assert_eq!(
+        decide(&facts, at("2026-01-01T12:00:00Z")),
+        Decision::MarkHeld
+    );
     let namespace_gone = Facts {
         namespace_exists: false,
         ..facts
@@ -82,7 +85,10 @@ fn a_hold_lasts_exactly_the_grace_period() {
         decide(&lingering, at("2026-01-01T13:00:01Z")),
         Decision::Delete("held, and the grace period passed")
     );
-    assert_eq!(decide(&lingering, at("2026-01-01T12:30:00Z")), Decision::Keep);
+    assert_eq!(
+        decide(&lingering, at("2026-01-01T12:30:00Z")),
+        Decision::Keep
+    );
 }
 
 #[test]
@@ -136,7 +142,10 @@ fn statefulset_scale_down_and_deletion_end_the_identity() {
         ..Default::default()
     };
     assert_eq!(statefulset_fate(None, 0), IdentityFate::Gone);
-    assert_eq!(statefulset_fate(Some(&set(Some(3))), 2), IdentityFate::Alive);
+    assert_eq!(
+        statefulset_fate(Some(&set(Some(3))), 2),
+        IdentityFate::Alive
+    );
     assert_eq!(statefulset_fate(Some(&set(Some(2))), 2), IdentityFate::Gone);
     assert_eq!(statefulset_fate(Some(&set(Some(0))), 0), IdentityFate::Gone);
     assert_eq!(statefulset_fate(Some(&set(None)), 0), IdentityFate::Alive);
@@ -156,7 +165,11 @@ fn held_marks_are_read_from_metadata() {
     assert_eq!(held_since(&a), None);
     a.metadata.labels = Some([(HELD_LABEL.to_owned(), "true".to_owned())].into());
     a.metadata.annotations = Some(
-        [(HELD_SINCE_ANNOTATION.to_owned(), "2026-01-01T12:00:00Z".to_owned())].into(),
+        [(
+            HELD_SINCE_ANNOTATION.to_owned(),
+            "2026-01-01T12:00:00Z".to_owned(),
+        )]
+        .into(),
     );
     assert!(is_held(&a));
     assert_eq!(held_since(&a), Some(at("2026-01-01T12:00:00Z")));

@@ -21,8 +21,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Precon
 use crate::BoxFuture;
 use crate::claims::ClaimRef;
 use crate::claims::ipam::{AddressBook, ClaimState, Created, Requester, hold_patch};
-use crate::events::{EventSink, Warning};
 use crate::error::{Error, Result};
+use crate::events::{EventSink, Warning};
 
 /// [`AddressBook`] over the Kubernetes API.
 #[derive(Clone)]
@@ -226,7 +226,8 @@ impl KubeAddressBook {
         uid: &'a str,
     ) -> BoxFuture<'a, Result<ClaimState>> {
         Box::pin(async move {
-            let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+            let api: kube::Api<ResourceClaim> =
+                kube::Api::namespaced(self.client.clone(), namespace);
             Ok(match api.get_opt(name).await? {
                 Some(c) if c.metadata.uid.as_deref() == Some(uid) => {
                     if c.metadata.deletion_timestamp.is_some() {

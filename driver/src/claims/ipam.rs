@@ -354,11 +354,13 @@ async fn allocate_inner(
             },
         };
         taken.insert(ip);
+        let held = is_held(object);
         if identity.is_some()
             && object.spec.identity == identity
-            && object.spec.claim.uid != who.uid
+            && (object.spec.claim.uid != who.uid || held)
         {
             returning.push((object, ip));
+            continue;
         }
         // Only this node's own allocations are reused: the chart's admission policy lets a
         // node release only objects naming it in spec.node, so one made by another node (which
@@ -413,17 +415,12 @@ async fn allocate_inner(
                 found
             }
             None => {
-                claim_one(
-                    book,
-                    network_name,
-                    who,
-                    identity.as_deref(),
-                    &hint_key,
-                    &family,
-                    &preferred,
-                    &mut taken,
-                )
-                .await?
+                let probe = Probe {
+                    identity: identity.as_deref(),
+                    hint_key: &hint_key,
+                    preferred: &preferred,
+                };
+                claim_one(book, network_name, who, &probe, &family, &mut taken).await?
             }
         };
         if !mine.iter().any(|m| m.name == allocation.name) {
@@ -438,18 +435,32 @@ async fn allocate_inner(
     Ok(out)
 }
 
+/// Where [`claim_one`] starts probing: the identity's former addresses first, then the
+/// offset of `hint_key`.
+struct Probe<'a> {
+    /// The stable identity recorded on the object.
+    identity: Option<&'a str>,
+    /// The identity, or the claim uid: the start of the probe.
+    hint_key: &'a str,
+    /// Addresses taken over for this identity, tried before any other.
+    preferred: &'a [IpAddr],
+}
+
 /// Proposes and creates addresses of one family until a create succeeds, moving to the next
 /// subnet of the family when one is exhausted; fails with the exhaustion text when all are.
 async fn claim_one<'s>(
     book: &dyn AddressBook,
     network_name: &str,
     who: &Requester,
-    identity: Option<&str>,
-    hint_key: &str,
+    probe: &Probe<'_>,
     family: &[&'s (&'s Subnet, Pool)],
-    preferred: &[IpAddr],
     taken: &mut BTreeSet<IpAddr>,
 ) -> Result<(Allocation, &'s Subnet)> {
+    let Probe {
+        identity,
+        hint_key,
+        preferred,
+    } = *probe;
     let mut exhausted = Vec::new();
     for (subnet, pool) in family.iter().map(|e| (e.0, &e.1)) {
         let hint = stable_offset(network_name, hint_key, pool);
@@ -461,12 +472,9 @@ async fn claim_one<'s>(
                 .find(|ip| pool.contains_usable(**ip) && !taken.contains(ip));
             let ip = match again {
                 Some(ip) => Ok(*ip),
-                None => knic_proto::ipam::allocate(
-                network_name,
-                pool,
-                |ip| taken.contains(&ip),
-                hint,
-                ),
+                None => {
+                    knic_proto::ipam::allocate(network_name, pool, |ip| taken.contains(&ip), hint)
+                }
             };
             let ip = match ip {
                 Ok(ip) => ip,
@@ -529,13 +537,15 @@ async fn claim_one<'s>(
 /// Decides about an earlier allocation of this claim's identity (`object`, address `ip`) made
 /// for another claim: `true` when it was deleted so this claim may create it again.
 ///
-/// The rule that keeps two live pods from one address: only an allocation whose claim is gone
-/// is taken over. Its claim being deleted means its pod may still run (its unprepare has not
-/// run), so the prepare is refused and the kubelet's retry comes back after it; a live claim
-/// (two pods sharing a label value) keeps its address and this claim gets another. Another
-/// node's allocation is taken over only once it is marked held: the admission policy lets a
-/// node delete another node's allocation only then, and until then (its node lost, the
-/// controller not yet past it) the address counts as taken.
+/// The rule that keeps two live pods from one address: only an allocation no pod uses is
+/// taken over: one marked held (its claim was unprepared, so its pod stopped, even if the
+/// claim object lingers), or one whose claim is gone. A claim being deleted but not yet
+/// unprepared may still have a running pod, so the prepare is refused and the kubelet's retry
+/// comes back after the unprepare; a live claim (two pods sharing a label value) keeps its
+/// address and this claim gets another. Another node's allocation is taken over only once it
+/// is held: the admission policy lets a node delete another node's allocation only then, and
+/// until then (its node lost, the controller not yet past it) the address counts as taken.
+/// This claim's own held allocation (a shared claim prepared again) is re-created unheld.
 async fn take_over(
     book: &dyn AddressBook,
     who: &Requester,
@@ -544,6 +554,16 @@ async fn take_over(
 ) -> Result<bool> {
     let owner = &object.spec.claim;
     let identity = object.spec.identity.as_deref().unwrap_or_default();
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let uid = object.metadata.uid.as_deref().unwrap_or_default();
+    if is_held(object) {
+        // Held: its claim was unprepared (or vanished and the controller marked it), so no pod
+        // uses it, whatever became of the claim since.
+        book.delete(name, uid).await?;
+        tracing::info!(claim = %who.claim, address = %ip, %identity,
+            "taking over the identity's held address");
+        return Ok(true);
+    }
     match book
         .claim_state(&owner.namespace, &owner.name, &owner.uid)
         .await?
@@ -564,23 +584,15 @@ async fn take_over(
             Ok(false)
         }
         ClaimState::Gone => {
-            let held = object
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(HELD_LABEL))
-                .is_some_and(|v| v == "true");
-            if !held && object.spec.node.as_deref() != Some(who.node.as_str()) {
+            if object.spec.node.as_deref() != Some(who.node.as_str()) {
                 tracing::info!(claim = %who.claim, address = %ip, %identity,
                     node = object.spec.node.as_deref().unwrap_or_default(),
                     "the identity's former address is another node's, not yet held; taking another");
                 return Ok(false);
             }
-            let name = object.metadata.name.as_deref().unwrap_or_default();
-            book.delete(name, object.metadata.uid.as_deref().unwrap_or_default())
-                .await?;
+            book.delete(name, uid).await?;
             tracing::info!(claim = %who.claim, address = %ip, %identity,
-                "taking over the identity's held address");
+                "taking over the identity's address, whose claim is gone");
             Ok(true)
         }
     }
@@ -640,6 +652,16 @@ pub async fn release_or_hold(
         Some(e) => Err(e),
         None => released,
     }
+}
+
+/// Whether an allocation object is marked held.
+fn is_held(object: &NetworkAddress) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(HELD_LABEL))
+        .is_some_and(|v| v == "true")
 }
 
 /// Now in RFC 3339 to the second, the form of [`HELD_SINCE_ANNOTATION`].

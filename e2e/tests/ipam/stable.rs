@@ -71,19 +71,31 @@ impl Env {
         for o in &objects {
             let uid = o.spec.claim.uid.as_str();
             if let Some(name) = live.get(uid) {
-                ensure!(!is_held(o), "live claim {name}'s allocation {} is held", o.spec.address);
+                ensure!(
+                    !is_held(o),
+                    "live claim {name}'s allocation {} is held",
+                    o.spec.address
+                );
                 by_address.entry(&o.spec.address).or_default().push(name);
                 ensure!(
-                    of_claim.insert(name.clone(), o.spec.address.clone()).is_none(),
+                    of_claim
+                        .insert(name.clone(), o.spec.address.clone())
+                        .is_none(),
                     "claim {name} has two allocations"
                 );
             }
         }
         for (address, claims) in &by_address {
-            ensure!(claims.len() == 1, "address {address} belongs to live claims {claims:?}");
+            ensure!(
+                claims.len() == 1,
+                "address {address} belongs to live claims {claims:?}"
+            );
         }
         for name in live.values() {
-            ensure!(of_claim.contains_key(name), "live claim {name} has no allocation");
+            ensure!(
+                of_claim.contains_key(name),
+                "live claim {name} has no allocation"
+            );
         }
         Ok(of_claim)
     }
@@ -130,7 +142,12 @@ pub(super) async fn stable_addresses_survive_churn(env: &mut Env) -> anyhow::Res
             claims.iter().map(|(n, c, _)| (*n, c.clone())).collect();
         let outcomes = env.prepare_all(&pairs).await?;
         for ((_, claim, _), got) in claims.iter().zip(&outcomes) {
-            ensure!(got.error.is_empty(), "round {round} {}: {}", claim.name, got.error);
+            ensure!(
+                got.error.is_empty(),
+                "round {round} {}: {}",
+                claim.name,
+                got.error
+            );
         }
         let live: BTreeMap<String, String> = claims
             .iter()
@@ -219,7 +236,11 @@ async fn returning_while_the_old_claim_is_deleted(
          deleted; retrying",
         env.cluster.namespace, env.cluster.namespace
     );
-    ensure!(refused.error.contains(&want), "error {:?}, want {want:?}", refused.error);
+    ensure!(
+        refused.error.contains(&want),
+        "error {:?}, want {want:?}",
+        refused.error
+    );
     let live = BTreeMap::from([(old.uid.clone(), old.name.clone())]);
     env.check_unique(&live).await?;
     // The old pod's sandbox stops: unprepare holds, the finalizer goes, the claim is gone.
@@ -235,7 +256,11 @@ async fn returning_while_the_old_claim_is_deleted(
     ensure!(again.error.is_empty(), "retry: {}", again.error);
     let live = BTreeMap::from([(new.uid.clone(), new.name.clone())]);
     let addresses = env.check_unique(&live).await?;
-    ensure!(addresses["db-0-new"] == first[&0], "db-0 got {}", addresses["db-0-new"]);
+    ensure!(
+        addresses["db-0-new"] == first[&0],
+        "db-0 got {}",
+        addresses["db-0-new"]
+    );
     ensure!(env.unprepare(0, &new).await?.is_empty());
     env.delete_claim_and_pod("db-0-new", &pod).await?;
     Ok(())

@@ -101,9 +101,11 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
         .create(&PostParams::default(), &Network::new(network, spec))
         .await?;
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(node.cluster.client.clone(), &ns);
-    wait_for("the Network's template", Duration::from_secs(30), || async {
-        Ok(templates.get_opt(network).await?.map(|_| ()))
-    })
+    wait_for(
+        "the Network's template",
+        Duration::from_secs(30),
+        || async { Ok(templates.get_opt(network).await?.map(|_| ())) },
+    )
     .await?;
     let sets: Api<StatefulSet> = Api::namespaced(node.cluster.client.clone(), &ns);
     let set: StatefulSet = serde_json::from_value(json!({
@@ -132,8 +134,7 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
     let recreated = wait_for("db-0 re-created", Duration::from_secs(120), || async {
         let p = node.pods().get_opt(POD).await?;
         Ok(p.filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && node_claim_differs(p, &first_claim)
+            p.metadata.deletion_timestamp.is_none() && node_claim_differs(p, &first_claim)
         })
         .map(|_| ()))
     })
@@ -141,8 +142,14 @@ async fn scenario(node: &mut RealNode, network: &str) -> anyhow::Result<()> {
     recreated?;
     let (second_claim, second, second_uid) = address_of_db0(node).await?;
     println!("{POD} re-created: claim {second_claim}, {second}");
-    ensure!(second_claim != first_claim && second_uid != first_uid, "the claim is new");
-    ensure!(second == first, "re-created {POD} got {second}, before {first}");
+    ensure!(
+        second_claim != first_claim && second_uid != first_uid,
+        "the claim is new"
+    );
+    ensure!(
+        second == first,
+        "re-created {POD} got {second}, before {first}"
+    );
     let objects = addresses(node, network).await?;
     let owners: Vec<(String, String)> = objects
         .iter()
@@ -195,7 +202,8 @@ fn node_claim_differs(p: &k8s_openapi::api::core::v1::Pod, claim: &str) -> bool 
 /// Deletes the StatefulSet and the Network (the controller removes its finalizer), then any
 /// allocation object left.
 async fn remove(node: &RealNode, network: &str) -> anyhow::Result<()> {
-    let sets: Api<StatefulSet> = Api::namespaced(node.cluster.client.clone(), &node.cluster.namespace);
+    let sets: Api<StatefulSet> =
+        Api::namespaced(node.cluster.client.clone(), &node.cluster.namespace);
     match sets.delete("db", &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}

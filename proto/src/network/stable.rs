@@ -90,13 +90,13 @@ mod tests {
     fn other_pods_are_not_launchers() {
         for pod in [
             "web-0",
-            "virt-launcher-db",         // no suffix
-            "virt-launcher--abcde",     // no VM name
-            "virt-launcher-db-abcd",    // suffix too short
-            "virt-launcher-db-abcdef",  // suffix too long
-            "virt-launcher-db-ABCDE",   // generateName never makes capitals
-            "virt-handler-db-abcde",    // not the launcher
-            "xvirt-launcher-db-abcde",  // prefix must start the name
+            "virt-launcher-db",        // no suffix
+            "virt-launcher--abcde",    // no VM name
+            "virt-launcher-db-abcd",   // suffix too short
+            "virt-launcher-db-abcdef", // suffix too long
+            "virt-launcher-db-ABCDE",  // generateName never makes capitals
+            "virt-handler-db-abcde",   // not the launcher
+            "xvirt-launcher-db-abcde", // prefix must start the name
         ] {
             assert_eq!(kubevirt_vm(pod), None, "{pod}");
         }

@@ -165,18 +165,16 @@ impl AddressBook for MemBook {
     ) -> BoxFuture<'a, Result<ClaimState>> {
         Box::pin(async move {
             let claims = self.claims.lock().unwrap();
-            Ok(
-                match claims.get(&(namespace.to_owned(), name.to_owned())) {
-                    Some((u, deleting)) if u == uid => {
-                        if *deleting {
-                            ClaimState::Deleting
-                        } else {
-                            ClaimState::Live
-                        }
+            Ok(match claims.get(&(namespace.to_owned(), name.to_owned())) {
+                Some((u, deleting)) if u == uid => {
+                    if *deleting {
+                        ClaimState::Deleting
+                    } else {
+                        ClaimState::Live
                     }
-                    _ => ClaimState::Gone,
-                },
-            )
+                }
+                _ => ClaimState::Gone,
+            })
         })
     }
 

@@ -54,14 +54,19 @@ fn is_held(object: &NetworkAddress) -> bool {
 
 #[tokio::test]
 async fn unprepare_holds_an_identitys_address_with_a_grace_period() {
-    let book = book(json!({"by": "podName", "gracePeriodSeconds": 3600}), "10.0.0.0/24");
+    let book = book(
+        json!({"by": "podName", "gracePeriodSeconds": 3600}),
+        "10.0.0.0/24",
+    );
     let a = who("db-0-x", "u1", "db-0", "node-a");
     let got = alloc(&book, &a).await.unwrap();
     assert_eq!(got.allocations[0].identity.as_deref(), Some("ns/db-0"));
     release_or_hold(&book, &a.uid, &got.allocations)
         .await
         .unwrap();
-    let object = book.object_of(&got.allocations[0].address.to_string()).unwrap();
+    let object = book
+        .object_of(&got.allocations[0].address.to_string())
+        .unwrap();
     assert!(is_held(&object), "{:?}", object.metadata);
     let since = &object.metadata.annotations.as_ref().unwrap()[HELD_SINCE_ANNOTATION];
     let parsed: k8s_openapi::jiff::Timestamp = since.parse().expect("RFC 3339");
@@ -89,7 +94,10 @@ async fn without_grace_without_identity_or_for_a_sandbox_unprepare_deletes() {
     release_or_hold(&b, &a.uid, &got.allocations).await.unwrap();
     assert!(b.addresses().is_empty());
     // A KNI sandbox's addresses are never held.
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 60}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
     let sandbox = who("s", "kni.1234", "db-0", "node-a");
     let got = alloc(&b, &sandbox).await.unwrap();
     release_or_hold(&b, &sandbox.uid, &got.allocations)
@@ -105,7 +113,10 @@ async fn without_grace_without_identity_or_for_a_sandbox_unprepare_deletes() {
 
 #[tokio::test]
 async fn the_returning_identity_takes_its_held_address_over() {
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 3600}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 3600}),
+        "10.0.0.0/24",
+    );
     // Someone sits on db-0's offset address, so db-0 gets another one.
     let blocker = who("blocker", "ub", "x", "node-a");
     let offset_ip = {
@@ -159,7 +170,10 @@ async fn the_returning_identity_takes_its_held_address_over() {
 
 #[tokio::test]
 async fn a_claim_still_being_deleted_is_waited_for() {
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 60}), "10.42.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.42.0.0/24",
+    );
     let old = who("db-0-ovl-x7k2p", "u1", "db-0", "node-a");
     let got = alloc(&b, &old).await.unwrap();
     let ip = got.allocations[0].address.addr;
@@ -174,8 +188,19 @@ async fn a_claim_still_being_deleted_is_waited_for() {
              being deleted; retrying"
         )
     );
-    assert_eq!(b.object_of(&got.allocations[0].address.to_string()).unwrap().spec.claim.uid, "u1");
-    assert_eq!(b.addresses().len(), 1, "nothing created for the refused claim");
+    assert_eq!(
+        b.object_of(&got.allocations[0].address.to_string())
+            .unwrap()
+            .spec
+            .claim
+            .uid,
+        "u1"
+    );
+    assert_eq!(
+        b.addresses().len(),
+        1,
+        "nothing created for the refused claim"
+    );
     // Once unprepared and gone, the retry gets the address.
     pod_gone(&b, &old, &got).await;
     let again = alloc(&b, &new).await.unwrap();
@@ -206,12 +231,22 @@ async fn a_live_duplicate_identity_gets_another_address_and_an_event() {
              with one identity); this claim gets another address"
         )]
     );
-    assert_eq!(b.object_of(&one.allocations[0].address.to_string()).unwrap().spec.claim.uid, "u1");
+    assert_eq!(
+        b.object_of(&one.allocations[0].address.to_string())
+            .unwrap()
+            .spec
+            .claim
+            .uid,
+        "u1"
+    );
 }
 
 #[tokio::test]
 async fn a_racing_takeover_loses_at_the_create_and_moves_on() {
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 60}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
     let old = who("c1", "u1", "db-0", "node-a");
     let got = alloc(&b, &old).await.unwrap();
     pod_gone(&b, &old, &got).await;
@@ -230,16 +265,29 @@ async fn a_racing_takeover_loses_at_the_create_and_moves_on() {
 
 #[tokio::test]
 async fn another_nodes_allocation_is_taken_over_only_once_held() {
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 60}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
     let old = who("c1", "u1", "db-0", "node-a");
     let got = alloc(&b, &old).await.unwrap();
     // Node a is lost: no unprepare, the claim is deleted; the controller has not marked it.
     b.drop_claim(&old.claim);
     let elsewhere = alloc(&b, &who("c2", "u2", "db-0", "node-b")).await.unwrap();
     assert_ne!(elsewhere.addresses(), got.addresses());
-    assert_eq!(b.object_of(&got.allocations[0].address.to_string()).unwrap().spec.claim.uid, "u1");
+    assert_eq!(
+        b.object_of(&got.allocations[0].address.to_string())
+            .unwrap()
+            .spec
+            .claim
+            .uid,
+        "u1"
+    );
     // On its own node the same object is taken over (the node may delete its own).
-    let b = book(json!({"by": "podName", "gracePeriodSeconds": 60}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
     let got = alloc(&b, &old).await.unwrap();
     b.drop_claim(&old.claim);
     let here = alloc(&b, &who("c2", "u2", "db-0", "node-a")).await.unwrap();
@@ -248,7 +296,10 @@ async fn another_nodes_allocation_is_taken_over_only_once_held() {
 
 #[tokio::test]
 async fn kubevirt_identity_is_the_vm_and_other_pods_are_refused() {
-    let b = book(json!({"by": "kubevirtVM", "gracePeriodSeconds": 60}), "10.0.0.0/24");
+    let b = book(
+        json!({"by": "kubevirtVM", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
     let first = who("c1", "u1", "virt-launcher-db-7x2kq", "node-a");
     let got = alloc(&b, &first).await.unwrap();
     assert_eq!(got.allocations[0].identity.as_deref(), Some("ns/db"));
@@ -265,5 +316,47 @@ async fn kubevirt_identity_is_the_vm_and_other_pods_are_refused() {
         err.to_string(),
         "Network \"blue\" has spec.stableAddresses.by: kubevirtVM, but pod \"web-0\" is not a \
          KubeVirt launcher pod (virt-launcher-<vm>-<suffix>)"
+    );
+}
+
+#[tokio::test]
+async fn a_held_address_is_taken_over_while_its_old_claim_lingers() {
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
+    let old = who("c1", "u1", "db-0", "node-a");
+    let got = alloc(&b, &old).await.unwrap();
+    // Unprepared (held), but the claim object is still there, even being deleted.
+    release_or_hold(&b, &old.uid, &got.allocations)
+        .await
+        .unwrap();
+    b.set_claim(&old.claim, &old.uid, true);
+    let new = who("c2", "u2", "db-0", "node-b");
+    let again = alloc(&b, &new).await.unwrap();
+    assert_eq!(again.addresses(), got.addresses());
+    assert_eq!(b.addresses().len(), 1);
+}
+
+#[tokio::test]
+async fn a_claim_prepared_again_after_its_hold_gets_an_unheld_allocation() {
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/24",
+    );
+    let shared = who("c1", "u1", "db-0", "node-a");
+    let got = alloc(&b, &shared).await.unwrap();
+    release_or_hold(&b, &shared.uid, &got.allocations)
+        .await
+        .unwrap();
+    let again = alloc(&b, &shared).await.unwrap();
+    assert_eq!(again.addresses(), got.addresses());
+    let object = b
+        .object_of(&got.allocations[0].address.to_string())
+        .unwrap();
+    assert!(!is_held(&object), "in use again, so not held");
+    assert_ne!(
+        again.allocations[0].uid, got.allocations[0].uid,
+        "re-created"
     );
 }
