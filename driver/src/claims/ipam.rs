@@ -27,6 +27,11 @@
 //! release deletes by name with a UID precondition, so it can never delete an allocation that
 //! was collected and re-created for another claim meanwhile.
 //!
+//! **Holds.** With `stableAddresses.gracePeriodSeconds`, unprepare marks an identity's
+//! allocation held (metadata only) instead of deleting it ([`release_or_hold`]), and the next
+//! claim of that identity deletes it (uid precondition) and creates it again for itself, only
+//! when no pod can be using it (`take_over`); the controller ends holds (`controller/src/gc.rs`).
+//!
 //! The API is reached only through [`AddressBook`], so the rules run in unit tests against an
 //! in-memory book (which can also simulate a racing node) and in production against the
 //! apiserver ([`crate::api::KubeAddressBook`]).
@@ -255,7 +260,22 @@ pub async fn allocate(
     skip: &BTreeSet<String>,
 ) -> Result<Addressing> {
     let mut created = Vec::new();
-    let outcome = allocate_inner(book, network_name, who, interface, skip, &mut created).await;
+    let mut reservations = Vec::new();
+    let outcome = allocate_inner(
+        book,
+        network_name,
+        who,
+        interface,
+        skip,
+        &mut created,
+        &mut reservations,
+    )
+    .await;
+    // A takeover's reservations only bridge its delete and create: gone either way.
+    if let Err(e) = release(book, &reservations).await {
+        tracing::warn!(network = %network_name, error = %e,
+            "could not delete a takeover reservation; the controller collects it with its claim");
+    }
     if outcome.is_err() {
         crate::metrics::metrics()
             .ipam_allocations
@@ -278,6 +298,7 @@ async fn allocate_inner(
     interface: u32,
     skip: &BTreeSet<String>,
     created: &mut Vec<Allocation>,
+    reservations: &mut Vec<Allocation>,
 ) -> Result<Addressing> {
     let network = book
         .network(network_name)
@@ -353,6 +374,23 @@ async fn allocate_inner(
                 Err(_) => continue,
             },
         };
+        if is_reservation(object) {
+            // Our own, left by a crash mid-takeover: not in the way of this prepare.
+            if object.spec.claim.uid == who.uid && object.spec.node.as_deref() == Some(&who.node) {
+                if let Ok(address) = object.spec.address.parse::<Cidr>() {
+                    reservations.push(Allocation {
+                        network: network_name.to_owned(),
+                        name,
+                        uid: object.metadata.uid.clone().unwrap_or_default(),
+                        address,
+                        identity: None,
+                    });
+                }
+            } else {
+                taken.insert(ip);
+            }
+            continue;
+        }
         taken.insert(ip);
         let held = is_held(object);
         if identity.is_some()
@@ -385,7 +423,7 @@ async fn allocate_inner(
     let mut preferred: Vec<IpAddr> = Vec::new();
     if mine.is_empty() {
         for (object, ip) in returning {
-            if take_over(book, who, object, ip).await? {
+            if take_over(book, network_name, who, object, ip, reservations).await? {
                 taken.remove(&ip);
                 preferred.push(ip);
             }
@@ -548,9 +586,11 @@ async fn claim_one<'s>(
 /// This claim's own held allocation (a shared claim prepared again) is re-created unheld.
 async fn take_over(
     book: &dyn AddressBook,
+    network_name: &str,
     who: &Requester,
     object: &NetworkAddress,
     ip: IpAddr,
+    reservations: &mut Vec<Allocation>,
 ) -> Result<bool> {
     let owner = &object.spec.claim;
     let identity = object.spec.identity.as_deref().unwrap_or_default();
@@ -559,6 +599,9 @@ async fn take_over(
     if is_held(object) {
         // Held: its claim was unprepared (or vanished and the controller marked it), so no pod
         // uses it, whatever became of the claim since.
+        if !reserve(book, network_name, who, object, reservations).await? {
+            return Ok(false);
+        }
         book.delete(name, uid).await?;
         tracing::info!(claim = %who.claim, address = %ip, %identity,
             "taking over the identity's held address");
@@ -588,6 +631,9 @@ async fn take_over(
                 tracing::info!(claim = %who.claim, address = %ip, %identity,
                     node = object.spec.node.as_deref().unwrap_or_default(),
                     "the identity's former address is another node's, not yet held; taking another");
+                return Ok(false);
+            }
+            if !reserve(book, network_name, who, object, reservations).await? {
                 return Ok(false);
             }
             book.delete(name, uid).await?;
@@ -652,6 +698,73 @@ pub async fn release_or_hold(
         Some(e) => Err(e),
         None => released,
     }
+}
+
+/// Label of a takeover's reservation object (see [`reserve`]).
+pub const TAKEOVER_LABEL: &str = "knic.dev/takeover";
+
+/// Creates the reservation that keeps `object`'s address taken between a takeover's delete
+/// and create: an object of another name (`takeover-<name>`) with the same address, which
+/// every allocator listing the Network counts as taken (an object's address counts whatever
+/// its name), while no allocator counts it as an allocation. An allocator that listed before
+/// it saw the held object; one that lists after sees it until the new allocation exists.
+/// `false` when another claim of the identity is taking the address over right now.
+async fn reserve(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    object: &NetworkAddress,
+    reservations: &mut Vec<Allocation>,
+) -> Result<bool> {
+    let name = format!(
+        "takeover-{}",
+        object.metadata.name.as_deref().unwrap_or_default()
+    );
+    let mut reservation = NetworkAddress::new(
+        &name,
+        NetworkAddressSpec {
+            network: network_name.to_owned(),
+            address: object.spec.address.clone(),
+            claim: ClaimRef {
+                namespace: who.namespace.clone(),
+                name: who.claim.clone(),
+                uid: who.uid.clone(),
+            },
+            identity: None,
+            node: Some(who.node.clone()),
+        },
+    );
+    reservation.metadata.labels = Some(BTreeMap::from([
+        (NETWORK_LABEL.to_owned(), network_name.to_owned()),
+        (TAKEOVER_LABEL.to_owned(), "true".to_owned()),
+    ]));
+    match book.create(&reservation).await? {
+        Created::Created(uid) => {
+            reservations.push(Allocation {
+                network: network_name.to_owned(),
+                name,
+                uid,
+                address: object
+                    .spec
+                    .address
+                    .parse()
+                    .map_err(|e| Error::Ipam(format!("{}: {e}", object.spec.address)))?,
+                identity: None,
+            });
+            Ok(true)
+        }
+        Created::AlreadyExists => Ok(false),
+    }
+}
+
+/// Whether an object is a takeover's reservation, not an allocation.
+fn is_reservation(object: &NetworkAddress) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(TAKEOVER_LABEL))
+        .is_some_and(|v| v == "true")
 }
 
 /// Whether an allocation object is marked held.

@@ -360,3 +360,58 @@ async fn a_claim_prepared_again_after_its_hold_gets_an_unheld_allocation() {
         "re-created"
     );
 }
+
+#[tokio::test]
+async fn a_takeover_reservation_keeps_the_address_taken_and_a_stale_one_is_cleared() {
+    let b = book(
+        json!({"by": "podName", "gracePeriodSeconds": 60}),
+        "10.0.0.0/29",
+    );
+    let old = who("c1", "u1", "db-0", "node-a");
+    let got = alloc(&b, &old).await.unwrap();
+    pod_gone(&b, &old, &got).await;
+    let address = got.allocations[0].address;
+    // Another claim's reservation of the address (a takeover in flight elsewhere): taken.
+    let reservation = |claim: &str, uid: &str| {
+        let mut r = NetworkAddress::new(
+            &format!("takeover-{}", got.allocations[0].name),
+            NetworkAddressSpec {
+                network: "blue".into(),
+                address: address.to_string(),
+                claim: ClaimRef {
+                    namespace: "ns".into(),
+                    name: claim.into(),
+                    uid: uid.into(),
+                },
+                identity: None,
+                node: Some("node-a".into()),
+            },
+        );
+        r.metadata.labels = Some(BTreeMap::from([
+            (NETWORK_LABEL.to_owned(), "blue".to_owned()),
+            (TAKEOVER_LABEL.to_owned(), "true".to_owned()),
+        ]));
+        r.metadata.uid = Some(format!("r-{uid}"));
+        r
+    };
+    b.objects.lock().unwrap().insert(
+        format!("takeover-{}", got.allocations[0].name),
+        reservation("x", "ux"),
+    );
+    // The held allocation is gone meanwhile (the other taker deleted it).
+    b.objects.lock().unwrap().remove(&got.allocations[0].name);
+    let other = alloc(&b, &who("o", "uo", "web", "node-a")).await.unwrap();
+    assert_ne!(other.addresses(), got.addresses(), "reserved: taken");
+    // This claim's own reservation, left by a crash mid-takeover, is not in its way.
+    b.objects.lock().unwrap().insert(
+        format!("takeover-{}", got.allocations[0].name),
+        reservation("c2", "u2"),
+    );
+    let again = alloc(&b, &who("c2", "u2", "db-0", "node-a")).await.unwrap();
+    assert_eq!(again.addresses(), got.addresses());
+    let names: Vec<String> = b.objects.lock().unwrap().keys().cloned().collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("takeover-")),
+        "reservations left: {names:?}"
+    );
+}
