@@ -21,6 +21,7 @@
 pub mod availability;
 pub mod cel;
 pub mod client;
+pub mod gc;
 pub mod http;
 pub use knic_proto::ipam;
 pub mod leader;

@@ -56,6 +56,11 @@ struct Args {
     #[arg(long, env = "KNIC_GC_SECONDS", default_value_t = 60,
         value_parser = clap::value_parser!(u64).range(1..))]
     gc_seconds: u64,
+    /// Read StatefulSets and KubeVirt VirtualMachines of held stable addresses, so a hold ends
+    /// as soon as its identity cannot return (scaled down, deleted), not only at its grace
+    /// period.
+    #[arg(long, env = "KNIC_IDENTITY_READS", default_value_t = true, action = clap::ArgAction::Set)]
+    identity_reads: bool,
     /// Elect a leader through a Lease so several replicas are safe; disable only when exactly
     /// one replica runs.
     #[arg(long, env = "KNIC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -244,6 +249,7 @@ async fn lead_or_stand_by(args: Args, client: kube::Client, health: &Health) -> 
     let reconciler = Config {
         resync: Duration::from_secs(args.resync_seconds),
         gc_interval: Duration::from_secs(args.gc_seconds),
+        identity_reads: args.identity_reads,
         instance: Some(identity.clone()),
         ..Config::default()
     };

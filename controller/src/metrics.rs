@@ -160,6 +160,7 @@ mod tests {
             addresses: Some(AddressCount {
                 free: 250,
                 total: 253,
+                held: 0,
             }),
             ..Default::default()
         };

@@ -181,6 +181,16 @@ pub fn template(
 /// one of the pools (a stray object for an address outside every subnet frees nothing).
 /// `None` for `static` IPAM, where knic allocates nothing.
 pub fn address_count(spec: &NetworkSpec, allocated: &[&str]) -> Option<AddressCount> {
+    address_count_held(spec, allocated, &[])
+}
+
+/// [`address_count`] with `held`, the subset of `allocated` held for stable identities whose
+/// pods are gone: used (not free), and counted apart so `status.addresses.held` says how many.
+pub fn address_count_held(
+    spec: &NetworkSpec,
+    allocated: &[&str],
+    held: &[&str],
+) -> Option<AddressCount> {
     if spec.ipam.subnets.is_empty() {
         return None;
     }
@@ -193,16 +203,19 @@ pub fn address_count(spec: &NetworkSpec, allocated: &[&str]) -> Option<AddressCo
     let total = pools
         .iter()
         .fold(0u128, |sum, p| sum.saturating_add(p.size()));
-    let in_use = allocated
-        .iter()
-        .filter_map(|a| a.split('/').next()?.parse::<IpAddr>().ok())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .filter(|ip| pools.iter().any(|p| p.contains_usable(*ip)))
-        .count();
+    let count = |addresses: &[&str]| {
+        addresses
+            .iter()
+            .filter_map(|a| a.split('/').next()?.parse::<IpAddr>().ok())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|ip| pools.iter().any(|p| p.contains_usable(*ip)))
+            .count() as u128
+    };
     Some(AddressCount {
-        free: total.saturating_sub(in_use as u128),
+        free: total.saturating_sub(count(allocated)),
         total,
+        held: count(held),
     })
 }
 

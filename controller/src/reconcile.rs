@@ -45,8 +45,8 @@ use crate::network::{
     TemplateRef,
 };
 pub use crate::plan::{
-    FINALIZER, Plan, REQUEST_NAME, address_count, condition, exhausted_condition, plan, reason,
-    template, template_spec,
+    FINALIZER, Plan, REQUEST_NAME, address_count_held, condition, exhausted_condition, plan,
+    reason, template, template_spec,
 };
 use crate::plan::{generated_message, is_ours, is_ready, same_status, same_template_spec};
 use crate::{Error, FIELD_MANAGER, Result};
@@ -59,6 +59,9 @@ pub struct Config {
     pub resync: Duration,
     /// How often NetworkAddress objects whose claim is gone are collected.
     pub gc_interval: Duration,
+    /// Whether held addresses' identities are read (StatefulSets, KubeVirt VirtualMachines),
+    /// so a hold ends when its identity cannot return rather than only at its grace period.
+    pub identity_reads: bool,
     /// Retry delay after a failed reconcile.
     pub retry: Duration,
     /// This replica's name in Events (e.g. the pod name).
@@ -72,6 +75,7 @@ impl Default for Config {
         Config {
             resync: Duration::from_secs(300),
             gc_interval: Duration::from_secs(60),
+            identity_reads: true,
             retry: Duration::from_secs(5),
             instance: None,
             availability: crate::availability::Settings::default(),
@@ -155,13 +159,14 @@ pub async fn run(
     let gc = {
         let client = client.clone();
         let interval = config.gc_interval;
+        let identity_reads = config.identity_reads;
         tokio::spawn(async move {
             loop {
                 // A stop does not wait for a collection round against a slow apiserver: each
                 // deletion is complete on its own and the next replica's round redoes the rest.
                 let collected = tokio::select! {
                     _ = &mut gc_stopped => return,
-                    collected = collect_addresses(&client) => collected,
+                    collected = crate::gc::collect_addresses(&client, identity_reads) => collected,
                 };
                 match collected {
                     Ok(0) => {}
@@ -385,12 +390,17 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
             .list(&ListParams::default().labels(&format!("{NETWORK_LABEL}={name}")))
             .await?
             .items;
+        let held: Vec<&str> = live
+            .iter()
+            .filter(|a| a.spec.network == name && crate::gc::is_held(a))
+            .map(|a| a.spec.address.as_str())
+            .collect();
         let live: Vec<&str> = live
             .iter()
             .filter(|a| a.spec.network == name)
             .map(|a| a.spec.address.as_str())
             .collect();
-        status.addresses = address_count(&network.spec, &live);
+        status.addresses = address_count_held(&network.spec, &live, &held);
         status.address_summary = status.addresses.map(|a| a.summary());
         if let Some(exhausted) = exhausted_condition(&network.spec, &live, generation, &previous) {
             let was = previous
@@ -619,51 +629,6 @@ async fn publish(ctx: &Context, network: &Network, type_: EventType, reason: &st
     if let Err(e) = ctx.recorder.publish(&event, &network.object_ref(&())).await {
         tracing::debug!(error = %e, "publishing an Event");
     }
-}
-
-/// Deletes every NetworkAddress whose claim (namespace, name and uid) no longer exists and
-/// returns how many; a KNI sandbox's (claim uid `kni.…`) is its driver's to release. Each claim is read directly rather than from a cache, so a claim created
-/// a moment ago is never taken for gone; the delete is guarded by the allocation's uid, so an
-/// allocation recreated in between is left alone.
-pub async fn collect_addresses(client: &Client) -> Result<usize> {
-    use k8s_openapi::api::resource::v1::ResourceClaim;
-    let addresses: Api<NetworkAddress> = Api::all(client.clone());
-    let mut claims: HashMap<(String, String), Option<String>> = HashMap::new();
-    let mut collected = 0;
-    for address in addresses.list(&ListParams::default()).await?.items {
-        let claim = &address.spec.claim;
-        // A KNI sandbox's address has no ResourceClaim: the driver of its node releases it
-        // when the sandbox is detached.
-        if knic_proto::names::is_sandbox_claim_uid(&claim.uid) {
-            continue;
-        }
-        let key = (claim.namespace.clone(), claim.name.clone());
-        let uid = match claims.get(&key) {
-            Some(uid) => uid.clone(),
-            None => {
-                let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
-                let uid = api.get_opt(&claim.name).await?.and_then(|c| c.metadata.uid);
-                claims.insert(key, uid.clone());
-                uid
-            }
-        };
-        if uid.as_deref() == Some(claim.uid.as_str()) {
-            continue;
-        }
-        let params = DeleteParams {
-            preconditions: address.uid().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match addresses.delete(&address.name_any(), &params).await {
-            Ok(_) => collected += 1,
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(collected)
 }
 
 #[cfg(test)]

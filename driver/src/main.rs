@@ -543,7 +543,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         status: Arc::new(KubeStatus::new(client.clone())),
         address_book: Some((
             Arc::new(
-                KubeAddressBook::new(client.clone()).with_pod_label_reads(args.pod_label_reads),
+                KubeAddressBook::new(client.clone())
+                    .with_pod_label_reads(args.pod_label_reads)
+                    .with_events(events.clone()),
             ),
             args.node_name.clone(),
         )),

@@ -384,6 +384,19 @@ impl Cluster {
         results: Option<Vec<serde_json::Value>>,
         parameters: Option<serde_json::Value>,
     ) -> anyhow::Result<TestClaim> {
+        self.create_claim_for_pod(name, &format!("{name}-pod"), results, parameters)
+            .await
+    }
+
+    /// Like [`Cluster::create_claim_allocated`], for a pod named `pod` (a stable identity that
+    /// outlives its claims, like a StatefulSet pod re-created with a new claim).
+    pub async fn create_claim_for_pod(
+        &self,
+        name: &str,
+        pod_name: &str,
+        results: Option<Vec<serde_json::Value>>,
+        parameters: Option<serde_json::Value>,
+    ) -> anyhow::Result<TestClaim> {
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut spec = json!({"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "knic.dev"}}]}});
         if let Some(p) = &parameters {
@@ -405,7 +418,7 @@ impl Cluster {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let pod: Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("{name}-pod"), "namespace": self.namespace},
+            "metadata": {"name": pod_name, "namespace": self.namespace},
             "spec": {
                 "schedulingGates": [{"name": "knic.dev/e2e-hold"}],
                 "resourceClaims": [{"name": "net", "resourceClaimName": name}],
@@ -424,7 +437,7 @@ impl Cluster {
             };
             let status = json!({"status": {
                 "allocation": {"devices": {"results": results, "config": config}},
-                "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": pod_uid}],
+                "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}],
             }});
             claims
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))

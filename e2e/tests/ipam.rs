@@ -7,6 +7,7 @@
 //! and (with the controller running in-process) keeps the network's template from accepting
 //! any published device until an address is freed. Stable addresses by pod label are refused
 //! unless the driver may read pods (`KNIC_POD_LABEL_READS`); by pod name they need no read.
+//! With a grace period, identities keep their addresses through churn (see `stable`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -28,6 +29,10 @@ use knic_proto::network::{
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+
+#[path = "ipam/stable.rs"]
+mod stable;
+use stable::stable_addresses_survive_churn;
 
 /// How long a status or slice change may take to show.
 const WAIT: Duration = Duration::from_secs(20);
@@ -515,6 +520,7 @@ impl Controller {
         let config = reconcile::Config {
             resync: Duration::from_secs(30),
             gc_interval: Duration::from_secs(30),
+            identity_reads: true,
             retry: Duration::from_millis(250),
             instance: Some("knic-e2e-ipam".into()),
             availability: knic_controller::availability::Settings {
@@ -825,6 +831,7 @@ fn main() {
         exhaustion_keeps_new_claims_from_scheduling,
         stable_by_label_needs_pod_label_reads,
         stable_by_pod_name_reads_no_pod,
+        stable_addresses_survive_churn,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }

@@ -181,6 +181,7 @@ impl ScenarioEnv for Env {
             availability: knic_controller::availability::Settings {
                 interval: Duration::from_secs(5),
             },
+            identity_reads: true,
         };
         let controller = tokio::spawn(reconcile::run(cluster.client.clone(), config, async {
             let _ = stopped.await;

@@ -216,6 +216,7 @@ async fn setup(real: Option<RealCluster>, test: &str) -> anyhow::Result<Env> {
     let config = reconcile::Config {
         resync: Duration::from_secs(30),
         gc_interval: Duration::from_millis(300),
+        identity_reads: true,
         retry: Duration::from_millis(250),
         instance: Some(format!("knic-e2e-{test}")),
         availability: knic_controller::availability::Settings {

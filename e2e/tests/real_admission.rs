@@ -594,6 +594,25 @@ async fn networkaddresses_of_its_own_node_only(t: &mut Twin) -> anyhow::Result<(
         admin.get_opt(&theirs).await?.is_some(),
         "another node's address is gone"
     );
+    // Holding its own (unprepare with a grace period) is a metadata patch the driver may make;
+    // another node's held allocation (its identity returned here) it may delete.
+    let held = json!({"metadata": {"labels": {"knic.dev/held": "true"}}});
+    driver
+        .create(&post, &address(&own, &ns, Some(&node))?)
+        .await
+        .context("the driver allocating again")?;
+    driver
+        .patch(&own, &PatchParams::default(), &Patch::Merge(&held))
+        .await
+        .context("the driver holding its own node's address")?;
+    driver.delete(&own, &DeleteParams::default()).await?;
+    admin
+        .patch(&theirs, &PatchParams::default(), &Patch::Merge(&held))
+        .await?;
+    driver
+        .delete(&theirs, &DeleteParams::default())
+        .await
+        .context("the driver taking over another node's held address")?;
     Ok(())
 }
 

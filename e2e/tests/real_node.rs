@@ -5,6 +5,9 @@
 //! * `real/network_template_and_exhaustion` — the real `knic-controller` turns a Network into a
 //!   template, pods get its addresses, and a full subnet keeps a pod Pending until an address
 //!   is freed (`real_node/networks.rs`);
+//! * `real/stable_address_across_pod_recreation` — a real StatefulSet pod deleted and
+//!   re-created keeps its address on a Network with a grace period, and the real controller
+//!   releases the hold once the StatefulSet is scaled to 0 (`real_node/stable.rs`);
 //! * `real/fail_closed_*` — the driver frozen (SIGSTOP) before prepare and between prepare and
 //!   the sandbox hook, and running without the runtime's NRI socket: no container runs without
 //!   its interface, and the pod comes up once the driver can attach again
@@ -29,6 +32,8 @@ mod fail_closed;
 mod gate;
 #[path = "real_node/networks.rs"]
 mod networks;
+#[path = "real_node/stable.rs"]
+mod stable;
 
 /// Why the real twins cannot run here, if they cannot.
 fn missing(real: &Option<RealCluster>) -> Option<String> {
@@ -61,6 +66,7 @@ fn main() {
             .ok_or_else(|| anyhow::anyhow!("no real cluster (the trial should be ignored)"))
     };
     let controller_bin: PathBuf = controller.clone().unwrap_or_default();
+    let stable_bin = controller_bin.clone();
     let trials = vec![
         trial(
             "real/network_template_and_exhaustion".into(),
@@ -69,6 +75,16 @@ fn main() {
                 let cluster = cluster.clone();
                 move || async move {
                     networks::network_template_and_exhaustion(cluster()?, controller_bin).await
+                }
+            },
+        ),
+        trial(
+            "real/stable_address_across_pod_recreation".into(),
+            ignored || controller.is_err(),
+            {
+                let cluster = cluster.clone();
+                move || async move {
+                    stable::stable_address_across_pod_recreation(cluster()?, stable_bin).await
                 }
             },
         ),

@@ -32,6 +32,7 @@ mod devices;
 pub mod nad;
 pub mod readiness;
 mod share;
+pub mod stable;
 mod update;
 mod validate;
 
@@ -503,6 +504,14 @@ pub struct StableAddresses {
     /// The label key whose value is the identity; required with `by: label`, refused otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// How long an identity's address stays held after its pod's claim is gone (the
+    /// allocation is kept, labelled `knic.dev/held`, and only the same identity may take it),
+    /// so a pod re-created later than at once still finds its address. Unset or 0: released
+    /// at once, and a returning pod gets its address only if nobody took it meanwhile. The
+    /// hold also ends when the identity cannot return (namespace, StatefulSet ordinal or
+    /// VirtualMachine gone). At most one year.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_seconds: Option<u64>,
 }
 
 /// The identity a stable address follows.
@@ -514,11 +523,17 @@ pub enum StableBy {
     /// The value of a chosen label, for controllers that do not keep names. Read from the pod
     /// at prepare, so the driver needs `get` on pods (opt-in, see `by`).
     Label,
+    /// The KubeVirt VirtualMachine's name, parsed from its launcher pod's name
+    /// (`virt-launcher-<vm>-<5 characters>`, KubeVirt's generateName), so no pod read is
+    /// needed. A pod of another name is refused at prepare.
+    #[serde(rename = "kubevirtVM")]
+    KubevirtVm,
 }
 
 impl StableAddresses {
     /// The identity string for a pod's `interface`-th interface, or `None` when the pod has no
-    /// identity (the label is missing) and gets an ordinary allocation.
+    /// identity (the label is missing, or the pod is not a KubeVirt launcher: the driver
+    /// refuses that case first) and gets an ordinary allocation.
     ///
     /// The namespace is part of the identity because a Network is cluster-scoped: `db-0` in two
     /// namespaces are different pods and must not compete for one address. Interfaces after the
@@ -533,6 +548,7 @@ impl StableAddresses {
         let key = match self.by {
             StableBy::PodName => pod_name,
             StableBy::Label => pod_labels.get(self.label.as_deref()?)?.as_str(),
+            StableBy::KubevirtVm => stable::kubevirt_vm(pod_name)?,
         };
         Some(if interface == 0 {
             format!("{namespace}/{key}")
@@ -660,6 +676,15 @@ pub struct AddressCount {
     #[serde(with = "decimal")]
     #[schemars(schema_with = "decimal::schema")]
     pub total: u128,
+    /// Of the used addresses, those held for an identity whose pod is gone
+    /// (`stableAddresses.gracePeriodSeconds`): not free, but no pod has them.
+    #[serde(default, with = "decimal", skip_serializing_if = "is_zero")]
+    #[schemars(schema_with = "decimal::schema")]
+    pub held: u128,
+}
+
+fn is_zero(n: &u128) -> bool {
+    *n == 0
 }
 
 impl AddressCount {

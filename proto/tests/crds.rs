@@ -431,6 +431,7 @@ fn full_status_fits_the_crd() {
     let addresses = AddressCount {
         free: (1 << 64) + 250,
         total: (1 << 64) + 253,
+        held: 2,
     };
     network.status = Some(NetworkStatus {
         observed_generation: Some(3),

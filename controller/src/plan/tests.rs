@@ -271,6 +271,18 @@ fn addresses_count_live_allocations_inside_pools() {
     .expect("subnets");
     assert_eq!((count.free, count.total), (total - 2, total));
     assert_eq!(count.summary(), format!("{}/{}", total - 2, total));
+    assert_eq!(count.held, 0);
+    // Held addresses are used (not free) and counted apart; one outside every pool is not.
+    let with_held = address_count_held(
+        &n.spec,
+        &["192.0.2.10/24", "192.0.2.11/24", "2001:db8::1/126"],
+        &["192.0.2.11/24", "198.51.100.1/24"],
+    )
+    .expect("subnets");
+    assert_eq!(
+        (with_held.free, with_held.total, with_held.held),
+        (total - 3, total, 1)
+    );
     n.spec.ipam.subnets.clear();
     assert_eq!(address_count(&n.spec, &["192.0.2.10/24"]), None);
 }

@@ -10,21 +10,26 @@
 //! says so, not because an apiserver answered 409 for a moment.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use knic_proto::backoff::{API_ATTEMPTS, API_MAX_BACKOFF, API_MIN_BACKOFF, Backoff};
 use knic_proto::network::{NETWORK_LABEL, Network, NetworkAddress};
-use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 
 use crate::BoxFuture;
-use crate::claims::ipam::{AddressBook, Created};
+use crate::claims::ClaimRef;
+use crate::claims::ipam::{AddressBook, ClaimState, Created, Requester, hold_patch};
 use crate::error::{Error, Result};
+use crate::events::{EventSink, Warning};
 
 /// [`AddressBook`] over the Kubernetes API.
 #[derive(Clone)]
 pub struct KubeAddressBook {
     client: kube::Client,
     pod_label_reads: bool,
+    events: Option<Arc<dyn EventSink>>,
 }
 
 impl KubeAddressBook {
@@ -33,7 +38,14 @@ impl KubeAddressBook {
         KubeAddressBook {
             client,
             pod_label_reads: false,
+            events: None,
         }
+    }
+
+    /// Where `StableAddressInUse` Events go.
+    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// Reads a claim's pod for its labels (`stableAddresses.by: label`), which needs the
@@ -130,6 +142,40 @@ impl AddressBook for KubeAddressBook {
         })
     }
 
+    fn claim_state<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<ClaimState>> {
+        self.claim_state_of(namespace, name, uid)
+    }
+
+    fn hold<'a>(
+        &'a self,
+        name: &'a str,
+        uid: &'a str,
+        since: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.hold_object(name, uid, since)
+    }
+
+    fn stable_in_use(&self, who: &Requester, message: String) {
+        if let Some(events) = &self.events {
+            events.warn(Warning {
+                claim: ClaimRef {
+                    namespace: who.namespace.clone(),
+                    name: who.claim.clone(),
+                    uid: who.uid.clone(),
+                },
+                pod: None,
+                action: "PrepareResources",
+                reason: "StableAddressInUse",
+                message,
+            });
+        }
+    }
+
     fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
@@ -167,6 +213,63 @@ impl AddressBook for KubeAddressBook {
                 let pause = backoff.fail();
                 tracing::debug!(%name, error = %error, ?pause, "releasing an allocation failed; repeating");
                 tokio::time::sleep(pause).await;
+            }
+        })
+    }
+}
+
+impl KubeAddressBook {
+    fn claim_state_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<ClaimState>> {
+        Box::pin(async move {
+            let api: kube::Api<ResourceClaim> =
+                kube::Api::namespaced(self.client.clone(), namespace);
+            Ok(match api.get_opt(name).await? {
+                Some(c) if c.metadata.uid.as_deref() == Some(uid) => {
+                    if c.metadata.deletion_timestamp.is_some() {
+                        ClaimState::Deleting
+                    } else {
+                        ClaimState::Live
+                    }
+                }
+                _ => ClaimState::Gone,
+            })
+        })
+    }
+
+    fn hold_object<'a>(
+        &'a self,
+        name: &'a str,
+        uid: &'a str,
+        since: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let api: kube::Api<NetworkAddress> = kube::Api::all(self.client.clone());
+            let patch = hold_patch(uid, since);
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(()),
+                // Gone: collected already, nothing left to hold.
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                // The uid in the patch did not match: the name is another allocation now.
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
+                    let still_ours = api
+                        .get_opt(name)
+                        .await?
+                        .is_some_and(|a| a.metadata.uid.as_deref() == Some(uid));
+                    if still_ours {
+                        Err(kube::Error::Api(e).into())
+                    } else {
+                        Ok(())
+                    }
+                }
+                Err(e) => Err(e.into()),
             }
         })
     }

@@ -27,6 +27,11 @@
 //! release deletes by name with a UID precondition, so it can never delete an allocation that
 //! was collected and re-created for another claim meanwhile.
 //!
+//! **Holds.** With `stableAddresses.gracePeriodSeconds`, unprepare marks an identity's
+//! allocation held (metadata only) instead of deleting it ([`release_or_hold`]), and the next
+//! claim of that identity deletes it (uid precondition) and creates it again for itself, only
+//! when no pod can be using it (`take_over`); the controller ends holds (`controller/src/gc.rs`).
+//!
 //! The API is reached only through [`AddressBook`], so the rules run in unit tests against an
 //! in-memory book (which can also simulate a racing node) and in production against the
 //! apiserver ([`crate::api::KubeAddressBook`]).
@@ -36,6 +41,7 @@ use std::net::IpAddr;
 
 use knic_proto::ipam::{Pool, allocation_name, parse_allocation_name, stable_offset};
 use knic_proto::netconfig::{Cidr, RouteConfig};
+use knic_proto::network::stable::{HELD_LABEL, HELD_SINCE_ANNOTATION, kubevirt_vm, not_a_launcher};
 use knic_proto::network::{
     CONDITION_INVALID, ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec,
     StableBy, Subnet,
@@ -54,6 +60,17 @@ pub enum Created {
     Created(String),
     /// `409 AlreadyExists`: the address belongs to someone else.
     AlreadyExists,
+}
+
+/// What became of the claim an identity's earlier allocation names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimState {
+    /// No claim of that name and uid: the allocation is the identity's to take over.
+    Gone,
+    /// The claim exists with a `deletionTimestamp`: its unprepare has yet to run.
+    Deleting,
+    /// The claim exists: another live pod has this identity (two pods with one label value).
+    Live,
 }
 
 /// The API calls IPAM needs; a trait so allocation rules are tested without an apiserver.
@@ -85,6 +102,21 @@ pub trait AddressBook: Send + Sync + 'static {
     /// or that now has another UID (collected and re-created for someone else), is success:
     /// either way our allocation no longer exists.
     fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>>;
+    /// Whether the claim `namespace/name` with `uid` still exists (a claim of that name with
+    /// another uid is another claim: `Gone`).
+    fn claim_state<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<ClaimState>>;
+    /// Marks the allocation object `name` (if its UID is still `uid`) held since `since`
+    /// (RFC 3339) by patching its metadata only; gone or re-created is success.
+    fn hold<'a>(&'a self, name: &'a str, uid: &'a str, since: &'a str)
+    -> BoxFuture<'a, Result<()>>;
+    /// Reports that a stable address is in use by another live pod of the same identity, so
+    /// this claim gets another address (an Event on the claim; best effort, never blocks).
+    fn stable_in_use(&self, who: &Requester, message: String);
 }
 
 /// One address this driver holds for a claim, as the checkpoint records it: enough to release
@@ -100,6 +132,10 @@ pub struct Allocation {
     pub uid: String,
     /// The address in interface form (with the subnet's prefix length).
     pub address: Cidr,
+    /// The stable identity the object carries, if any: unprepare then holds the address
+    /// instead of deleting it when the Network has a grace period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// Who asks for an address: the claim (the allocation's owner), its pod (the stable identity)
@@ -224,7 +260,22 @@ pub async fn allocate(
     skip: &BTreeSet<String>,
 ) -> Result<Addressing> {
     let mut created = Vec::new();
-    let outcome = allocate_inner(book, network_name, who, interface, skip, &mut created).await;
+    let mut reservations = Vec::new();
+    let outcome = allocate_inner(
+        book,
+        network_name,
+        who,
+        interface,
+        skip,
+        &mut created,
+        &mut reservations,
+    )
+    .await;
+    // A takeover's reservations only bridge its delete and create: gone either way.
+    if let Err(e) = release(book, &reservations).await {
+        tracing::warn!(network = %network_name, error = %e,
+            "could not delete a takeover reservation; the controller collects it with its claim");
+    }
     if outcome.is_err() {
         crate::metrics::metrics()
             .ipam_allocations
@@ -247,6 +298,7 @@ async fn allocate_inner(
     interface: u32,
     skip: &BTreeSet<String>,
     created: &mut Vec<Allocation>,
+    reservations: &mut Vec<Allocation>,
 ) -> Result<Addressing> {
     let network = book
         .network(network_name)
@@ -280,6 +332,9 @@ async fn allocate_inner(
     let identity = match &spec.stable_addresses {
         None => None,
         Some(stable) => {
+            if stable.by == StableBy::KubevirtVm && kubevirt_vm(&who.pod).is_none() {
+                return Err(Error::Ipam(not_a_launcher(network_name, &who.pod)));
+            }
             let labels = match stable.by {
                 StableBy::Label if !book.reads_pod_labels() => {
                     return Err(Error::Ipam(pod_label_reads_off(
@@ -292,7 +347,7 @@ async fn allocate_inner(
                     .await?
                     .unwrap_or_default(),
                 // The name is the claim's `reservedFor`: no pod read.
-                StableBy::PodName => BTreeMap::new(),
+                StableBy::PodName | StableBy::KubevirtVm => BTreeMap::new(),
             };
             stable.identity(&who.namespace, &who.pod, &labels, interface)
         }
@@ -308,6 +363,7 @@ async fn allocate_inner(
     let existing = book.list(network_name).await?;
     let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
     let mut mine: Vec<Allocation> = Vec::new();
+    let mut returning: Vec<(&NetworkAddress, IpAddr)> = Vec::new();
     for object in &existing {
         let name = object.metadata.name.clone().unwrap_or_default();
         let ip = match parse_allocation_name(&name) {
@@ -318,7 +374,32 @@ async fn allocate_inner(
                 Err(_) => continue,
             },
         };
+        if is_reservation(object) {
+            // Our own, left by a crash mid-takeover: not in the way of this prepare.
+            if object.spec.claim.uid == who.uid && object.spec.node.as_deref() == Some(&who.node) {
+                if let Ok(address) = object.spec.address.parse::<Cidr>() {
+                    reservations.push(Allocation {
+                        network: network_name.to_owned(),
+                        name,
+                        uid: object.metadata.uid.clone().unwrap_or_default(),
+                        address,
+                        identity: None,
+                    });
+                }
+            } else {
+                taken.insert(ip);
+            }
+            continue;
+        }
         taken.insert(ip);
+        let held = is_held(object);
+        if identity.is_some()
+            && object.spec.identity == identity
+            && (object.spec.claim.uid != who.uid || held)
+        {
+            returning.push((object, ip));
+            continue;
+        }
         // Only this node's own allocations are reused: the chart's admission policy lets a
         // node release only objects naming it in spec.node, so one made by another node (which
         // no correct node does for a claim allocated here) could never be released from here.
@@ -334,7 +415,18 @@ async fn allocate_inner(
                 name,
                 uid: object.metadata.uid.clone().unwrap_or_default(),
                 address,
+                identity: object.spec.identity.clone(),
             });
+        }
+    }
+    // The identity's earlier addresses: freed for this claim when their claim is gone.
+    let mut preferred: Vec<IpAddr> = Vec::new();
+    if mine.is_empty() {
+        for (object, ip) in returning {
+            if take_over(book, network_name, who, object, ip, reservations).await? {
+                taken.remove(&ip);
+                preferred.push(ip);
+            }
         }
     }
 
@@ -361,16 +453,12 @@ async fn allocate_inner(
                 found
             }
             None => {
-                claim_one(
-                    book,
-                    network_name,
-                    who,
-                    identity.as_deref(),
-                    &hint_key,
-                    &family,
-                    &mut taken,
-                )
-                .await?
+                let probe = Probe {
+                    identity: identity.as_deref(),
+                    hint_key: &hint_key,
+                    preferred: &preferred,
+                };
+                claim_one(book, network_name, who, &probe, &family, &mut taken).await?
             }
         };
         if !mine.iter().any(|m| m.name == allocation.name) {
@@ -385,27 +473,48 @@ async fn allocate_inner(
     Ok(out)
 }
 
+/// Where [`claim_one`] starts probing: the identity's former addresses first, then the
+/// offset of `hint_key`.
+struct Probe<'a> {
+    /// The stable identity recorded on the object.
+    identity: Option<&'a str>,
+    /// The identity, or the claim uid: the start of the probe.
+    hint_key: &'a str,
+    /// Addresses taken over for this identity, tried before any other.
+    preferred: &'a [IpAddr],
+}
+
 /// Proposes and creates addresses of one family until a create succeeds, moving to the next
 /// subnet of the family when one is exhausted; fails with the exhaustion text when all are.
 async fn claim_one<'s>(
     book: &dyn AddressBook,
     network_name: &str,
     who: &Requester,
-    identity: Option<&str>,
-    hint_key: &str,
+    probe: &Probe<'_>,
     family: &[&'s (&'s Subnet, Pool)],
     taken: &mut BTreeSet<IpAddr>,
 ) -> Result<(Allocation, &'s Subnet)> {
+    let Probe {
+        identity,
+        hint_key,
+        preferred,
+    } = *probe;
     let mut exhausted = Vec::new();
     for (subnet, pool) in family.iter().map(|e| (e.0, &e.1)) {
         let hint = stable_offset(network_name, hint_key, pool);
         loop {
-            let ip = match knic_proto::ipam::allocate(
-                network_name,
-                pool,
-                |ip| taken.contains(&ip),
-                hint,
-            ) {
+            // The identity's own former address first, even if the subnet's rules moved its
+            // offset (it was allocated when another address sat there).
+            let again = preferred
+                .iter()
+                .find(|ip| pool.contains_usable(**ip) && !taken.contains(ip));
+            let ip = match again {
+                Some(ip) => Ok(*ip),
+                None => {
+                    knic_proto::ipam::allocate(network_name, pool, |ip| taken.contains(&ip), hint)
+                }
+            };
+            let ip = match ip {
                 Ok(ip) => ip,
                 Err(e) => {
                     exhausted.push(e.to_string());
@@ -446,6 +555,7 @@ async fn claim_one<'s>(
                             name,
                             uid,
                             address: prefixed,
+                            identity: identity.map(str::to_owned),
                         },
                         subnet,
                     ));
@@ -460,6 +570,229 @@ async fn claim_one<'s>(
     }
     crate::metrics::metrics().ipam_exhausted.inc([]);
     Err(Error::Ipam(exhausted.join("; ")))
+}
+
+/// Decides about an earlier allocation of this claim's identity (`object`, address `ip`) made
+/// for another claim: `true` when it was deleted so this claim may create it again.
+///
+/// The rule that keeps two live pods from one address: only an allocation no pod uses is
+/// taken over: one marked held (its claim was unprepared, so its pod stopped, even if the
+/// claim object lingers), or one whose claim is gone. A claim being deleted but not yet
+/// unprepared may still have a running pod, so the prepare is refused and the kubelet's retry
+/// comes back after the unprepare; a live claim (two pods sharing a label value) keeps its
+/// address and this claim gets another. Another node's allocation is taken over only once it
+/// is held: the admission policy lets a node delete another node's allocation only then, and
+/// until then (its node lost, the controller not yet past it) the address counts as taken.
+/// This claim's own held allocation (a shared claim prepared again) is re-created unheld.
+async fn take_over(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    object: &NetworkAddress,
+    ip: IpAddr,
+    reservations: &mut Vec<Allocation>,
+) -> Result<bool> {
+    let owner = &object.spec.claim;
+    let identity = object.spec.identity.as_deref().unwrap_or_default();
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let uid = object.metadata.uid.as_deref().unwrap_or_default();
+    if is_held(object) {
+        // Held: its claim was unprepared (or vanished and the controller marked it), so no pod
+        // uses it, whatever became of the claim since.
+        if !reserve(book, network_name, who, object, reservations).await? {
+            return Ok(false);
+        }
+        book.delete(name, uid).await?;
+        tracing::info!(claim = %who.claim, address = %ip, %identity,
+            "taking over the identity's held address");
+        return Ok(true);
+    }
+    match book
+        .claim_state(&owner.namespace, &owner.name, &owner.uid)
+        .await?
+    {
+        ClaimState::Deleting => Err(Error::Ipam(format!(
+            "address {ip} of identity {identity} is still held by claim {}/{}, which is being \
+             deleted; retrying",
+            owner.namespace, owner.name
+        ))),
+        ClaimState::Live => {
+            let message = format!(
+                "address {ip} of identity {identity} is in use by claim {}/{}, which is live \
+                 (two pods with one identity); this claim gets another address",
+                owner.namespace, owner.name
+            );
+            tracing::warn!(claim = %who.claim, "{message}");
+            book.stable_in_use(who, message);
+            Ok(false)
+        }
+        ClaimState::Gone => {
+            if object.spec.node.as_deref() != Some(who.node.as_str()) {
+                tracing::info!(claim = %who.claim, address = %ip, %identity,
+                    node = object.spec.node.as_deref().unwrap_or_default(),
+                    "the identity's former address is another node's, not yet held; taking another");
+                return Ok(false);
+            }
+            if !reserve(book, network_name, who, object, reservations).await? {
+                return Ok(false);
+            }
+            book.delete(name, uid).await?;
+            tracing::info!(claim = %who.claim, address = %ip, %identity,
+                "taking over the identity's address, whose claim is gone");
+            Ok(true)
+        }
+    }
+}
+
+/// Unprepare's release: an allocation with a stable identity on a Network with a grace period
+/// is held (marked, not deleted) so its identity can take it over; every other one is
+/// deleted. A Network that is gone holds nothing, nor does a KNI sandbox (`claim_uid`
+/// `kni.…`): its addresses are its driver's alone, which the controller never collects.
+pub async fn release_or_hold(
+    book: &dyn AddressBook,
+    claim_uid: &str,
+    allocations: &[Allocation],
+) -> Result<()> {
+    if knic_proto::names::is_sandbox_claim_uid(claim_uid) {
+        return release(book, allocations).await;
+    }
+    let mut graces: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut to_release = Vec::new();
+    let since = held_since_now();
+    let mut first_error = None;
+    for a in allocations {
+        if a.identity.is_none() {
+            to_release.push(a.clone());
+            continue;
+        }
+        let grace = match graces.get(a.network.as_str()) {
+            Some(g) => *g,
+            None => {
+                let g = book
+                    .network(&a.network)
+                    .await?
+                    .filter(|n| n.metadata.deletion_timestamp.is_none())
+                    .and_then(|n| n.spec.stable_addresses)
+                    .map_or(0, |s| s.grace());
+                graces.insert(&a.network, g);
+                g
+            }
+        };
+        if grace == 0 {
+            to_release.push(a.clone());
+            continue;
+        }
+        match book.hold(&a.name, &a.uid, &since).await {
+            Ok(()) => tracing::info!(network = %a.network, address = %a.address,
+                identity = a.identity.as_deref().unwrap_or_default(), grace,
+                "address held for its identity"),
+            Err(e) => {
+                tracing::warn!(network = %a.network, address = %a.address, error = %e,
+                    "holding an address failed");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let released = release(book, &to_release).await;
+    match first_error {
+        Some(e) => Err(e),
+        None => released,
+    }
+}
+
+/// Label of a takeover's reservation object (see [`reserve`]).
+pub const TAKEOVER_LABEL: &str = "knic.dev/takeover";
+
+/// Creates the reservation that keeps `object`'s address taken between a takeover's delete
+/// and create: an object of another name (`takeover-<name>`) with the same address, which
+/// every allocator listing the Network counts as taken (an object's address counts whatever
+/// its name), while no allocator counts it as an allocation. An allocator that listed before
+/// it saw the held object; one that lists after sees it until the new allocation exists.
+/// `false` when another claim of the identity is taking the address over right now.
+async fn reserve(
+    book: &dyn AddressBook,
+    network_name: &str,
+    who: &Requester,
+    object: &NetworkAddress,
+    reservations: &mut Vec<Allocation>,
+) -> Result<bool> {
+    let name = format!(
+        "takeover-{}",
+        object.metadata.name.as_deref().unwrap_or_default()
+    );
+    let mut reservation = NetworkAddress::new(
+        &name,
+        NetworkAddressSpec {
+            network: network_name.to_owned(),
+            address: object.spec.address.clone(),
+            claim: ClaimRef {
+                namespace: who.namespace.clone(),
+                name: who.claim.clone(),
+                uid: who.uid.clone(),
+            },
+            identity: None,
+            node: Some(who.node.clone()),
+        },
+    );
+    reservation.metadata.labels = Some(BTreeMap::from([
+        (NETWORK_LABEL.to_owned(), network_name.to_owned()),
+        (TAKEOVER_LABEL.to_owned(), "true".to_owned()),
+    ]));
+    match book.create(&reservation).await? {
+        Created::Created(uid) => {
+            reservations.push(Allocation {
+                network: network_name.to_owned(),
+                name,
+                uid,
+                address: object
+                    .spec
+                    .address
+                    .parse()
+                    .map_err(|e| Error::Ipam(format!("{}: {e}", object.spec.address)))?,
+                identity: None,
+            });
+            Ok(true)
+        }
+        Created::AlreadyExists => Ok(false),
+    }
+}
+
+/// Whether an object is a takeover's reservation, not an allocation.
+fn is_reservation(object: &NetworkAddress) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(TAKEOVER_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+/// Whether an allocation object is marked held.
+fn is_held(object: &NetworkAddress) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(HELD_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+/// Now in RFC 3339 to the second, the form of [`HELD_SINCE_ANNOTATION`].
+pub fn held_since_now() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
+
+/// The metadata patch that marks an allocation held; the uid makes it apply only to that
+/// object (a re-created one of the same name is refused).
+pub fn hold_patch(uid: &str, since: &str) -> serde_json::Value {
+    serde_json::json!({"metadata": {
+        "uid": uid,
+        "labels": {HELD_LABEL: "true"},
+        "annotations": {HELD_SINCE_ANNOTATION: since},
+    }})
 }
 
 /// Releases allocations by deleting their objects (UID precondition; gone is success). Tries
@@ -487,135 +820,9 @@ pub async fn release(book: &dyn AddressBook, allocations: &[Allocation]) -> Resu
 
 /// An in-memory [`AddressBook`] with the apiserver's create-by-name semantics, for tests.
 #[cfg(test)]
-pub(crate) mod memory {
-    use super::*;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) mod memory;
 
-    #[derive(Default)]
-    pub(crate) struct MemBook {
-        pub networks: Mutex<BTreeMap<String, Network>>,
-        pub pods: Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>,
-        pub namespaces: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
-        pub objects: Mutex<BTreeMap<String, NetworkAddress>>,
-        /// Names another node creates between our LIST and our CREATE: invisible to `list`
-        /// until a create of that name is attempted, which then answers `AlreadyExists`.
-        pub racing: Mutex<BTreeMap<String, NetworkAddress>>,
-        pub creates: AtomicU64,
-        uids: AtomicU64,
-        /// Whether the book may read pods (`--pod-label-reads`); off, like the driver's default.
-        pub pod_reads: AtomicBool,
-        /// Pod reads made, to show none is made when none may be.
-        pub pod_reads_made: AtomicU64,
-    }
-
-    impl MemBook {
-        pub(crate) fn add_network(&self, name: &str, spec: serde_json::Value) {
-            let network = Network::new(name, serde_json::from_value(spec).unwrap());
-            self.networks
-                .lock()
-                .unwrap()
-                .insert(name.to_owned(), network);
-        }
-
-        pub(crate) fn edit_network(&self, name: &str, edit: impl FnOnce(&mut Network)) {
-            edit(self.networks.lock().unwrap().get_mut(name).unwrap());
-        }
-
-        pub(crate) fn addresses(&self) -> Vec<String> {
-            self.objects
-                .lock()
-                .unwrap()
-                .values()
-                .map(|o| o.spec.address.clone())
-                .collect()
-        }
-    }
-
-    impl AddressBook for MemBook {
-        fn network<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Network>>> {
-            Box::pin(async move { Ok(self.networks.lock().unwrap().get(name).cloned()) })
-        }
-
-        fn reads_pod_labels(&self) -> bool {
-            self.pod_reads.load(Ordering::SeqCst)
-        }
-
-        fn pod_labels<'a>(
-            &'a self,
-            namespace: &'a str,
-            name: &'a str,
-        ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
-            Box::pin(async move {
-                self.pod_reads_made.fetch_add(1, Ordering::SeqCst);
-                Ok(self
-                    .pods
-                    .lock()
-                    .unwrap()
-                    .get(&(namespace.to_owned(), name.to_owned()))
-                    .cloned())
-            })
-        }
-
-        fn namespace_labels<'a>(
-            &'a self,
-            name: &'a str,
-        ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>>> {
-            Box::pin(async move { Ok(self.namespaces.lock().unwrap().get(name).cloned()) })
-        }
-
-        fn list<'a>(&'a self, network: &'a str) -> BoxFuture<'a, Result<Vec<NetworkAddress>>> {
-            Box::pin(async move {
-                Ok(self
-                    .objects
-                    .lock()
-                    .unwrap()
-                    .values()
-                    .filter(|o| {
-                        o.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(NETWORK_LABEL))
-                            .is_some_and(|n| n == network)
-                    })
-                    .cloned()
-                    .collect())
-            })
-        }
-
-        fn create<'a>(&'a self, address: &'a NetworkAddress) -> BoxFuture<'a, Result<Created>> {
-            Box::pin(async move {
-                self.creates.fetch_add(1, Ordering::SeqCst);
-                let name = address.metadata.name.clone().unwrap_or_default();
-                let mut objects = self.objects.lock().unwrap();
-                if let Some(raced) = self.racing.lock().unwrap().remove(&name) {
-                    objects.insert(name.clone(), raced);
-                }
-                if objects.contains_key(&name) {
-                    return Ok(Created::AlreadyExists);
-                }
-                let uid = format!("uid-{}", self.uids.fetch_add(1, Ordering::SeqCst) + 1);
-                let mut stored = address.clone();
-                stored.metadata.uid = Some(uid.clone());
-                objects.insert(name, stored);
-                Ok(Created::Created(uid))
-            })
-        }
-
-        fn delete<'a>(&'a self, name: &'a str, uid: &'a str) -> BoxFuture<'a, Result<()>> {
-            Box::pin(async move {
-                let mut objects = self.objects.lock().unwrap();
-                if objects
-                    .get(name)
-                    .is_some_and(|o| o.metadata.uid.as_deref() == Some(uid))
-                {
-                    objects.remove(name);
-                }
-                Ok(())
-            })
-        }
-    }
-}
-
+#[cfg(test)]
+mod stable_tests;
 #[cfg(test)]
 mod tests;

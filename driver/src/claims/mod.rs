@@ -723,8 +723,9 @@ impl Preparer {
                 name: wanted.name.clone(),
                 reason: format!("giving its PCI functions back: {e}"),
             })?;
-        // Addresses are released from the checkpoint's record alone (the claim and even the
-        // Network may be gone), outside the checkpoint lock, and before the claim is forgotten:
+        // Addresses are released (or held for their stable identity, which needs the Network's
+        // grace period: a Network that is gone holds nothing) from the checkpoint's record
+        // (the claim may be gone), outside the checkpoint lock, and before the claim is forgotten:
         // a failed release leaves the claim prepared, so the kubelet's retry releases again.
         if !allocations.is_empty() {
             let Some((book, _)) = &self.ipam else {
@@ -738,7 +739,7 @@ impl Preparer {
                     ),
                 });
             };
-            crate::claims::ipam::release(book.as_ref(), &allocations)
+            crate::claims::ipam::release_or_hold(book.as_ref(), &wanted.uid, &allocations)
                 .await
                 .map_err(|e| Error::Claim {
                     namespace: wanted.namespace.clone(),

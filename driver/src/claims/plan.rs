@@ -557,6 +557,7 @@ mod tests {
                     name: format!("blue-{a}"),
                     uid: "uid".into(),
                     address: a.parse().unwrap(),
+                    identity: None,
                 })
                 .collect(),
             routes: serde_json::from_value(routes).unwrap(),

@@ -15,7 +15,7 @@ use knic_proto::network::{Network, NetworkAddress};
 
 use super::catalog::Catalog;
 use crate::BoxFuture;
-use crate::claims::ipam::{AddressBook, Created};
+use crate::claims::ipam::{AddressBook, ClaimState, Created, Requester};
 use crate::error::{Error, Result};
 
 /// The largest allocation file read: an object is a few hundred bytes.
@@ -166,5 +166,29 @@ impl AddressBook for FileAddressBook {
                 _ => Ok(()),
             }
         })
+    }
+
+    /// Standalone mode has no claims to look up: an allocation of another sandbox is taken
+    /// as live (never taken over), the rule that cannot give one address to two pods.
+    fn claim_state<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<ClaimState>> {
+        Box::pin(async { Ok(ClaimState::Live) })
+    }
+
+    /// Sandboxes' addresses are released at detach, never held: nothing calls this here.
+    fn hold<'a>(&'a self, name: &'a str, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            Err(Error::Ipam(format!(
+                "allocation {name}: standalone mode holds no addresses"
+            )))
+        })
+    }
+
+    fn stable_in_use(&self, _: &Requester, message: String) {
+        tracing::info!("{message}");
     }
 }

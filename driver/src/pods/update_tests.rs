@@ -93,6 +93,7 @@ fn claim(from_template: bool) -> PreparedClaim {
             name: "blue-192-0-2-10".into(),
             uid: "a-uid".into(),
             address: "192.0.2.10/24".parse::<Cidr>().expect("cidr"),
+            identity: None,
         }],
         functions: vec![],
     }

@@ -567,6 +567,12 @@ fn address(node: Option<&str>) -> Value {
     json!({"metadata": {"name": "blue-192-0-2-10", "labels": {"knic.dev/network": "blue"}}, "spec": spec})
 }
 
+/// `address` marked held (`knic.dev/held=true`), as unprepare leaves a stable identity's.
+fn held(mut address: Value) -> Value {
+    address["metadata"]["labels"]["knic.dev/held"] = json!("true");
+    address
+}
+
 fn address_cases() -> anyhow::Result<()> {
     let a = |op, object, old| request("knic.dev", "networkaddresses", op, object, old);
     run_cases(
@@ -597,6 +603,30 @@ fn address_cases() -> anyhow::Result<()> {
                     ..a("CREATE", address(Some(NODE)), Value::Null)
                 },
                 denied(NO_NODE),
+            ),
+            (
+                "take over another node's held allocation (its identity returned here)",
+                a("DELETE", Value::Null, held(address(Some(OTHER)))),
+                Verdict::Allowed,
+            ),
+            (
+                "hold this node's",
+                a("UPDATE", held(address(Some(NODE))), address(Some(NODE))),
+                Verdict::Allowed,
+            ),
+            (
+                "hold another node's",
+                a("UPDATE", held(address(Some(OTHER))), address(Some(OTHER))),
+                denied(format!(
+                    "this user running on node '{NODE}' may not write NetworkAddresses of node '{OTHER}'"
+                )),
+            ),
+            (
+                "create another node's, labelled held",
+                a("CREATE", held(address(Some(OTHER))), Value::Null),
+                denied(format!(
+                    "this user running on node '{NODE}' may not write NetworkAddresses of node '{OTHER}'"
+                )),
             ),
             (
                 "release another node's",

@@ -60,7 +60,10 @@ pub(crate) const DRIVER: &[Need] = &[
         "resource.k8s.io",
         "resourceclaims",
         &["get"],
-        Why::Used("driver/src/api/claims.rs KubeClaims::get: prepare reads the claim"),
+        Why::Used(
+            "driver/src/api/claims.rs KubeClaims::get: prepare reads the claim; \
+             driver/src/api/addresses.rs claim_state: a returning identity's former claim",
+        ),
     ),
     cluster(
         "resource.k8s.io",
@@ -114,10 +117,10 @@ pub(crate) const DRIVER: &[Need] = &[
     cluster(
         "knic.dev",
         "networkaddresses",
-        &["get", "create", "list", "delete"],
+        &["get", "create", "list", "delete", "patch"],
         Why::Used(
-            "driver/src/api/addresses.rs KubeAddressBook::{create, list, delete}, and get after \
-             AlreadyExists or a delete conflict",
+            "driver/src/api/addresses.rs KubeAddressBook::{create, list, delete}, get after \
+             AlreadyExists or a delete conflict, hold (merge patch of metadata)",
         ),
     ),
     cluster(
@@ -212,10 +215,11 @@ pub(crate) const CONTROLLER: &[Need] = &[
     cluster(
         "knic.dev",
         "networkaddresses",
-        &["list", "watch", "delete"],
+        &["list", "watch", "delete", "patch"],
         Why::Used(
-            "controller/src/reconcile.rs: .watches(addresses), the address count, \
-             collect_addresses (list, delete with uid precondition)",
+            "controller/src/reconcile.rs: .watches(addresses), the address count; \
+             controller/src/gc.rs collect_addresses (list, delete with uid precondition, \
+             merge patch marking held)",
         ),
     ),
     cluster(
@@ -267,7 +271,7 @@ pub(crate) const CONTROLLER: &[Need] = &[
         "resource.k8s.io",
         "resourceclaims",
         &["get"],
-        Why::Used("controller/src/reconcile.rs collect_addresses: does the claim still exist"),
+        Why::Used("controller/src/gc.rs collect_addresses: does the claim still exist"),
     ),
     cluster(
         "resource.k8s.io",
@@ -304,6 +308,30 @@ pub(crate) const CONTROLLER: &[Need] = &[
         "namespaces",
         &["list", "watch"],
         Why::Used("controller/src/reconcile.rs: .watches(namespaces), generate (selection)"),
+    ),
+    cluster(
+        "",
+        "namespaces",
+        &["get"],
+        Why::Used("controller/src/gc.rs collect_addresses: a held address's namespace exists"),
+    ),
+    cluster(
+        "apps",
+        "statefulsets",
+        &["get"],
+        Why::Used(
+            "controller/src/gc.rs identity_fate (controller.identityReads, default on): a held \
+             pod-name identity's StatefulSet and replicas",
+        ),
+    ),
+    cluster(
+        "kubevirt.io",
+        "virtualmachines",
+        &["get"],
+        Why::Used(
+            "controller/src/gc.rs identity_fate (controller.identityReads, default on): a held \
+             kubevirtVM identity's VirtualMachine",
+        ),
     ),
     cluster(
         "events.k8s.io",

@@ -101,6 +101,7 @@ pub async fn routes_and_mtu_change_in_place(_: &Rtnl) -> anyhow::Result<()> {
             name: "blue-192-0-2-10".into(),
             uid: "a".into(),
             address: cidr("192.0.2.10/24"),
+            identity: None,
         }],
         functions: vec![],
     };

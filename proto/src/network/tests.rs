@@ -102,6 +102,7 @@ fn address_count_is_exact_decimal_strings() {
     let count = AddressCount {
         free: (1u128 << 64) - 3,
         total: (1u128 << 64) - 2,
+        held: 0,
     };
     let json = serde_json::to_value(count).unwrap();
     assert_eq!(
@@ -112,11 +113,23 @@ fn address_count_is_exact_decimal_strings() {
     assert_eq!(
         AddressCount {
             free: 250,
-            total: 253
+            total: 253,
+            held: 2,
         }
         .summary(),
         "250/253"
     );
+    let held = AddressCount {
+        free: 1,
+        total: 3,
+        held: 2,
+    };
+    let json = serde_json::to_value(held).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"free": "1", "total": "3", "held": "2"})
+    );
+    assert_eq!(serde_json::from_value::<AddressCount>(json).unwrap(), held);
     for bad in [
         serde_json::json!({"free": 1, "total": "2"}),
         serde_json::json!({"free": "01", "total": "2"}),

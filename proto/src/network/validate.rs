@@ -449,13 +449,23 @@ impl Validator {
             (StableBy::Label, Some(key)) if !is_label_key(key) => {
                 self.error("spec.stableAddresses.label", label_key_message(key))
             }
-            (StableBy::PodName, Some(_)) => {
+            (StableBy::PodName | StableBy::KubevirtVm, Some(_)) => {
                 self.error(
                     "spec.stableAddresses.label",
                     "only applies when by is label",
                 );
             }
             _ => {}
+        }
+        let grace = stable.grace();
+        if grace > super::stable::MAX_GRACE_PERIOD_SECONDS {
+            self.error(
+                "spec.stableAddresses.gracePeriodSeconds",
+                format!(
+                    "must be at most {} (one year), got {grace}",
+                    super::stable::MAX_GRACE_PERIOD_SECONDS
+                ),
+            );
         }
         if spec.ipam.subnets.is_empty() && spec.ipam.static_addresses.is_some() {
             self.error(

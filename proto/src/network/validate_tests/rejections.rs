@@ -203,6 +203,10 @@ rejects! {
         => [format!("spec.stableAddresses.label: \"Knic.dev/id\" is not a label key {LABEL_KEY}")];
     network_reject_stable_label_with_pod_name: { "stableAddresses": { "by": "podName", "label": "app" } }
         => ["spec.stableAddresses.label: only applies when by is label"];
+    network_reject_stable_label_with_kubevirt: { "stableAddresses": { "by": "kubevirtVM", "label": "app" } }
+        => ["spec.stableAddresses.label: only applies when by is label"];
+    network_reject_stable_grace_over_a_year: { "stableAddresses": { "by": "podName", "gracePeriodSeconds": 31536001u64 } }
+        => ["spec.stableAddresses.gracePeriodSeconds: must be at most 31536000 (one year), got 31536001"];
     network_reject_stable_with_static: { "ipam": { "subnets": null, "static": {} }, "stableAddresses": { "by": "podName" } }
         => ["spec.stableAddresses: requires subnets; with static addresses every claim already fixes its address"];
 

@@ -244,6 +244,7 @@ fn network_stable_identity() {
     let by_name = StableAddresses {
         by: StableBy::PodName,
         label: None,
+        grace_period_seconds: None,
     };
     assert_eq!(
         by_name.identity("ns", "db-0", &labels, 0).as_deref(),
@@ -256,6 +257,7 @@ fn network_stable_identity() {
     let by_label = StableAddresses {
         by: StableBy::Label,
         label: Some("knic.dev/id".to_owned()),
+        grace_period_seconds: None,
     };
     assert_eq!(
         by_label.identity("ns", "db-7f9c", &labels, 0).as_deref(),
