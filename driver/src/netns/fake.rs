@@ -16,6 +16,7 @@ use super::vf::VfState;
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
+mod overlay;
 mod session;
 
 #[derive(Debug, Default)]
@@ -50,6 +51,9 @@ struct State {
     /// Child link → the link it sits on: deleting a link deletes its children, as the kernel
     /// does (a macvlan dies with its VLAN).
     lower: Vec<((Ns, String), (Ns, String))>,
+    /// VXLAN devices by (namespace, name): what they were made with and their forwarding
+    /// entries, which die with them.
+    vxlans: BTreeMap<(Ns, String), overlay::Vxlan>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the

@@ -14,6 +14,7 @@ pub mod child;
 mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod overlay;
 pub mod rtnl;
 pub mod sysctl;
 pub mod tbf;
@@ -248,6 +249,34 @@ pub trait Session: Send {
     ) -> impl Future<Output = Result<()>> + Send;
     /// Deletes a link.
     fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Creates the bridge and the VXLAN device of `segment` where they are missing (one
+    /// already there must be exactly knic's: a bridge, a VXLAN device of this VNI, port and
+    /// local address), both up; a repeated call changes nothing.
+    fn ensure_segment(
+        &mut self,
+        segment: &overlay::Segment,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Creates a veth whose end `host` sits on `bridge` here and whose peer is created directly
+    /// in `to`, named, sized and addressed per `change`, in one RTM_NEWLINK (no move, as for
+    /// [`Session::add_child`]); `mtu` is the host end's and the peer's unless `change` says.
+    fn add_veth(
+        &mut self,
+        host: &str,
+        bridge: &str,
+        to: &Ns,
+        mtu: u32,
+        change: &LinkChange,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The static remote forwarding entries of the VXLAN device `vxlan` (none when it is gone).
+    fn fdb(&mut self, vxlan: &str) -> impl Future<Output = Result<Vec<overlay::FdbEntry>>> + Send;
+    /// Adds and removes forwarding entries of `vxlan`, pipelined; an entry already there (or
+    /// already gone) is fine, and a MAC's entry is replaced when the MAC moved node.
+    fn set_fdb(
+        &mut self,
+        vxlan: &str,
+        add: &[overlay::FdbEntry],
+        remove: &[overlay::FdbEntry],
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Makes `tbf` the root qdisc of `name`, creating it or changing knic's own in place (a
     /// repeated call is a no-op).
     fn set_egress_limit(
