@@ -427,6 +427,7 @@ async fn claim_one<'s>(
                     },
                     identity: identity.map(str::to_owned),
                     node: Some(who.node.clone()),
+                    overlay: None,
                 },
             );
             object.metadata.labels = Some(BTreeMap::from([(
