@@ -194,6 +194,27 @@ impl FakeKernel {
         let links = s.links.remove(ns).unwrap_or_default();
         s.routes.remove(ns);
         s.qdiscs.retain(|(n, _), _| n != ns);
+        // A virtual link dying takes what sits on it along: a veth's host end with its pod end.
+        let dying: Vec<(Ns, String)> = links
+            .iter()
+            .filter(|l| l.kind.is_some())
+            .map(|l| (ns.clone(), l.name.clone()))
+            .collect();
+        let along: Vec<(Ns, String)> = s
+            .lower
+            .iter()
+            .filter(|(child, lower)| dying.contains(lower) && child.0 != *ns)
+            .map(|(child, _)| child.clone())
+            .collect();
+        for (n, name) in &along {
+            if let Some(l) = s.links.get_mut(n) {
+                l.retain(|l| l.name != *name);
+            }
+            s.vxlans.remove(&(n.clone(), name.clone()));
+        }
+        s.lower.retain(|(child, lower)| {
+            !dying.contains(child) && !dying.contains(lower) && !along.contains(child)
+        });
         for mut link in links.into_iter().filter(|l| l.kind.is_none()) {
             let host = s.links.entry(Ns::Host).or_default();
             if host.iter().any(|h| h.name == link.name) {

@@ -331,6 +331,15 @@ pub enum AttachMode {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         uplink: Option<Uplink>,
     },
+    /// A veth whose peer is created in the pod and whose host end joins the node's bridge of
+    /// an overlay segment (bridge + VXLAN device, shared by every pod of the VNI on the node,
+    /// made with the first and deleted after the last, like a shared host VLAN).
+    Overlay {
+        /// The segment the host end joins.
+        segment: overlay::Segment,
+        /// The host end's name (`knh` + 8 hex digits of the claim and interface).
+        host_veth: String,
+    },
 }
 
 /// A child link knic creates on a host device, directly in a pod.
@@ -357,22 +366,36 @@ impl AttachMode {
     /// The child the pod gets, when it gets one rather than the device itself.
     pub fn new_child(&self) -> Option<NewChild<'_>> {
         match self {
-            AttachMode::Move => None,
+            AttachMode::Move | AttachMode::Overlay { .. } => None,
             AttachMode::Vlan { id } => Some(NewChild::Vlan(*id)),
             AttachMode::Child { child, .. } => Some(NewChild::Of(child)),
         }
     }
 
-    /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
+    /// The `IFLA_INFO_KIND` of the link the pod gets when knic created it (rather than moving
+    /// the device).
     pub fn child_kind(&self) -> Option<&'static str> {
-        self.new_child().map(NewChild::kind)
+        match self {
+            AttachMode::Overlay { .. } => Some("veth"),
+            _ => self.new_child().map(NewChild::kind),
+        }
     }
 
     /// The shared host VLAN the pod's child sits on, if any.
     pub fn uplink(&self) -> Option<&Uplink> {
         match self {
             AttachMode::Child { uplink, .. } => uplink.as_ref(),
-            AttachMode::Move | AttachMode::Vlan { .. } => None,
+            AttachMode::Move | AttachMode::Vlan { .. } | AttachMode::Overlay { .. } => None,
+        }
+    }
+
+    /// The host link this attachment shares with other pods and keeps alive while recorded:
+    /// a shared host VLAN's name, or an overlay segment's bridge (which names its VXLAN
+    /// device too, see [`overlay::segment_vni`]).
+    pub fn shared_host_link(&self) -> Option<&str> {
+        match self {
+            AttachMode::Overlay { segment, .. } => Some(&segment.bridge),
+            _ => self.uplink().map(|u| u.name.as_str()),
         }
     }
 }

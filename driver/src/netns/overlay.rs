@@ -23,9 +23,12 @@ use netlink_packet_route::{AddressFamily, route::RouteType};
 use rtnetlink::{LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVxlan};
 use serde::{Deserialize, Serialize};
 
-use super::LinkChange;
+use super::{Kernel, LinkChange, Ns, Session, open};
+use crate::error::Result;
 
-/// One VXLAN segment on this node: what the bridge and the VXLAN device are made of.
+/// One VXLAN segment on this node: what the bridge and the VXLAN device are made of. Their
+/// names are fixed by the VNI, so every attachment of the segment finds the same ones and a
+/// restarted driver recognises them (15 characters at most: `knb`/`knx` + 6 hex digits).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Segment {
@@ -39,18 +42,24 @@ pub struct Segment {
     pub underlay: String,
     /// MTU of the bridge and the VXLAN device (the pods' MTU).
     pub mtu: u32,
+    /// The bridge's name ([`bridge_name`]).
+    pub bridge: String,
+    /// The VXLAN device's name ([`vxlan_name`]).
+    pub vxlan: String,
 }
 
 impl Segment {
-    /// The bridge's name: fixed by the VNI, so every attachment of the segment finds the same
-    /// one and a restarted driver recognises it (15 characters at most: `knb` + 6 hex digits).
-    pub fn bridge(&self) -> String {
-        bridge_name(self.vni)
-    }
-
-    /// The VXLAN device's name (`knx` + 6 hex digits).
-    pub fn vxlan(&self) -> String {
-        vxlan_name(self.vni)
+    /// The segment of VNI `vni` on `port`, from `local` on `underlay`, at `mtu`.
+    pub fn new(vni: u32, port: u16, local: IpAddr, underlay: &str, mtu: u32) -> Segment {
+        Segment {
+            vni,
+            port,
+            local,
+            underlay: underlay.to_owned(),
+            mtu,
+            bridge: bridge_name(vni),
+            vxlan: vxlan_name(vni),
+        }
     }
 }
 
@@ -83,7 +92,7 @@ pub fn segment_vni(name: &str) -> Option<u32> {
 /// The bridge: no STP (a segment has no loops: one VXLAN port plus veths) and no multicast
 /// snooping (it would drop IPv6 neighbour discovery until a querier exists), up at once.
 pub fn bridge_message(segment: &Segment) -> LinkMessage {
-    LinkBridge::new(&segment.bridge())
+    LinkBridge::new(&segment.bridge)
         .set_info_data(InfoData::Bridge(vec![
             InfoBridge::StpState(BridgeStpState::Disabled),
             InfoBridge::MulticastSnooping(false),
@@ -95,7 +104,7 @@ pub fn bridge_message(segment: &Segment) -> LinkMessage {
 /// The VXLAN device of `segment`, bound to the underlay (`underlay_index`) and the bridge
 /// (`bridge_index`), learning off: where each MAC lives comes from the cluster, not the wire.
 pub fn vxlan_message(segment: &Segment, underlay_index: u32, bridge_index: u32) -> LinkMessage {
-    let mut b = LinkVxlan::new(&segment.vxlan(), segment.vni)
+    let mut b = LinkVxlan::new(&segment.vxlan, segment.vni)
         .dev(underlay_index)
         .port(segment.port)
         .learning(false);
@@ -286,6 +295,44 @@ fn kind_name(kind: Option<InfoKind>) -> String {
         Some(InfoKind::Other(k)) => k,
         Some(k) => format!("{k:?}").to_lowercase(),
     }
+}
+
+/// Deletes the VXLAN device and the bridge of VNI `vni` from the host, each only when it is
+/// there with knic's kind; the caller has established that no recorded attachment uses the
+/// segment. The forwarding entries go with the device.
+pub async fn release<K: Kernel>(kernel: &K, vni: u32) -> Result<()> {
+    let mut host = open(kernel, &Ns::Host).await?;
+    for (name, kind) in [(vxlan_name(vni), "vxlan"), (bridge_name(vni), "bridge")] {
+        if host
+            .find_link(&name)
+            .await?
+            .is_some_and(|l| l.kind.as_deref() == Some(kind))
+        {
+            host.del_link(&name).await?;
+        }
+    }
+    tracing::info!(vni, "overlay segment no pod uses any more deleted");
+    Ok(())
+}
+
+/// The segments present on the host, by their bridge's name (a VXLAN device left without its
+/// bridge counts too), for the start-up sweep.
+pub async fn present<K: Kernel>(kernel: &K) -> Result<Vec<String>> {
+    let mut host = open(kernel, &Ns::Host).await?;
+    let mut found: Vec<String> = host
+        .links()
+        .await?
+        .into_iter()
+        .filter(|l| {
+            let shape = |prefix: &str| l.name.starts_with(prefix) && segment_vni(&l.name).is_some();
+            (l.kind.as_deref() == Some("bridge") && shape("knb"))
+                || (l.kind.as_deref() == Some("vxlan") && shape("knx"))
+        })
+        .filter_map(|l| segment_vni(&l.name).map(bridge_name))
+        .collect();
+    found.sort();
+    found.dedup();
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -9,13 +9,13 @@ use netlink_packet_route::neighbour::{NeighbourFlags, NeighbourMessage, Neighbou
 use super::*;
 
 fn segment() -> Segment {
-    Segment {
-        vni: 4242,
-        port: 4789,
-        local: IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)),
-        underlay: "knt-ul".into(),
-        mtu: 1450,
-    }
+    Segment::new(
+        4242,
+        4789,
+        IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)),
+        "knt-ul",
+        1450,
+    )
 }
 
 /// Emitted to bytes and parsed back, as the kernel would read it.
@@ -238,11 +238,7 @@ fn a_link_of_the_segments_name_is_ours_only_when_it_matches() {
         foreign_reason(&bridge, &s, true).as_deref(),
         Some("a bridge link of that name exists")
     );
-    let other = Segment {
-        vni: 5,
-        port: 8472,
-        ..segment()
-    };
+    let other = Segment::new(5, 8472, segment().local, "knt-ul", 1450);
     let theirs = link(vxlan_message(&other, 7, 9));
     assert_eq!(
         foreign_reason(&theirs, &s, true).as_deref(),

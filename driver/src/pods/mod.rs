@@ -305,7 +305,7 @@ impl<K: Kernel> PodNetworks<K> {
         let uses_uplink = claims
             .iter()
             .flat_map(|c| &c.attachments)
-            .any(|a| a.restore.is_some() && a.plan.mode.uplink().is_some());
+            .any(|a| a.restore.is_some() && a.plan.mode.shared_host_link().is_some());
         // "Forget the record, then delete the host VLAN nobody records" must not interleave
         // with an attach recording a new user of it.
         let _uplinks = match uses_uplink {
@@ -328,7 +328,7 @@ impl<K: Kernel> PodNetworks<K> {
                 match outcome {
                     Ok(()) => {
                         home.push(forget_record(&claim.uid, i));
-                        uplinks.extend(a.plan.mode.uplink().map(|up| up.name.as_str()));
+                        uplinks.extend(a.plan.mode.shared_host_link());
                     }
                     Err(e) => errors.push(Error::Claim {
                         namespace: claim.namespace.clone(),
@@ -442,14 +442,9 @@ impl<K: Kernel> Release for PodNetworks<K> {
                     // The store is locked by the caller, so no attach can record a user of
                     // the uplink between this check and the delete; the claim is being
                     // forgotten, so its own records do not count.
-                    if let Some(up) = a.plan.mode.uplink() {
-                        uplinks::release_if_unused(
-                            &self.kernel,
-                            checkpoint,
-                            Some(&claim.uid),
-                            &up.name,
-                        )
-                        .await?;
+                    if let Some(up) = a.plan.mode.shared_host_link() {
+                        uplinks::release_if_unused(&self.kernel, checkpoint, Some(&claim.uid), up)
+                            .await?;
                     }
                     tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");
                 }
@@ -601,6 +596,8 @@ impl<K: Kernel> PodNetworks<K> {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod overlay_tests;
 #[cfg(test)]
 mod uplink_tests;
 

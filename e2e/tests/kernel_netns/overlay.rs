@@ -14,13 +14,7 @@ use super::cidr;
 const VNI: u32 = 4242;
 
 fn segment(local: &str, underlay: &str) -> Segment {
-    Segment {
-        vni: VNI,
-        port: 4789,
-        local: local.parse().unwrap(),
-        underlay: underlay.into(),
-        mtu: 1450,
-    }
+    Segment::new(VNI, 4789, local.parse().unwrap(), underlay, 1450)
 }
 
 /// A node namespace with its end of the underlay, addressed and up.

@@ -34,7 +34,7 @@ impl FakeSession {
     pub(super) fn ensure_segment_now(&mut self, segment: &Segment) -> Result<()> {
         self.sent(2);
         let ns = self.ns.clone();
-        let (bridge, vxlan) = (segment.bridge(), segment.vxlan());
+        let (bridge, vxlan) = (segment.bridge.clone(), segment.vxlan.clone());
         let mut s = self.record(format!(
             "segment {} port {} local {} mtu {}",
             segment.vni, segment.port, segment.local, segment.mtu
@@ -230,13 +230,7 @@ mod tests {
     use super::*;
 
     fn segment(vni: u32, port: u16) -> Segment {
-        Segment {
-            vni,
-            port,
-            local: "10.99.0.1".parse().unwrap(),
-            underlay: "eth1".into(),
-            mtu: 1450,
-        }
+        Segment::new(vni, port, "10.99.0.1".parse().unwrap(), "eth1", 1450)
     }
 
     /// The same sequence as the real-kernel trial `kernel/overlay_two_nodes_one_segment`,
@@ -305,18 +299,10 @@ mod tests {
         assert!(s.fdb("knx001092").await.unwrap().is_empty());
 
         // Another device on the VNI and port: refused, and nothing half-made stays.
-        let err = s
-            .ensure_segment(&Segment {
-                underlay: "eth1".into(),
-                ..segment(4242, 4789)
-            })
-            .await;
+        let err = s.ensure_segment(&segment(4242, 4789)).await;
         assert!(err.is_ok(), "knic's own segment again: {err:?}");
         let err = s
-            .ensure_segment(&Segment {
-                port: 8472,
-                ..segment(4242, 4789)
-            })
+            .ensure_segment(&segment(4242, 8472))
             .await
             .unwrap_err()
             .to_string();

@@ -21,8 +21,7 @@ const EADDRINUSE: i32 = 98;
 
 impl RtnlSession {
     pub(super) async fn ensure_segment_now(&mut self, segment: &Segment) -> Result<()> {
-        let bridge = segment.bridge();
-        let vxlan = segment.vxlan();
+        let (bridge, vxlan) = (segment.bridge.clone(), segment.vxlan.clone());
         let what = |name: &str| format!("creating VXLAN segment {} as {name}", segment.vni);
         let mut made_bridge = false;
         match self.find(&bridge).await? {
