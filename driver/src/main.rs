@@ -119,6 +119,15 @@ struct DiscoveryArgs {
     /// nothing is shared.
     #[arg(long, env = "KNIC_SHARE_POLICY")]
     share_policy: Option<PathBuf>,
+    /// This node's underlay address for overlay (VXLAN) Networks (the chart passes the node's
+    /// status.hostIP): the node then offers the device `overlay`, whose claims get a veth on
+    /// the node's bridge of their Network's VNI. Unset: no overlay networks on this node.
+    #[arg(long, env = "KNIC_VTEP_ADDRESS")]
+    vtep_address: Option<std::net::IpAddr>,
+    /// Overlay interfaces the node offers (child slots of the `overlay` device).
+    #[arg(long, env = "KNIC_OVERLAY_CHILDREN", default_value_t = 110,
+          value_parser = clap::value_parser!(u32).range(1..=4094))]
+    overlay_children: u32,
 }
 
 impl DiscoveryArgs {
@@ -143,6 +152,12 @@ impl DiscoveryArgs {
             netlink: self.netlink,
             provisioner: None,
             sharing: Arc::new(Sharing::new(policy)),
+            overlay: self
+                .vtep_address
+                .map(|vtep| knic_driver::inventory::overlay::OverlayOffer {
+                    vtep,
+                    children: self.overlay_children,
+                }),
         })
     }
 }

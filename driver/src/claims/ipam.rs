@@ -38,7 +38,7 @@ use knic_proto::ipam::{Pool, allocation_name, parse_allocation_name, stable_offs
 use knic_proto::netconfig::{Cidr, RouteConfig};
 use knic_proto::network::{
     CONDITION_INVALID, ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec,
-    StableBy, Subnet,
+    OVERLAY_LABEL, OverlayEndpoint, StableBy, Subnet,
 };
 
 use serde::{Deserialize, Serialize};
@@ -116,6 +116,21 @@ pub struct Requester {
     pub pod: String,
     /// This node.
     pub node: String,
+    /// This node's tunnel endpoint, when the interface is on the node's overlay device: an
+    /// overlay Network's allocation then announces where the interface is.
+    pub vtep: Option<IpAddr>,
+}
+
+/// What an overlay interface is, decided with its address: the Network's segment and the MAC
+/// announced to the other nodes (the plan gives the interface exactly this MAC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayFacts {
+    /// The Network's VNI.
+    pub vni: u32,
+    /// Its UDP port.
+    pub port: u16,
+    /// The interface's MAC.
+    pub mac: [u8; 6],
 }
 
 /// What one interface got from a Network: one address per family the Network has subnets for,
@@ -127,6 +142,8 @@ pub struct Addressing {
     /// The subnets' routes, a route without a gateway using its subnet's gateway as next hop
     /// (the Network's contract: the gateway is "the next hop pods use for routes").
     pub routes: Vec<RouteConfig>,
+    /// Set for an overlay Network (`spec.vxlan`).
+    pub overlay: Option<OverlayFacts>,
 }
 
 impl Addressing {
@@ -305,6 +322,24 @@ async fn allocate_inner(
         None => format!("{}#{interface}", who.uid),
     };
 
+    let overlay = match (&spec.vxlan, who.vtep) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::Ipam(format!(
+                "Network {network_name:?} is an overlay (spec.vxlan): its pods need the node's \
+                 overlay device (class overlay.knic.dev), which this device is not"
+            )));
+        }
+        (Some(vxlan), Some(vtep)) => Some((
+            OverlayFacts {
+                vni: vxlan.vni,
+                port: vxlan.port(),
+                mac: knic_proto::ipam::overlay_mac(network_name, &hint_key),
+            },
+            vtep,
+        )),
+    };
+
     let existing = book.list(network_name).await?;
     let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
     let mut mine: Vec<Allocation> = Vec::new();
@@ -366,6 +401,7 @@ async fn allocate_inner(
                     network_name,
                     who,
                     identity.as_deref(),
+                    overlay.as_ref(),
                     &hint_key,
                     &family,
                     &mut taken,
@@ -382,6 +418,7 @@ async fn allocate_inner(
         }));
         out.allocations.push(allocation);
     }
+    out.overlay = overlay.map(|(facts, _)| facts);
     Ok(out)
 }
 
@@ -392,6 +429,7 @@ async fn claim_one<'s>(
     network_name: &str,
     who: &Requester,
     identity: Option<&str>,
+    overlay: Option<&(OverlayFacts, IpAddr)>,
     hint_key: &str,
     family: &[&'s (&'s Subnet, Pool)],
     taken: &mut BTreeSet<IpAddr>,
@@ -427,13 +465,18 @@ async fn claim_one<'s>(
                     },
                     identity: identity.map(str::to_owned),
                     node: Some(who.node.clone()),
-                    overlay: None,
+                    overlay: overlay.map(|(facts, vtep)| OverlayEndpoint {
+                        vni: facts.vni,
+                        mac: crate::netns::mac_text(&facts.mac),
+                        vtep: vtep.to_string(),
+                    }),
                 },
             );
-            object.metadata.labels = Some(BTreeMap::from([(
-                NETWORK_LABEL.to_owned(),
-                network_name.to_owned(),
-            )]));
+            let mut labels = BTreeMap::from([(NETWORK_LABEL.to_owned(), network_name.to_owned())]);
+            if overlay.is_some() {
+                labels.insert(OVERLAY_LABEL.to_owned(), "true".to_owned());
+            }
+            object.metadata.labels = Some(labels);
             match book.create(&object).await? {
                 Created::Created(uid) => {
                     tracing::info!(network = %network_name, address = %prefixed,
@@ -618,5 +661,8 @@ pub(crate) mod memory {
     }
 }
 
+#[cfg(test)]
+#[path = "ipam/overlay_tests.rs"]
+mod overlay_tests;
 #[cfg(test)]
 mod tests;
