@@ -632,6 +632,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         synced_tx,
     ));
     tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
+    if let Some(offer) = &discovery.overlay {
+        let kernel = Rtnl::new(None).with_sysctl_root(&args.sysctl_dir);
+        let joined = wired.pods.overlay_joined();
+        knic_driver::overlay::start(client.clone(), kernel, offer.vtep, joined);
+    }
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
     let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);

@@ -519,7 +519,7 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
     Ok(Restore { host: link, vf })
 }
 
-async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
+pub(crate) async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
     kernel
         .open(ns)
         .await?

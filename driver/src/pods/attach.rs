@@ -147,6 +147,14 @@ impl<K: Kernel> PodNetworks<K> {
                 }
             }
         }
+        if steps.iter().any(|s| {
+            matches!(
+                claims[s.claim].attachments[s.index].plan.mode,
+                crate::netns::AttachMode::Overlay { .. }
+            )
+        }) {
+            self.overlay_joined.notify_one();
+        }
         // In memory only: a crash before the next durable write leaves these devices recorded
         // and unmarked, which recovery resumes (checks the kernel) instead of trusting.
         for s in &steps {

@@ -116,6 +116,9 @@ pub struct PodNetworks<K> {
     uplinks: Mutex<()>,
     /// Where attach failures are reported as Events.
     events: std::sync::Mutex<Arc<dyn EventSink>>,
+    /// Woken after pods joined overlay segments, so the node's forwarding entries for a new
+    /// segment are written at once, not at the sync loop's next period.
+    overlay_joined: Arc<tokio::sync::Notify>,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -133,7 +136,13 @@ impl<K: Kernel> PodNetworks<K> {
             rdma: std::sync::Mutex::new((Arc::new(KernelRdma), PathBuf::from(HOST_NETNS))),
             uplinks: Mutex::default(),
             events: std::sync::Mutex::new(Arc::new(NoEvents)),
+            overlay_joined: Arc::default(),
         })
+    }
+
+    /// Notified after an attach put pods on overlay segments (see `crate::overlay::sync`).
+    pub fn overlay_joined(&self) -> Arc<tokio::sync::Notify> {
+        self.overlay_joined.clone()
     }
 
     /// Attach failures become Events on the claim and the pod through `events`.
