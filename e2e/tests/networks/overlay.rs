@@ -26,15 +26,19 @@ struct Saved {
 pub(crate) async fn overlay_networks_compile_and_keep_their_vni(
     env: &mut Env,
 ) -> anyhow::Result<()> {
-    let saved = match env.cluster.real {
-        Some(_) => Some(widen(&env.cluster.client).await?),
-        None => None,
+    let Some(_) = env.cluster.real else {
+        return scenario(env).await;
     };
-    let outcome = scenario(env).await;
-    let restored = match saved {
-        Some(saved) => restore(&env.cluster.client, saved).await,
-        None => Ok(()),
+    // Whatever was changed is put back, also when widening stopped halfway.
+    let mut saved = Saved {
+        crds: Vec::new(),
+        class_created: false,
     };
+    let outcome = match widen(&env.cluster.client, &mut saved).await {
+        Ok(()) => scenario(env).await,
+        Err(e) => Err(e),
+    };
+    let restored = restore(&env.cluster.client, saved).await;
     outcome.and(restored)
 }
 
@@ -172,9 +176,8 @@ fn spec_schema(spec: &mut Value) -> anyhow::Result<&mut serde_json::Map<String, 
 /// Adds the overlay fields of this build's CRDs (`spec.vxlan` of Network, `spec.devices` no
 /// longer required; `spec.overlay` of NetworkAddress) to the installed ones, and the overlay
 /// DeviceClass when missing (its CEL compiled by this apiserver).
-async fn widen(client: &kube::Client) -> anyhow::Result<Saved> {
+async fn widen(client: &kube::Client, saved: &mut Saved) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut crds = Vec::new();
     for (ours, field) in [
         (Network::crd(), "vxlan"),
         (NetworkAddress::crd(), "overlay"),
@@ -206,13 +209,13 @@ async fn widen(client: &kube::Client) -> anyhow::Result<Saved> {
         api.replace(&name, &PostParams::default(), &installed)
             .await
             .with_context(|| format!("widening CRD {name}"))?;
-        crds.push((name, before));
+        saved.crds.push((name, before));
     }
     // The apiserver serves the new schema a moment after the update.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let classes: Api<DeviceClass> = Api::all(client.clone());
-    let class_created = if classes.get_opt(OVERLAY_DEVICE_CLASS).await?.is_none() {
+    if classes.get_opt(OVERLAY_DEVICE_CLASS).await?.is_none() {
         let shipped = include_str!("../../../deviceclasses/knic.yaml");
         let class = serde_yaml_ng::Deserializer::from_str(shipped)
             .filter_map(|doc| {
@@ -225,14 +228,9 @@ async fn widen(client: &kube::Client) -> anyhow::Result<Saved> {
             .create(&PostParams::default(), &class)
             .await
             .context("the apiserver refuses the overlay DeviceClass")?;
-        true
-    } else {
-        false
-    };
-    Ok(Saved {
-        crds,
-        class_created,
-    })
+        saved.class_created = true;
+    }
+    Ok(())
 }
 
 /// Puts the installed CRD specs back and deletes the class this run created.
