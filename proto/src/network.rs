@@ -38,7 +38,8 @@ pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_
 pub use devices::lint_cel;
 pub use validate::{validate_against, validate_network};
 pub use vxlan::{
-    DEFAULT_VXLAN_PORT, OVERLAY_LABEL, OverlayEndpoint, VXLAN_OVERHEAD_V4, VXLAN_OVERHEAD_V6, Vxlan,
+    DEFAULT_VXLAN_PORT, OVERLAY_DEVICE_CLASS, OVERLAY_LABEL, OverlayEndpoint, VXLAN_OVERHEAD_V4,
+    VXLAN_OVERHEAD_V6, Vxlan,
 };
 
 /// The API group of both resources: the driver name, so one string names everything knic owns.
