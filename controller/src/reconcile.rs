@@ -292,7 +292,7 @@ async fn reconcile_network(network: Arc<Network>, ctx: Arc<Context>) -> Result<A
     let generation = network.metadata.generation;
     let mut status = NetworkStatus {
         observed_generation: generation,
-        devices_summary: Some(network.spec.devices.summary()),
+        devices_summary: Some(network.spec.devices_summary()),
         available_nodes: previous.available_nodes,
         ..NetworkStatus::default()
     };

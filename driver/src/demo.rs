@@ -252,6 +252,7 @@ async fn demo(scratch: &Scratch) -> anyhow::Result<Steps> {
         netlink: true,
         provisioner: None,
         sharing: Default::default(),
+        overlay: None,
     };
     let inventory = discovery.scan().await;
     let devices = slices::devices(&inventory, &[]);

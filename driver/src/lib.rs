@@ -23,6 +23,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod netns;
 pub mod nri;
+pub mod overlay;
 pub mod pods;
 pub mod sharing;
 pub mod slices;

@@ -124,6 +124,15 @@ struct DiscoveryArgs {
     /// nothing is shared.
     #[arg(long, env = "KNIC_SHARE_POLICY")]
     share_policy: Option<PathBuf>,
+    /// This node's underlay address for overlay (VXLAN) Networks (the chart passes the node's
+    /// status.hostIP): the node then offers the device `overlay`, whose claims get a veth on
+    /// the node's bridge of their Network's VNI. Unset: no overlay networks on this node.
+    #[arg(long, env = "KNIC_VTEP_ADDRESS")]
+    vtep_address: Option<std::net::IpAddr>,
+    /// Overlay interfaces the node offers (child slots of the `overlay` device).
+    #[arg(long, env = "KNIC_OVERLAY_CHILDREN", default_value_t = 110,
+          value_parser = clap::value_parser!(u32).range(1..=4094))]
+    overlay_children: u32,
 }
 
 impl DiscoveryArgs {
@@ -148,6 +157,12 @@ impl DiscoveryArgs {
             netlink: self.netlink,
             provisioner: None,
             sharing: Arc::new(Sharing::new(policy)),
+            overlay: self
+                .vtep_address
+                .map(|vtep| knic_driver::inventory::overlay::OverlayOffer {
+                    vtep,
+                    children: self.overlay_children,
+                }),
         })
     }
 }
@@ -643,6 +658,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         knic_driver::pods::update::DEBOUNCE,
     ));
     tokio::spawn(exhaustion::apply(offered_rx, exhausted_rx, published_tx));
+    if let Some(offer) = &discovery.overlay {
+        let kernel = Rtnl::new(None).with_sysctl_root(&args.sysctl_dir);
+        let joined = wired.pods.overlay_joined();
+        knic_driver::overlay::start(client.clone(), kernel, offer.vtep, joined);
+    }
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);
     let (slices_published_tx, slices_published) = tokio::sync::watch::channel(false);

@@ -72,7 +72,13 @@ fn classes_parse_and_select_published_attributes() {
         .collect();
     assert_eq!(
         names,
-        ["knic.dev", "nic.knic.dev", "vf.knic.dev", "rdma.knic.dev"]
+        [
+            "knic.dev",
+            "nic.knic.dev",
+            "vf.knic.dev",
+            "rdma.knic.dev",
+            "overlay.knic.dev"
+        ]
     );
     for class in &classes {
         let selectors = class.spec.selectors.as_ref().unwrap();

@@ -146,7 +146,12 @@ pub struct TestClaim {
 impl Cluster {
     /// A fresh fake API with its own namespace.
     pub async fn fake(test: &str) -> anyhow::Result<Cluster> {
-        let fake = FakeApi::start().await?;
+        Cluster::fake_on(test, "127.0.0.1".parse()?).await
+    }
+
+    /// [`Cluster::fake`] serving on `address` (see [`FakeApi::start_on`]).
+    pub async fn fake_on(test: &str, address: std::net::IpAddr) -> anyhow::Result<Cluster> {
+        let fake = FakeApi::start_on(address).await?;
         let tmp = tempfile::Builder::new().prefix("knic-e2e-").tempdir()?;
         let kubeconfig = tmp.path().join("kubeconfig");
         fake.write_kubeconfig(&kubeconfig)?;

@@ -76,6 +76,9 @@ pub struct DriverConfig {
     /// runtime has it registered (fail-closed), so a test of the kubelet plugin alone still
     /// needs a runtime on the other end. Off for tests that drive their own runtime.
     pub stand_in_runtime: bool,
+    /// The network namespace (`ip netns` name) the driver runs in: a namespaced "node" of its
+    /// own; `None` runs it in the test's.
+    pub netns: Option<String>,
 }
 
 impl DriverConfig {
@@ -124,6 +127,7 @@ impl DriverConfig {
                 ),
             ],
             stand_in_runtime: true,
+            netns: None,
         }
     }
 
@@ -225,7 +229,21 @@ impl DriverProcess {
             .create(true)
             .append(true)
             .open(&config.log_file)?;
-        let child = Command::new(binary()?)
+        let mut command = match &config.netns {
+            // `ip netns exec` execs the driver (same pid) with that namespace's /sys mounted.
+            Some(ns) => {
+                // The environment is cleared below: name `ip` by its path.
+                let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+                    .into_iter()
+                    .find(|p| Path::new(p).exists())
+                    .context("no ip(8) to start the driver in a namespace")?;
+                let mut c = Command::new(ip);
+                c.args(["netns", "exec", ns]).arg(binary()?);
+                c
+            }
+            None => Command::new(binary()?),
+        };
+        let child = command
             .arg("run")
             .env_clear()
             .env("NODE_NAME", &config.node_name)

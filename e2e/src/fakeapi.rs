@@ -103,7 +103,13 @@ impl Drop for FakeApi {
 impl FakeApi {
     /// Starts serving on a free loopback port.
     pub async fn start() -> anyhow::Result<FakeApi> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        FakeApi::start_on("127.0.0.1".parse()?).await
+    }
+
+    /// Starts serving on a free port of `address`: drivers in other network namespaces (the
+    /// namespaced "nodes" of the overlay tests) reach it over their underlay.
+    pub async fn start_on(address: std::net::IpAddr) -> anyhow::Result<FakeApi> {
+        let listener = TcpListener::bind((address, 0)).await?;
         let addr = listener.local_addr()?;
         let store = Arc::new(Store::new());
         let served = store.clone();

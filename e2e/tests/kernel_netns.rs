@@ -40,6 +40,10 @@ mod requests;
 #[path = "kernel_netns/sysctl.rs"]
 mod sysctl;
 
+// Overlay segments across two namespaced nodes (issue 26).
+#[path = "kernel_netns/overlay.rs"]
+mod overlay;
+
 // Moves the kernel refuses after moving the device, and a move home onto a taken name.
 #[path = "kernel_netns/refused.rs"]
 mod refused;
@@ -758,6 +762,12 @@ fn main() {
             "kernel/egress_limit_on_a_moved_veth",
             |k| Box::pin(egress_limit_on_a_moved_veth(k)),
             unisolated.clone().or(no_tbf),
+            false,
+        ),
+        (
+            "kernel/overlay_two_nodes_one_segment",
+            |k| Box::pin(overlay::two_nodes_one_segment(k)),
+            unisolated.clone(),
             false,
         ),
         (

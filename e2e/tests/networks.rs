@@ -22,6 +22,10 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+#[path = "networks/overlay.rs"]
+mod overlay;
+use overlay::overlay_networks_compile_and_keep_their_vni;
+
 const WAIT: Duration = Duration::from_secs(20);
 const SELECT_KEY: &str = "knic-e2e/network";
 
@@ -737,6 +741,7 @@ fn main() {
         ),
         unbounded_selectors_are_refused,
         orphaned_addresses_collected,
+        overlay_networks_compile_and_keep_their_vni,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }

@@ -35,11 +35,16 @@ mod share;
 pub mod stable;
 mod update;
 mod validate;
+mod vxlan;
 
 pub use compile::{FRIENDLY_DEVICE_CLASS, KIND, MAX_INTERFACES_PER_POD, template_config};
 pub use devices::lint_cel;
 pub use update::validate_update;
 pub use validate::{validate_against, validate_network};
+pub use vxlan::{
+    DEFAULT_VXLAN_PORT, OVERLAY_DEVICE_CLASS, OVERLAY_LABEL, OverlayEndpoint, VXLAN_OVERHEAD_V4,
+    VXLAN_OVERHEAD_V6, Vxlan,
+};
 
 /// The API group of both resources: the driver name, so one string names everything knic owns.
 pub const GROUP: &str = crate::DRIVER_NAME;
@@ -220,8 +225,14 @@ pub const NETWORK_LABEL: &str = "knic.dev/network";
 #[schemars(transform = kubernetes_integer_formats)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkSpec {
-    /// Which devices carry this network.
+    /// Which devices carry this network; empty (or absent) only with `vxlan`, whose pods get a
+    /// veth on their node's overlay bridge.
+    #[serde(default, skip_serializing_if = "Devices::is_empty")]
     pub devices: Devices,
+    /// Makes this an overlay Network: one layer-2 segment across nodes, VXLAN-encapsulated on
+    /// the nodes' underlay, without multicast (every node is told where the others' pods are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vxlan: Option<Vxlan>,
     /// 802.1Q VLAN id (1–4094) the driver puts on top of each device; unset is untagged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<u16>,
@@ -311,6 +322,11 @@ pub struct Devices {
 }
 
 impl Devices {
+    /// Neither form given (allowed only for an overlay Network).
+    pub fn is_empty(&self) -> bool {
+        *self == Devices::default()
+    }
+
     /// A one-line description for the `DEVICES` column of `kubectl get networks` (the
     /// controller copies it into `status.devicesSummary`, because JSONPath cannot describe
     /// either form): the class with the number of selectors, or the friendly fields that are
@@ -795,6 +811,10 @@ pub struct NetworkAddressSpec {
     /// The node the claim was prepared on, to find a node's allocations when it goes away.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// For an overlay Network: where the pod interface is, so every other node can forward to
+    /// it (the object then carries the label `knic.dev/overlay: "true"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<OverlayEndpoint>,
 }
 
 /// The ResourceClaim an address belongs to (machine-written, tolerant like the allocation).

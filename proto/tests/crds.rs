@@ -476,6 +476,7 @@ fn network_address_round_trips_and_fits_the_crd() {
             },
             identity: Some("blue-a/db-0".into()),
             node: Some("node-1".into()),
+            overlay: None,
         },
     );
     address.metadata.labels = Some(

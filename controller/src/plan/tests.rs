@@ -372,3 +372,57 @@ fn the_claim_label_counts_in_the_template_comparison() {
     };
     assert!(!same_template_spec(&live, &mtu));
 }
+
+fn overlay(name: &str, created: i64, vni: u32) -> Network {
+    let mut n = network(name, created, 1, "10.42.0.0/24");
+    n.spec.devices = Devices::default();
+    n.spec.vlan = None;
+    n.spec.mtu = Some(1400);
+    n.spec.vxlan = Some(crate::network::Vxlan { vni, port: None });
+    n
+}
+
+#[test]
+fn overlay_template_asks_for_the_overlay_class_with_only_the_exhaustion_selector() {
+    let n = overlay("ovl", 0, 4242);
+    let Plan::Generate(spec) = plan(&n, std::slice::from_ref(&n)) else {
+        panic!("valid overlay Network must generate");
+    };
+    assert_eq!(
+        serde_json::to_value(&*spec).expect("json"),
+        serde_json::json!({"spec": {"devices": {
+            "requests": [{"name": "network", "exactly": {
+                "deviceClassName": "overlay.knic.dev", "allocationMode": "ExactCount", "count": 1,
+                "selectors": [{"cel": {"expression": exhaustion_selector("ovl")}}]}}],
+            "config": [{"requests": ["network"], "opaque": {"driver": "knic.dev", "parameters": {
+                "apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+                "interface": {"mtu": 1400}, "ipam": {"network": "ovl"}}}}],
+        }}})
+    );
+    assert_eq!(n.spec.devices_summary(), "vxlan vni=4242");
+}
+
+#[test]
+fn older_overlay_keeps_its_vni() {
+    let blue = overlay("blue", 0, 4242);
+    let ovl = overlay("ovl", 5, 4242);
+    let other = overlay("green", 7, 4243);
+    let all = [ovl.clone(), blue.clone(), other.clone()];
+    assert!(matches!(plan(&blue, &all), Plan::Generate(_)));
+    assert!(matches!(plan(&other, &all), Plan::Generate(_)));
+    assert_eq!(
+        plan(&ovl, &all),
+        Plan::Invalid(
+            "spec.vxlan.vni: VNI 4242 is already used by network \"blue\"; two Networks on one \
+             VNI would be one layer-2 segment (pick another vni)"
+                .into()
+        )
+    );
+    // Once the older one is being deleted, the newer one takes the VNI.
+    let mut deleting = blue;
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    assert!(matches!(
+        plan(&ovl, &[deleting, ovl.clone()]),
+        Plan::Generate(_)
+    ));
+}

@@ -746,3 +746,49 @@ fn a_config_with_many_problems_is_capped_like_the_drivers() {
     );
     assert!(message.ends_with("; … and 10 more problems"), "{message}");
 }
+
+fn overlay(name: &str, created: Option<i64>, vni: u32) -> Network {
+    let mut n = network(name, created, 1, "10.42.0.0/24");
+    n.spec.devices = Devices::default();
+    n.spec.vlan = None;
+    n.spec.vxlan = Some(crate::network::Vxlan { vni, port: None });
+    n
+}
+
+#[test]
+fn overlay_networks_are_admitted_refused_alone_and_refused_on_a_taken_vni() {
+    let blue = overlay("blue", Some(0), 4242);
+    let cluster = Snapshot {
+        networks: Some(vec![Arc::new(blue.clone())]),
+        ..Snapshot::default()
+    };
+    let ask_network =
+        |n: &Network| verdict(ask(&cluster, KNIC, "Network", "CREATE", json_of(n), None));
+    // The JSON it is sent as has no devices at all.
+    assert_eq!(json_of(&blue)["spec"].get("devices"), None);
+    assert_eq!(
+        ask_network(&overlay("green", None, 4243)),
+        (true, None, vec![])
+    );
+
+    let (allowed, message, _) = ask_network(&overlay("ovl", None, 4242));
+    assert!(!allowed);
+    assert_eq!(
+        message.as_deref(),
+        Some(
+            "spec.vxlan.vni: VNI 4242 is already used by network \"blue\"; two Networks on one VNI would be one layer-2 segment (pick another vni)"
+        )
+    );
+
+    let mut bad = overlay("ovl", None, 0);
+    bad.spec.interfaces_per_pod = Some(2);
+    let (allowed, message, _) = ask_network(&bad);
+    assert!(!allowed);
+    assert_eq!(
+        message.as_deref(),
+        Some(
+            "spec.vxlan.vni: must be between 1 and 16777215 (24 bits), got 0; \
+             spec.interfacesPerPod: must be 1 with spec.vxlan, got 2: every interface would join the same segment"
+        )
+    );
+}

@@ -10,6 +10,7 @@ pub mod client;
 pub mod events;
 pub mod networks;
 pub mod nodenetworks;
+pub mod overlay;
 pub mod slices;
 pub mod status;
 

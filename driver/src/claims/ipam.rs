@@ -44,7 +44,7 @@ use knic_proto::netconfig::{Cidr, RouteConfig};
 use knic_proto::network::stable::{HELD_LABEL, HELD_SINCE_ANNOTATION, kubevirt_vm, not_a_launcher};
 use knic_proto::network::{
     CONDITION_INVALID, ClaimRef, NETWORK_LABEL, Network, NetworkAddress, NetworkAddressSpec,
-    StableBy, Subnet,
+    OVERLAY_LABEL, OverlayEndpoint, StableBy, Subnet,
 };
 
 use serde::{Deserialize, Serialize};
@@ -152,6 +152,21 @@ pub struct Requester {
     pub pod: String,
     /// This node.
     pub node: String,
+    /// This node's tunnel endpoint, when the interface is on the node's overlay device: an
+    /// overlay Network's allocation then announces where the interface is.
+    pub vtep: Option<IpAddr>,
+}
+
+/// What an overlay interface is, decided with its address: the Network's segment and the MAC
+/// announced to the other nodes (the plan gives the interface exactly this MAC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayFacts {
+    /// The Network's VNI.
+    pub vni: u32,
+    /// Its UDP port.
+    pub port: u16,
+    /// The interface's MAC.
+    pub mac: [u8; 6],
 }
 
 /// What one interface got from a Network: one address per family the Network has subnets for,
@@ -163,6 +178,8 @@ pub struct Addressing {
     /// The subnets' routes, a route without a gateway using its subnet's gateway as next hop
     /// (the Network's contract: the gateway is "the next hop pods use for routes").
     pub routes: Vec<RouteConfig>,
+    /// Set for an overlay Network (`spec.vxlan`).
+    pub overlay: Option<OverlayFacts>,
 }
 
 impl Addressing {
@@ -360,6 +377,24 @@ async fn allocate_inner(
         None => format!("{}#{interface}", who.uid),
     };
 
+    let overlay = match (&spec.vxlan, who.vtep) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::Ipam(format!(
+                "Network {network_name:?} is an overlay (spec.vxlan): its pods need the node's \
+                 overlay device (class overlay.knic.dev), which this device is not"
+            )));
+        }
+        (Some(vxlan), Some(vtep)) => Some((
+            OverlayFacts {
+                vni: vxlan.vni,
+                port: vxlan.port(),
+                mac: knic_proto::ipam::overlay_mac(network_name, &hint_key),
+            },
+            vtep,
+        )),
+    };
+
     let existing = book.list(network_name).await?;
     let mut taken: BTreeSet<IpAddr> = BTreeSet::new();
     let mut mine: Vec<Allocation> = Vec::new();
@@ -457,6 +492,7 @@ async fn allocate_inner(
                     identity: identity.as_deref(),
                     hint_key: &hint_key,
                     preferred: &preferred,
+                    overlay: overlay.as_ref(),
                 };
                 claim_one(book, network_name, who, &probe, &family, &mut taken).await?
             }
@@ -470,6 +506,7 @@ async fn allocate_inner(
         }));
         out.allocations.push(allocation);
     }
+    out.overlay = overlay.map(|(facts, _)| facts);
     Ok(out)
 }
 
@@ -482,6 +519,8 @@ struct Probe<'a> {
     hint_key: &'a str,
     /// Addresses taken over for this identity, tried before any other.
     preferred: &'a [IpAddr],
+    /// For an overlay Network: what the object announces, and this node's tunnel endpoint.
+    overlay: Option<&'a (OverlayFacts, IpAddr)>,
 }
 
 /// Proposes and creates addresses of one family until a create succeeds, moving to the next
@@ -498,6 +537,7 @@ async fn claim_one<'s>(
         identity,
         hint_key,
         preferred,
+        overlay,
     } = *probe;
     let mut exhausted = Vec::new();
     for (subnet, pool) in family.iter().map(|e| (e.0, &e.1)) {
@@ -536,12 +576,18 @@ async fn claim_one<'s>(
                     },
                     identity: identity.map(str::to_owned),
                     node: Some(who.node.clone()),
+                    overlay: overlay.map(|(facts, vtep)| OverlayEndpoint {
+                        vni: facts.vni,
+                        mac: crate::netns::mac_text(&facts.mac),
+                        vtep: vtep.to_string(),
+                    }),
                 },
             );
-            object.metadata.labels = Some(BTreeMap::from([(
-                NETWORK_LABEL.to_owned(),
-                network_name.to_owned(),
-            )]));
+            let mut labels = BTreeMap::from([(NETWORK_LABEL.to_owned(), network_name.to_owned())]);
+            if overlay.is_some() {
+                labels.insert(OVERLAY_LABEL.to_owned(), "true".to_owned());
+            }
+            object.metadata.labels = Some(labels);
             match book.create(&object).await? {
                 Created::Created(uid) => {
                     tracing::info!(network = %network_name, address = %prefixed,
@@ -732,6 +778,8 @@ async fn reserve(
             },
             identity: None,
             node: Some(who.node.clone()),
+            // A reservation announces no interface: no node forwards to it.
+            overlay: None,
         },
     );
     reservation.metadata.labels = Some(BTreeMap::from([
@@ -822,6 +870,9 @@ pub async fn release(book: &dyn AddressBook, allocations: &[Allocation]) -> Resu
 #[cfg(test)]
 pub(crate) mod memory;
 
+#[cfg(test)]
+#[path = "ipam/overlay_tests.rs"]
+mod overlay_tests;
 #[cfg(test)]
 mod stable_tests;
 #[cfg(test)]

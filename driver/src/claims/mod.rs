@@ -519,11 +519,17 @@ impl Preparer {
             uid: prepared.uid.clone(),
             pod: prepared.pod_name.clone(),
             node: node.clone(),
+            vtep: None,
         };
         let mut interfaces: HashMap<&str, u32> = HashMap::new();
         let mut skip = BTreeSet::new();
         for (index, network) in &requests {
             let interface = interfaces.entry(network).or_insert(0);
+            // On the node's overlay device the allocation announces the interface's VTEP.
+            let who = Requester {
+                vtep: crate::claims::plan::overlay::vtep(&prepared.devices[*index]),
+                ..who.clone()
+            };
             match crate::claims::ipam::allocate(book.as_ref(), network, &who, *interface, &skip)
                 .await
             {

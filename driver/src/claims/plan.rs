@@ -11,6 +11,7 @@ use crate::claims::ipam::Addressing;
 use crate::netns::{AttachPlan, DeviceIdentity};
 
 mod bandwidth;
+pub mod overlay;
 pub mod shared;
 mod vf;
 
@@ -68,7 +69,9 @@ pub fn plans(
                 continue;
             }
         };
-        let is_shared = shared::is_shared(device);
+        let is_overlay = overlay::is_overlay(device);
+        // The overlay device is shared too, with refusals of its own (see below).
+        let is_shared = !is_overlay && shared::is_shared(device);
         if is_shared {
             let refused = shared::refusals(device, &valid);
             if !refused.is_empty() {
@@ -106,6 +109,28 @@ pub fn plans(
                         .into(),
             });
             continue;
+        };
+        let overlay_mode = if is_overlay {
+            match overlay::plan(
+                device,
+                &valid,
+                ipam.get(&index),
+                &host_ifname,
+                &claim.uid,
+                index,
+            ) {
+                Ok(p) => {
+                    valid.mtu = Some(p.mtu);
+                    valid.hardware_address = Some(p.mac);
+                    Some(p.mode)
+                }
+                Err(e) => {
+                    errors.extend(e);
+                    continue;
+                }
+            }
+        } else {
+            None
         };
         let vf = match &valid.vf {
             Some(settings) => match vf::vf_plan(device, settings) {
@@ -147,10 +172,11 @@ pub fn plans(
             bandwidth,
             is_shared,
             network,
+            overlay_mode,
         ));
     }
-    for (device, valid, host_ifname, vf, bandwidth, is_shared, network) in wanted {
-        let mode = shared::mode(&valid, is_shared, &host_ifname);
+    for (device, valid, host_ifname, vf, bandwidth, is_shared, network, overlay_mode) in wanted {
+        let mode = overlay_mode.unwrap_or_else(|| shared::mode(&valid, is_shared, &host_ifname));
         let pod_ifname = match valid.interface_name {
             Some(n) => n,
             None => {
@@ -561,6 +587,7 @@ mod tests {
                 })
                 .collect(),
             routes: serde_json::from_value(routes).unwrap(),
+            overlay: None,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod filter;
 pub mod fixture;
 pub mod names;
 pub mod netlink;
+pub mod overlay;
 pub mod pciids;
 pub mod sources;
 pub mod sysfs;
@@ -173,6 +174,10 @@ pub struct Inventory {
     pub devices: Vec<NetDevice>,
     /// Devices found but not offered, sorted by name.
     pub excluded: Vec<ExcludedDevice>,
+    /// The overlay's underlay when the node offers overlay networks and a link holds its
+    /// tunnel endpoint (published as the synthetic device [`overlay::DEVICE_NAME`]).
+    #[serde(skip)]
+    pub overlay: Option<overlay::Underlay>,
 }
 
 impl Inventory {

@@ -200,6 +200,7 @@ mod tests {
                 device: lo,
                 reason: "loopback".into(),
             }],
+            overlay: None,
         };
         let table = render_table(&inv, "node-a");
         let lines: Vec<&str> = table.lines().collect();
@@ -271,6 +272,7 @@ mod tests {
                 device: hostile,
                 reason: "excluded by name=\u{1b}[31m*".into(),
             }],
+            overlay: None,
         };
         let table = render_table(&inv, "node-a");
         let bad: Vec<char> = table

@@ -111,6 +111,14 @@ impl FileCatalog {
                                 "Network: metadata.name is required".into(),
                             ));
                         }
+                        if network.spec.vxlan.is_some() {
+                            return Err(bad(
+                                index + 1,
+                                format!(
+                                    "Network {name:?} has spec.vxlan, which needs the cluster's NetworkAddress objects to find other nodes' pods; standalone mode has none"
+                                ),
+                            ));
+                        }
                         if networks.insert(name.clone(), network).is_some() {
                             return Err(bad(
                                 index + 1,
@@ -153,5 +161,46 @@ impl Catalog for FileCatalog {
 
     fn validates(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<(Vec<Network>, Classes)> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("networks.yaml");
+        std::fs::write(&path, text).expect("write");
+        FileCatalog::new(vec![path]).load()
+    }
+
+    #[test]
+    fn builtin_classes_include_the_overlay_class() {
+        let classes = builtin_classes();
+        assert_eq!(
+            classes.get(knic_proto::network::OVERLAY_DEVICE_CLASS),
+            Some(&vec![
+                "device.driver == \"knic.dev\" && device.attributes[\"knic.dev\"].kind == \"overlay\""
+                    .to_owned()
+            ])
+        );
+    }
+
+    #[test]
+    fn standalone_refuses_a_vxlan_network() {
+        let text = "apiVersion: knic.dev/v1alpha1\nkind: Network\nmetadata: {name: ovl}\n\
+                    spec:\n  vxlan: {vni: 4242}\n  ipam: {subnets: [{cidr: 10.42.0.0/24}]}\n  \
+                    namespaces: {names: [default]}\n";
+        let error = load(text).expect_err("vxlan refused").to_string();
+        assert!(
+            error.ends_with(
+                "document 1: Network \"ovl\" has spec.vxlan, which needs the cluster's NetworkAddress objects to find other nodes' pods; standalone mode has none"
+            ),
+            "{error}"
+        );
+        // The same Network with devices instead loads.
+        let plain = text.replace("vxlan: {vni: 4242}", "devices: {kind: vf}");
+        assert_eq!(load(&plain).expect("loads").0.len(), 1);
     }
 }

@@ -199,7 +199,7 @@ fn network_readiness(
             if matching.is_empty() {
                 reasons.push(format!(
                     "no device offered on this node matches spec.devices ({})",
-                    network.spec.devices.summary()
+                    network.spec.devices_summary()
                 ));
             } else if free.len() < needed as usize {
                 let busy: Vec<String> = matching

@@ -47,7 +47,7 @@ pub async fn attach<K: Kernel>(
             );
             (in_pod?, on_host?)
         }
-        AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
+        AttachMode::Vlan { .. } | AttachMode::Child { .. } | AttachMode::Overlay { .. } => {
             (pod.find_link(&plan.pod_ifname).await?, None)
         }
     };
@@ -55,7 +55,7 @@ pub async fn attach<K: Kernel>(
         // Same device already there (repeat) → no-op; anything else is a name clash.
         let ours = match plan.mode {
             AttachMode::Move => is_same_device(&existing, plan, restore),
-            AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
+            AttachMode::Vlan { .. } | AttachMode::Child { .. } | AttachMode::Overlay { .. } => {
                 existing.kind.as_deref() == plan.mode.child_kind()
             }
         };
@@ -138,7 +138,7 @@ async fn attach_steps<S: Session>(
     // device's in_device at that MTU change, after the move and before the sysctls, so the
     // request would fail with EAFNOSUPPORT (undone, see [`landed`]) where the file writes
     // name the sysctl that cannot be set.
-    let files = match plan.mode.new_child() {
+    let files = match plan.mode.child_kind() {
         None if plan.mtu.is_none_or(|m| m >= sysctl::MIN_IPV4_MTU) => {
             let split = sysctl::split(&plan.sysctls);
             into_pod.ipv4_conf = split.ipv4_conf;
@@ -163,6 +163,18 @@ async fn attach_steps<S: Session>(
         done.push(Done::SetVf);
         host.set_vf(&vf.pf, vf.index, &wanted).await?;
         crate::failpoint::hit("attach:after-set-vf");
+    }
+    if let AttachMode::Overlay { segment, host_veth } = &plan.mode {
+        // The segment first if this is its first pod on the node (the caller has recorded the
+        // attachment, so a crash from here on cannot leak it), then the veth: its pod end
+        // created in the pod, its host end on the bridge, in one request.
+        host.ensure_segment(segment).await?;
+        crate::failpoint::hit("attach:after-segment");
+        let mtu = plan.mtu.unwrap_or(segment.mtu);
+        host.add_veth(host_veth, &segment.bridge, netns, mtu, &into_pod)
+            .await?;
+        done.push(Done::CreatedChild);
+        return configure_in_pod(plan, &files, netns, pod, None).await;
     }
     match plan.mode.new_child() {
         None => {

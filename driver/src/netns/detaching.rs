@@ -131,6 +131,16 @@ async fn detach_device<K: Kernel>(
         if host.find_link(&plan.vlan_temp_name()).await?.is_some() {
             host.del_link(&plan.vlan_temp_name()).await?;
         }
+        // A veth dies with either end; a host end still there (its pod end was renamed or
+        // deleted by someone) goes too, so the bridge can be released.
+        if let super::AttachMode::Overlay { host_veth, .. } = &plan.mode
+            && host
+                .find_link(host_veth)
+                .await?
+                .is_some_and(|l| l.kind.as_deref() == Some("veth"))
+        {
+            host.del_link(host_veth).await?;
+        }
         return Ok(());
     }
 

@@ -16,6 +16,7 @@ use super::vf::VfState;
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
+mod overlay;
 mod session;
 
 #[derive(Debug, Default)]
@@ -50,6 +51,9 @@ struct State {
     /// Child link → the link it sits on: deleting a link deletes its children, as the kernel
     /// does (a macvlan dies with its VLAN).
     lower: Vec<((Ns, String), (Ns, String))>,
+    /// VXLAN devices by (namespace, name): what they were made with and their forwarding
+    /// entries, which die with them.
+    vxlans: BTreeMap<(Ns, String), overlay::Vxlan>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
@@ -192,6 +196,27 @@ impl FakeKernel {
         let links = s.links.remove(ns).unwrap_or_default();
         s.routes.remove(ns);
         s.qdiscs.retain(|(n, _), _| n != ns);
+        // A virtual link dying takes what sits on it along: a veth's host end with its pod end.
+        let dying: Vec<(Ns, String)> = links
+            .iter()
+            .filter(|l| l.kind.is_some())
+            .map(|l| (ns.clone(), l.name.clone()))
+            .collect();
+        let along: Vec<(Ns, String)> = s
+            .lower
+            .iter()
+            .filter(|(child, lower)| dying.contains(lower) && child.0 != *ns)
+            .map(|(child, _)| child.clone())
+            .collect();
+        for (n, name) in &along {
+            if let Some(l) = s.links.get_mut(n) {
+                l.retain(|l| l.name != *name);
+            }
+            s.vxlans.remove(&(n.clone(), name.clone()));
+        }
+        s.lower.retain(|(child, lower)| {
+            !dying.contains(child) && !dying.contains(lower) && !along.contains(child)
+        });
         for mut link in links.into_iter().filter(|l| l.kind.is_none()) {
             let host = s.links.entry(Ns::Host).or_default();
             if host.iter().any(|h| h.name == link.name) {

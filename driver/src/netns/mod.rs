@@ -14,6 +14,7 @@ pub mod child;
 mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod overlay;
 pub mod rtnl;
 pub mod sysctl;
 pub mod tbf;
@@ -255,6 +256,34 @@ pub trait Session: Send {
     ) -> impl Future<Output = Result<()>> + Send;
     /// Deletes a link.
     fn del_link(&mut self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Creates the bridge and the VXLAN device of `segment` where they are missing (one
+    /// already there must be exactly knic's: a bridge, a VXLAN device of this VNI, port and
+    /// local address), both up; a repeated call changes nothing.
+    fn ensure_segment(
+        &mut self,
+        segment: &overlay::Segment,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Creates a veth whose end `host` sits on `bridge` here and whose peer is created directly
+    /// in `to`, named, sized and addressed per `change`, in one RTM_NEWLINK (no move, as for
+    /// [`Session::add_child`]); `mtu` is the host end's and the peer's unless `change` says.
+    fn add_veth(
+        &mut self,
+        host: &str,
+        bridge: &str,
+        to: &Ns,
+        mtu: u32,
+        change: &LinkChange,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The static remote forwarding entries of the VXLAN device `vxlan` (none when it is gone).
+    fn fdb(&mut self, vxlan: &str) -> impl Future<Output = Result<Vec<overlay::FdbEntry>>> + Send;
+    /// Adds and removes forwarding entries of `vxlan`, pipelined; an entry already there (or
+    /// already gone) is fine, and a MAC's entry is replaced when the MAC moved node.
+    fn set_fdb(
+        &mut self,
+        vxlan: &str,
+        add: &[overlay::FdbEntry],
+        remove: &[overlay::FdbEntry],
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Makes `tbf` the root qdisc of `name`, creating it or changing knic's own in place (a
     /// repeated call is a no-op).
     fn set_egress_limit(
@@ -309,6 +338,15 @@ pub enum AttachMode {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         uplink: Option<Uplink>,
     },
+    /// A veth whose peer is created in the pod and whose host end joins the node's bridge of
+    /// an overlay segment (bridge + VXLAN device, shared by every pod of the VNI on the node,
+    /// made with the first and deleted after the last, like a shared host VLAN).
+    Overlay {
+        /// The segment the host end joins.
+        segment: overlay::Segment,
+        /// The host end's name (`knh` + 8 hex digits of the claim and interface).
+        host_veth: String,
+    },
 }
 
 /// A child link knic creates on a host device, directly in a pod.
@@ -335,22 +373,36 @@ impl AttachMode {
     /// The child the pod gets, when it gets one rather than the device itself.
     pub fn new_child(&self) -> Option<NewChild<'_>> {
         match self {
-            AttachMode::Move => None,
+            AttachMode::Move | AttachMode::Overlay { .. } => None,
             AttachMode::Vlan { id } => Some(NewChild::Vlan(*id)),
             AttachMode::Child { child, .. } => Some(NewChild::Of(child)),
         }
     }
 
-    /// The `IFLA_INFO_KIND` of the link the pod gets when it is a child knic created.
+    /// The `IFLA_INFO_KIND` of the link the pod gets when knic created it (rather than moving
+    /// the device).
     pub fn child_kind(&self) -> Option<&'static str> {
-        self.new_child().map(NewChild::kind)
+        match self {
+            AttachMode::Overlay { .. } => Some("veth"),
+            _ => self.new_child().map(NewChild::kind),
+        }
     }
 
     /// The shared host VLAN the pod's child sits on, if any.
     pub fn uplink(&self) -> Option<&Uplink> {
         match self {
             AttachMode::Child { uplink, .. } => uplink.as_ref(),
-            AttachMode::Move | AttachMode::Vlan { .. } => None,
+            AttachMode::Move | AttachMode::Vlan { .. } | AttachMode::Overlay { .. } => None,
+        }
+    }
+
+    /// The host link this attachment shares with other pods and keeps alive while recorded:
+    /// a shared host VLAN's name, or an overlay segment's bridge (which names its VXLAN
+    /// device too, see [`overlay::segment_vni`]).
+    pub fn shared_host_link(&self) -> Option<&str> {
+        match self {
+            AttachMode::Overlay { segment, .. } => Some(&segment.bridge),
+            _ => self.uplink().map(|u| u.name.as_str()),
         }
     }
 }
@@ -485,7 +537,7 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
     Ok(Restore { host: link, vf })
 }
 
-async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
+pub(crate) async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {
     kernel
         .open(ns)
         .await?

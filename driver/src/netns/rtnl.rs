@@ -7,6 +7,7 @@
 //! node, and an async connection per session 10–20 µs per request: most of knic's cost above
 //! the kernel's.)
 
+mod overlay;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -690,6 +691,34 @@ impl Session for RtnlSession {
             Err(e) if e.errno() == Some(ENOENT) => Ok(()),
             Err(e) => Err(nl(context)(e)),
         }
+    }
+
+    async fn ensure_segment(&mut self, segment: &super::overlay::Segment) -> Result<()> {
+        self.ensure_segment_now(segment).await
+    }
+
+    async fn add_veth(
+        &mut self,
+        host: &str,
+        bridge: &str,
+        to: &Ns,
+        mtu: u32,
+        change: &LinkChange,
+    ) -> Result<()> {
+        self.add_veth_now(host, bridge, to, mtu, change).await
+    }
+
+    async fn fdb(&mut self, vxlan: &str) -> Result<Vec<super::overlay::FdbEntry>> {
+        self.fdb_now(vxlan).await
+    }
+
+    async fn set_fdb(
+        &mut self,
+        vxlan: &str,
+        add: &[super::overlay::FdbEntry],
+        remove: &[super::overlay::FdbEntry],
+    ) -> Result<()> {
+        self.set_fdb_now(vxlan, add, remove).await
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {

@@ -58,7 +58,7 @@ impl<K: Kernel> PodNetworks<K> {
         let uses_uplink = claims
             .iter()
             .flat_map(|c| &c.attachments)
-            .any(|a| a.plan.mode.uplink().is_some());
+            .any(|a| a.plan.mode.shared_host_link().is_some());
         let _uplinks = match uses_uplink {
             true => Some(self.uplinks.lock().await),
             false => None,
@@ -147,6 +147,14 @@ impl<K: Kernel> PodNetworks<K> {
                     return Err(self.attach_failed(claim, a, pod_name, pod_uid, e));
                 }
             }
+        }
+        if steps.iter().any(|s| {
+            matches!(
+                claims[s.claim].attachments[s.index].plan.mode,
+                crate::netns::AttachMode::Overlay { .. }
+            )
+        }) {
+            self.overlay_joined.notify_one();
         }
         // In memory only: a crash before the next durable write leaves these devices recorded
         // and unmarked, which recovery resumes (checks the kernel) instead of trusting.
@@ -259,10 +267,12 @@ impl<K: Kernel> PodNetworks<K> {
         if let Err(e) = self.claims.update_each(changes).await {
             tracing::error!(error = %e, "could not forget the records of an undone attach; detach finds the devices home");
         }
-        let uplinks = forget
-            .iter()
-            .filter_map(|s| claims[s.claim].attachments[s.index].plan.mode.uplink())
-            .map(|up| up.name.as_str());
+        let uplinks = forget.iter().filter_map(|s| {
+            claims[s.claim].attachments[s.index]
+                .plan
+                .mode
+                .shared_host_link()
+        });
         self.release_uplinks(uplinks).await;
     }
 

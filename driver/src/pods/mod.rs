@@ -119,6 +119,9 @@ pub struct PodNetworks<K> {
     uplinks: Mutex<()>,
     /// Where attach failures are reported as Events.
     events: std::sync::Mutex<Arc<dyn EventSink>>,
+    /// Woken after pods joined overlay segments, so the node's forwarding entries for a new
+    /// segment are written at once, not at the sync loop's next period.
+    overlay_joined: Arc<tokio::sync::Notify>,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -136,7 +139,13 @@ impl<K: Kernel> PodNetworks<K> {
             rdma: std::sync::Mutex::new((Arc::new(KernelRdma), PathBuf::from(HOST_NETNS))),
             uplinks: Mutex::default(),
             events: std::sync::Mutex::new(Arc::new(NoEvents)),
+            overlay_joined: Arc::default(),
         })
+    }
+
+    /// Notified after an attach put pods on overlay segments (see `crate::overlay::sync`).
+    pub fn overlay_joined(&self) -> Arc<tokio::sync::Notify> {
+        self.overlay_joined.clone()
     }
 
     /// Attach failures become Events on the claim and the pod through `events`.
@@ -308,7 +317,7 @@ impl<K: Kernel> PodNetworks<K> {
         let uses_uplink = claims
             .iter()
             .flat_map(|c| &c.attachments)
-            .any(|a| a.restore.is_some() && a.plan.mode.uplink().is_some());
+            .any(|a| a.restore.is_some() && a.plan.mode.shared_host_link().is_some());
         // "Forget the record, then delete the host VLAN nobody records" must not interleave
         // with an attach recording a new user of it.
         let _uplinks = match uses_uplink {
@@ -331,7 +340,7 @@ impl<K: Kernel> PodNetworks<K> {
                 match outcome {
                     Ok(()) => {
                         home.push(forget_record(&claim.uid, i));
-                        uplinks.extend(a.plan.mode.uplink().map(|up| up.name.as_str()));
+                        uplinks.extend(a.plan.mode.shared_host_link());
                     }
                     Err(e) => errors.push(Error::Claim {
                         namespace: claim.namespace.clone(),
@@ -452,14 +461,9 @@ impl<K: Kernel> Release for PodNetworks<K> {
                     // The store is locked by the caller, so no attach can record a user of
                     // the uplink between this check and the delete; the claim is being
                     // forgotten, so its own records do not count.
-                    if let Some(up) = a.plan.mode.uplink() {
-                        uplinks::release_if_unused(
-                            &self.kernel,
-                            checkpoint,
-                            Some(&claim.uid),
-                            &up.name,
-                        )
-                        .await?;
+                    if let Some(up) = a.plan.mode.shared_host_link() {
+                        uplinks::release_if_unused(&self.kernel, checkpoint, Some(&claim.uid), up)
+                            .await?;
                     }
                     tracing::info!(claim = %claim.name, index = i, "device returned to the host at unprepare");
                 }
@@ -611,6 +615,8 @@ impl<K: Kernel> PodNetworks<K> {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod overlay_tests;
 #[cfg(test)]
 mod uplink_tests;
 

@@ -158,6 +158,18 @@ pub fn live_change(
         Addressing {
             allocations,
             routes,
+            // An overlay interface keeps its segment and announced MAC: only routes and MTU
+            // change live.
+            overlay: match &plan.mode {
+                crate::netns::AttachMode::Overlay { segment, .. } => {
+                    plan.mac.map(|mac| crate::claims::ipam::OverlayFacts {
+                        vni: segment.vni,
+                        port: segment.port,
+                        mac,
+                    })
+                }
+                _ => None,
+            },
         },
     )]);
     let new = plans(&one, &configure(&one), &BTreeSet::new(), &ipam)

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::claims::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::netns::{Kernel, uplink};
+use crate::netns::{Kernel, overlay, uplink};
 
 /// The uplinks some recorded attachment may be using: every attachment with a restore record
 /// (written before its uplink is ensured, cleared after its child is gone), except those of
@@ -18,7 +18,7 @@ pub fn in_use(checkpoint: &Checkpoint, except: Option<&str>) -> BTreeSet<String>
         .filter(|c| Some(c.uid.as_str()) != except)
         .flat_map(|c| &c.attachments)
         .filter(|a| a.restore.is_some())
-        .filter_map(|a| a.plan.mode.uplink().map(|u| u.name.clone()))
+        .filter_map(|a| a.plan.mode.shared_host_link().map(str::to_owned))
         .collect()
 }
 
@@ -34,7 +34,15 @@ pub async fn release_if_unused<K: Kernel>(
         return Ok(());
     }
     crate::failpoint::hit("detach:before-uplink-release");
-    uplink::release(kernel, name).await
+    release(kernel, name).await
+}
+
+/// A shared host VLAN, or an overlay segment named by its bridge.
+async fn release<K: Kernel>(kernel: &K, name: &str) -> Result<()> {
+    match overlay::segment_vni(name) {
+        Some(vni) => overlay::release(kernel, vni).await,
+        None => uplink::release(kernel, name).await,
+    }
 }
 
 /// Deletes every uplink on the host that no recorded attachment uses: what a crash between a
@@ -42,9 +50,11 @@ pub async fn release_if_unused<K: Kernel>(
 pub async fn sweep<K: Kernel>(kernel: &K, checkpoint: &Checkpoint) -> Result<Vec<String>> {
     let used = in_use(checkpoint, None);
     let mut deleted = Vec::new();
-    for name in uplink::present(kernel).await? {
+    let mut present = uplink::present(kernel).await?;
+    present.extend(overlay::present(kernel).await?);
+    for name in present {
         if !used.contains(&name) {
-            uplink::release(kernel, &name).await?;
+            release(kernel, &name).await?;
             deleted.push(name);
         }
     }

@@ -42,6 +42,7 @@ fn inventory(speed: Option<i64>) -> Inventory {
             nic(OTHER, "ens1f1", "0000:3b:00.1", speed),
         ],
         excluded: Vec::new(),
+        overlay: None,
     }
 }
 

@@ -124,6 +124,9 @@ pub fn devices(inventory: &Inventory, retained: &[Device]) -> Vec<Device> {
         .into_iter()
         .flatten()
         .collect();
+    if let Some(underlay) = &inventory.overlay {
+        devices.push(crate::inventory::overlay::device(underlay));
+    }
     for kept in retained {
         if !devices.iter().any(|d| d.name == kept.name) {
             devices.push(kept.clone());

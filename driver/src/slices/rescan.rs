@@ -37,6 +37,8 @@ pub struct Discovery {
     pub provisioner: Option<Arc<Provisioner>>,
     /// The node's share policy: which parents are published as shareable.
     pub sharing: Arc<Sharing>,
+    /// The overlay offer (`--vtep-address`), if the node offers overlay networks.
+    pub overlay: Option<crate::inventory::overlay::OverlayOffer>,
 }
 
 impl Discovery {
@@ -122,6 +124,9 @@ impl Discovery {
             Ok(mut inv) => {
                 if let Some(provisioner) = &self.provisioner {
                     provisioner.label(&mut inv);
+                }
+                if let Some(offer) = &self.overlay {
+                    inv.overlay = crate::inventory::overlay::find(offer).await;
                 }
                 inv
             }

@@ -32,6 +32,7 @@ fn inventory(n: usize) -> Inventory {
     Inventory {
         devices: (0..n).map(device).collect(),
         excluded: vec![],
+        overlay: None,
     }
 }
 

@@ -604,6 +604,7 @@ async fn sriov_provisioning_holds_the_checkpoint_from_snapshot_to_the_last_write
             stalling,
         ))),
         sharing: Default::default(),
+        overlay: None,
     };
     let task = {
         let store = store.clone();

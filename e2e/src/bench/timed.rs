@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use knic_driver::error::Result;
+use knic_driver::netns::overlay::{FdbEntry, Segment};
 use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, Tbf, VfState};
 use knic_proto::netconfig::{Cidr, Route};
 
@@ -196,6 +197,40 @@ impl<S: Session> Session for TimedSession<S> {
         timed(&self.spent, "del_link", self.inner.del_link(name)).await
     }
 
+    async fn ensure_segment(&mut self, segment: &Segment) -> Result<()> {
+        timed(
+            &self.spent,
+            "ensure_segment",
+            self.inner.ensure_segment(segment),
+        )
+        .await
+    }
+
+    async fn add_veth(
+        &mut self,
+        host: &str,
+        bridge: &str,
+        to: &Ns,
+        mtu: u32,
+        change: &LinkChange,
+    ) -> Result<()> {
+        let call = self.inner.add_veth(host, bridge, to, mtu, change);
+        timed(&self.spent, "add_veth", call).await
+    }
+
+    async fn fdb(&mut self, vxlan: &str) -> Result<Vec<FdbEntry>> {
+        timed(&self.spent, "fdb", self.inner.fdb(vxlan)).await
+    }
+
+    async fn set_fdb(&mut self, vxlan: &str, add: &[FdbEntry], remove: &[FdbEntry]) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_fdb",
+            self.inner.set_fdb(vxlan, add, remove),
+        )
+        .await
+    }
+
     async fn vf_state(&mut self, pf: &str, index: u32) -> Result<Option<VfState>> {
         timed(&self.spent, "vf_state", self.inner.vf_state(pf, index)).await
     }
@@ -284,6 +319,25 @@ mod tests {
             Ok(())
         }
         async fn del_link(&mut self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn ensure_segment(&mut self, _: &Segment) -> Result<()> {
+            Ok(())
+        }
+        async fn add_veth(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: &Ns,
+            _: u32,
+            _: &LinkChange,
+        ) -> Result<()> {
+            Ok(())
+        }
+        async fn fdb(&mut self, _: &str) -> Result<Vec<FdbEntry>> {
+            Ok(vec![])
+        }
+        async fn set_fdb(&mut self, _: &str, _: &[FdbEntry], _: &[FdbEntry]) -> Result<()> {
             Ok(())
         }
         async fn vf_state(&mut self, _: &str, _: u32) -> Result<Option<VfState>> {

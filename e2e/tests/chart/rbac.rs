@@ -124,6 +124,15 @@ pub(crate) const DRIVER: &[Need] = &[
         ),
     ),
     cluster(
+        "knic.dev",
+        "networkaddresses",
+        &["list", "watch"],
+        Why::Used(
+            "driver/src/api/overlay.rs: a reflector over NetworkAddresses labelled \
+             knic.dev/overlay=true, whose overlay facts are the forwarding entries (issue 26)",
+        ),
+    ),
+    cluster(
         "",
         "namespaces",
         &["get"],

@@ -36,7 +36,7 @@ fn typed_defaults() -> anyhow::Result<()> {
         ("CustomResourceDefinition", 3),
         ("DaemonSet", 1),
         ("Deployment", 1),
-        ("DeviceClass", 4),
+        ("DeviceClass", 5),
         ("Role", 1),
         ("RoleBinding", 1),
         // The webhook's self-signed certificate and its Service.

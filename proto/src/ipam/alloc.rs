@@ -74,6 +74,16 @@ pub fn stable_offset(network: &str, identity: &str, pool: &Pool) -> u128 {
     pool.index_at_or_after(position)
 }
 
+/// The MAC of an overlay pod interface: `02` (locally administered, unicast) and 5 bytes of the
+/// same hash as [`stable_offset`] over the Network and `key` (the stable identity, else the
+/// claim UID with `#i` for later interfaces). Computed, not random, so a returning stable pod
+/// keeps its MAC and other nodes' forwarding entries and pods' ARP caches stay right; part of
+/// the contract like the offset (tests pin its values).
+pub fn overlay_mac(network: &str, key: &str) -> [u8; 6] {
+    let h = identity_hash(network, key).to_be_bytes();
+    [0x02, h[0], h[1], h[2], h[3], h[4]]
+}
+
 /// FNV-1a 128 over `network`, a 0xff separator (never part of UTF-8, so `("ab", "c")` and
 /// `("a", "bc")` differ) and `identity`, then mixed so nearby inputs (`db-0`, `db-1`) land far
 /// apart in every bit.

@@ -23,7 +23,9 @@ mod pool;
 #[cfg(test)]
 mod tests;
 
-pub use alloc::{allocate, allocation_name, choose, parse_allocation_name, stable_offset};
+pub use alloc::{
+    allocate, allocation_name, choose, overlay_mac, parse_allocation_name, stable_offset,
+};
 pub use pool::{Exclusion, Pool};
 
 pub use pool::{check_exclusion, check_gateway, check_subnet, family};

@@ -2,8 +2,8 @@
 //! the controller generates for it. Here, next to validation, because a Network that validates
 //! must compile, and the driver's own [`netconfig::validate`] must accept the config.
 
-use super::devices;
 use super::{DeviceRequest, NetworkSpec, validate};
+use super::{devices, vxlan};
 use crate::netconfig::{self, InterfaceConfig, IpamConfig, NetworkConfig, VlanConfig};
 
 /// The kind of the resource, next to [`netconfig::API_VERSION`] which it shares with the
@@ -27,6 +27,20 @@ impl NetworkSpec {
     /// [`validate_network`]: super::validate_network
     pub fn device_request(&self) -> std::result::Result<DeviceRequest, netconfig::ConfigErrors> {
         let mut errors = Vec::new();
+        if self.vxlan.is_some() {
+            // The node's one overlay device; which segment is the driver's to read from the
+            // Network (never from a claim, which could name another tenant's VNI).
+            vxlan::check(self, &[], &mut errors);
+            errors.retain(|e| e.path == "spec.devices");
+            if !errors.is_empty() {
+                return Err(netconfig::ConfigErrors(errors));
+            }
+            return Ok(DeviceRequest {
+                device_class_name: vxlan::OVERLAY_DEVICE_CLASS.to_owned(),
+                selectors: Vec::new(),
+                count: self.interfaces_per_pod(),
+            });
+        }
         match devices::check(
             &self.devices,
             validate::exhaustion_selectors(self),

@@ -172,7 +172,7 @@ pub(super) fn check(
         (false, false) => {
             error(
                 "",
-                "set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma".to_owned(),
+                "set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma; empty devices are allowed only with spec.vxlan".to_owned(),
             );
             None
         }

@@ -10,6 +10,7 @@ use crate::netconfig::{
 
 use super::devices::{self, DeviceSet};
 use super::share;
+use super::vxlan;
 use super::{MAX_INTERFACES_PER_POD, NetworkSpec, StableBy, Subnet, template_config};
 use crate::ipam::{Exclusion, Pool, check_exclusion, check_gateway, check_subnet, family};
 
@@ -48,15 +49,26 @@ pub(super) fn exhaustion_selectors(spec: &NetworkSpec) -> usize {
 ///   allocatable, no `source`;
 /// * `spec.stableAddresses`: a label key exactly when `by: label`; needs `subnets`;
 /// * `spec.namespaces`: `names` (DNS labels, no duplicates) or `selector.matchLabels` (valid
-///   label keys and values).
+///   label keys and values);
+/// * `spec.vxlan` (an overlay Network): VNI of 24 bits, port not 0, no devices, VLAN or VLAN
+///   share group, one interface per pod, `ipam.subnets` (announcements ride on the allocation
+///   objects), MTU from 576 (1280 with an IPv6 subnet) to 65485; without it, `spec.devices`
+///   must not name the overlay class.
 pub fn validate_network(name: &str, spec: &NetworkSpec) -> Result<(), ConfigErrors> {
     let mut v = Validator::default();
     v.name_and_template(name, spec);
-    share::check_field(spec, &mut v.errors);
-    devices::check(&spec.devices, exhaustion_selectors(spec), &mut v.errors);
+    // An overlay names no devices and no VLAN: `vxlan::check` refuses those fields outright,
+    // so their finer rules would only add noise.
+    if spec.vxlan.is_none() {
+        share::check_field(spec, &mut v.errors);
+        devices::check(&spec.devices, exhaustion_selectors(spec), &mut v.errors);
+    }
     v.interfaces(spec);
     let subnets = v.ipam(spec);
-    v.ipv6_mtu(spec, &subnets);
+    if spec.vxlan.is_none() {
+        v.ipv6_mtu(spec, &subnets);
+    }
+    vxlan::check(spec, &subnets, &mut v.errors);
     v.stable_addresses(spec);
     v.namespaces(spec);
     if v.errors.is_empty() {
@@ -72,6 +84,7 @@ fn section(path: &str) -> usize {
     const ORDER: &[&str] = &[
         "metadata.name",
         "spec.devices",
+        "spec.vxlan",
         "spec.vlan",
         "spec.mtu",
         "spec.interfaceName",
@@ -88,6 +101,7 @@ fn section(path: &str) -> usize {
 
 /// Checks a Network against every other Network and returns the conflicts, with paths into
 /// this Network's spec:
+/// * the same VXLAN VNI (`spec.vxlan.vni`): one layer-2 segment, whatever the devices;
 /// * the same VLAN id on devices both may use (`spec.vlan`, `spec.vlanShareGroup`), unless both
 ///   name the same `vlanShareGroup`: an id picked twice by accident would join two networks'
 ///   broadcast domains;
@@ -119,13 +133,14 @@ pub fn validate_against(
     others: &[(String, NetworkSpec)],
 ) -> Vec<FieldError> {
     let mut errors = Vec::new();
+    let mut others: Vec<&(String, NetworkSpec)> =
+        others.iter().filter(|(n, _)| n != name).collect();
+    others.sort_by(|a, b| a.0.cmp(&b.0));
+    vxlan::against(spec, &others, &mut errors);
     let Some(mine) = DeviceSet::of(&spec.devices) else {
         return errors;
     };
     let my_subnets = parsed_subnets(spec);
-    let mut others: Vec<&(String, NetworkSpec)> =
-        others.iter().filter(|(n, _)| n != name).collect();
-    others.sort_by(|a, b| a.0.cmp(&b.0));
     for (other_name, other) in others {
         let Some(theirs) = DeviceSet::of(&other.devices) else {
             continue;

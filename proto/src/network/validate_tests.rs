@@ -93,3 +93,6 @@ mod against;
 
 // What the kernel would refuse (issue 11).
 mod kernel;
+
+// Overlay Networks (issue 26).
+mod vxlan;

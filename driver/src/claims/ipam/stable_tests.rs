@@ -12,6 +12,7 @@ fn who(claim: &str, uid: &str, pod: &str, node: &str) -> Requester {
         uid: uid.into(),
         pod: pod.into(),
         node: node.into(),
+        vtep: None,
     }
 }
 
@@ -143,6 +144,7 @@ async fn the_returning_identity_takes_its_held_address_over() {
                 },
                 identity: None,
                 node: Some("node-a".into()),
+                overlay: None,
             },
         ),
     );
@@ -385,6 +387,7 @@ async fn a_takeover_reservation_keeps_the_address_taken_and_a_stale_one_is_clear
                 },
                 identity: None,
                 node: Some("node-a".into()),
+                overlay: None,
             },
         );
         r.metadata.labels = Some(BTreeMap::from([

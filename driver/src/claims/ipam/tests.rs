@@ -12,6 +12,7 @@ fn who(claim: &str, uid: &str, pod: &str) -> Requester {
         uid: uid.into(),
         pod: pod.into(),
         node: "node-a".into(),
+        vtep: None,
     }
 }
 

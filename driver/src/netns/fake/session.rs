@@ -397,6 +397,34 @@ impl Session for FakeSession {
         Ok(())
     }
 
+    async fn ensure_segment(&mut self, segment: &super::super::overlay::Segment) -> Result<()> {
+        self.ensure_segment_now(segment)
+    }
+
+    async fn add_veth(
+        &mut self,
+        host: &str,
+        bridge: &str,
+        to: &Ns,
+        mtu: u32,
+        change: &LinkChange,
+    ) -> Result<()> {
+        self.add_veth_now(host, bridge, to, mtu, change)
+    }
+
+    async fn fdb(&mut self, vxlan: &str) -> Result<Vec<super::super::overlay::FdbEntry>> {
+        self.fdb_now(vxlan)
+    }
+
+    async fn set_fdb(
+        &mut self,
+        vxlan: &str,
+        add: &[super::super::overlay::FdbEntry],
+        remove: &[super::super::overlay::FdbEntry],
+    ) -> Result<()> {
+        self.set_fdb_now(vxlan, add, remove)
+    }
+
     async fn del_link(&mut self, name: &str) -> Result<()> {
         // rtnl looks the name up unless it knows it, and sends the delete only when found.
         let present = find(&mut self.kernel.lock(), &self.ns.clone(), name).is_some();
@@ -407,6 +435,7 @@ impl Session for FakeSession {
         let mut doomed = vec![(self.ns.clone(), name.to_owned())];
         while let Some((ns, name)) = doomed.pop() {
             s.qdiscs.remove(&(ns.clone(), name.clone()));
+            s.vxlans.remove(&(ns.clone(), name.clone()));
             if let Some(links) = s.links.get_mut(&ns) {
                 links.retain(|l| l.name != name);
             }

@@ -143,27 +143,58 @@ fn shipped_device_classes() {
         Ok(all)
     };
     let (nic, pf, vf, bare, gpu) = (intel_nic(), intel_pf_slow(), mlx_vf(), bare(), gpu());
-    let table: [(&str, [Result<bool, ()>; 5]); 4] = [
+    // The node's overlay device (issue 26), as the driver is to publish it.
+    let overlay = knic(&[
+        ("kind", s("overlay")),
+        ("vtep", s("192.168.10.12")),
+        ("mtu", i(1450)),
+    ]);
+    let table: [(&str, [Result<bool, ()>; 6]); 5] = [
         (
             "knic.dev",
-            [Ok(true), Ok(true), Ok(true), Ok(true), Ok(false)],
+            [Ok(true), Ok(true), Ok(true), Ok(true), Ok(false), Ok(true)],
         ),
         (
             "nic.knic.dev",
-            [Ok(true), Ok(true), Ok(false), Err(()), Ok(false)],
+            [Ok(true), Ok(true), Ok(false), Err(()), Ok(false), Ok(false)],
         ),
         (
             "vf.knic.dev",
-            [Ok(false), Ok(false), Ok(true), Err(()), Ok(false)],
+            [
+                Ok(false),
+                Ok(false),
+                Ok(true),
+                Err(()),
+                Ok(false),
+                Ok(false),
+            ],
         ),
         (
             "rdma.knic.dev",
-            [Ok(true), Ok(true), Ok(false), Ok(false), Ok(false)],
+            [
+                Ok(true),
+                Ok(true),
+                Ok(false),
+                Ok(false),
+                Ok(false),
+                Ok(false),
+            ],
+        ),
+        (
+            "overlay.knic.dev",
+            [
+                Ok(false),
+                Ok(false),
+                Ok(false),
+                Err(()),
+                Ok(false),
+                Ok(true),
+            ],
         ),
     ];
     assert_eq!(classes.len(), table.len());
     for (class, expected) in table {
-        let got: Vec<Result<bool, ()>> = [&nic, &pf, &vf, &bare, &gpu]
+        let got: Vec<Result<bool, ()>> = [&nic, &pf, &vf, &bare, &gpu, &overlay]
             .into_iter()
             .map(|d| matches(class, d).map_err(|_| ()))
             .collect();

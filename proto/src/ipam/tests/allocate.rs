@@ -155,3 +155,20 @@ fn ipam_stable_identity_keeps_its_address() {
         Some(p.index_of(first).expect("usable") % p3.size())
     );
 }
+
+const PINNED_MAC: [u8; 6] = [0x02, 0x7d, 0xf0, 0x38, 0xdc, 0x18];
+
+#[test]
+fn overlay_macs_are_pinned_local_unicast_and_spread() {
+    let a = overlay_mac("blue", "ns/db-0");
+    // Pinned: a changed hash would give every returning stable pod a new MAC on upgrade.
+    assert_eq!(a, PINNED_MAC);
+    assert_eq!(a[0], 0x02, "locally administered, unicast");
+    assert_eq!(overlay_mac("blue", "ns/db-0"), a);
+    assert_ne!(overlay_mac("red", "ns/db-0"), a, "per Network");
+    let macs: std::collections::BTreeSet<[u8; 6]> = (0..1000)
+        .map(|i| overlay_mac("blue", &format!("uid-{i}#0")))
+        .collect();
+    assert_eq!(macs.len(), 1000, "no collision among 1000 claims");
+    assert!(macs.iter().all(|m| m[0] == 0x02));
+}

@@ -111,6 +111,7 @@ fn network_address_object_is_named_by_allocation_name() {
                 },
                 identity: None,
                 node: None,
+                overlay: None,
             },
         );
         let name = object.metadata.name.as_deref().expect("named");

@@ -42,7 +42,7 @@ rejects! {
     network_reject_devices_both_forms: { "devices": { "deviceClassName": "vf.knic.dev" } }
         => ["spec.devices: set either deviceClassName (with optional selectors) or the device fields kind, vendor, pfName, minSpeed, numaNode and rdma, not both"];
     network_reject_devices_empty: { "devices": { "kind": null } }
-        => ["spec.devices: set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma"];
+        => ["spec.devices: set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma; empty devices are allowed only with spec.vxlan"];
     network_reject_selectors_without_class: { "devices": { "kind": null, "selectors": ["true"] } }
         => ["spec.devices.deviceClassName: is required when selectors are given"];
     network_reject_bad_class_name: { "devices": { "kind": null, "deviceClassName": "VF_class" } }

@@ -193,7 +193,7 @@ fn network_raw_devices_pass_through() {
     let bad = with(json!({ "devices": { "kind": null } }));
     assert_eq!(
         bad.device_request().expect_err("invalid").to_string(),
-        "spec.devices: set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma"
+        "spec.devices: set deviceClassName (with optional selectors) or at least one of kind, vendor, pfName, minSpeed, numaNode and rdma; empty devices are allowed only with spec.vxlan"
     );
 }
 
