@@ -99,6 +99,7 @@ fn run_like(root: &Path) -> anyhow::Result<()> {
             netlink: false,
             provisioner: None,
             sharing: Arc::new(Sharing::new(SharePolicy::default())),
+            overlay: None,
         };
         let inventory = discovery.scan().await;
         let owner = PoolOwner {

@@ -7,10 +7,12 @@ use std::sync::Arc;
 mod cluster_kni;
 mod cni_bin;
 mod demo;
+mod discovery_args;
+mod inventory_cmd;
 mod standalone;
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use knic_driver::api::events::KubeEvents;
 use knic_driver::api::slices::{Publisher, PublisherSettings};
 use knic_driver::api::{KubeAddressBook, KubeClaims, KubeStatus};
@@ -18,23 +20,23 @@ use knic_driver::cdi::CdiSpecs;
 use knic_driver::claims::checkpoint::CheckpointStore;
 use knic_driver::claims::orphans::{self, OrphanSettings};
 use knic_driver::http;
-use knic_driver::inventory::Filter;
-use knic_driver::inventory::table::render_table;
 use knic_driver::kni;
 use knic_driver::kubelet::health::HealthService;
 use knic_driver::kubelet::{self, DraService, PluginPaths, Registration};
 use knic_driver::netns::rtnl::Rtnl;
 use knic_driver::nri::{self, NriSettings};
-use knic_driver::sharing::{self, ShareMode, SharePolicy, Sharing};
+use knic_driver::sharing::{self, ShareMode};
+use knic_driver::slices;
 use knic_driver::slices::exhaustion;
-use knic_driver::slices::rescan::{self, Discovery, RescanSettings};
-use knic_driver::slices::{self, PoolOwner};
+use knic_driver::slices::rescan::{self, RescanSettings};
 use knic_driver::sriov::writes::LiveWrites;
 use knic_driver::sriov::{Provisioner, SriovPolicy};
 use knic_driver::wiring::{self, FailClosed, Parts};
 use knic_proto::logging::{self, LogFormat};
 use knic_proto::metrics::Health;
 use tokio::signal::unix::{SignalKind, signal};
+
+use discovery_args::DiscoveryArgs;
 
 /// The driver's readiness conditions, as `/readyz` names them when they do not hold.
 const READY_SLICES: &str = "ResourceSlices published";
@@ -72,7 +74,7 @@ enum Command {
     /// Run the node driver: discover and publish devices, serve the kubelet's DRA plugin.
     Run(Box<RunArgs>),
     /// Print what this node would publish (no cluster needed).
-    Inventory(InventoryArgs),
+    Inventory(inventory_cmd::InventoryArgs),
     /// Show knic's whole job on this machine, no cluster needed (root): a throwaway pod
     /// namespace gets a veth "NIC" through the real gRPC and NRI protocols, then it is undone.
     /// It runs in network and mount namespaces of its own, so nothing it creates can outlive
@@ -98,126 +100,6 @@ struct CheckArgs {
     /// The interface name in the pod.
     #[arg(long)]
     interface: String,
-}
-
-/// How devices are discovered and which are offered; shared by `run` and `inventory`.
-#[derive(Debug, clap::Args)]
-struct DiscoveryArgs {
-    /// Root under which sys/ (and proc/net/ for default routes) are read.
-    #[arg(long, env = "KNIC_SYSFS_ROOT", default_value = "/")]
-    sysfs_root: PathBuf,
-    /// Comma-separated include entries (name=GLOB, pci=VVVV:DDDD, driver=GLOB, kind=KIND).
-    #[arg(long, env = "KNIC_INCLUDE", default_value = "")]
-    include: String,
-    /// Comma-separated exclude entries; an exclude always wins.
-    #[arg(long, env = "KNIC_EXCLUDE", default_value = "")]
-    exclude: String,
-    /// YAML or JSON file with `include:` and `exclude:` lists (the chart's ConfigMap).
-    #[arg(long, env = "KNIC_FILTER_CONFIG")]
-    filter_config: Option<PathBuf>,
-    /// Add netlink facts (link kinds, masters, ethtool features, e-switch mode).
-    #[arg(long, env = "KNIC_NETLINK", default_value_t = true, action = clap::ArgAction::Set)]
-    netlink: bool,
-    /// The node's share policy, YAML or JSON (`parents:` entries selecting ports by `names` or
-    /// `pciAddresses`, each with `children` and optionally `bandwidth`, `defaultBandwidth`,
-    /// `minBandwidth`, `bandwidthStep`): those ports are published as shareable only. Unset:
-    /// nothing is shared.
-    #[arg(long, env = "KNIC_SHARE_POLICY")]
-    share_policy: Option<PathBuf>,
-    /// This node's underlay address for overlay (VXLAN) Networks (the chart passes the node's
-    /// status.hostIP): the node then offers the device `overlay`, whose claims get a veth on
-    /// the node's bridge of their Network's VNI. Unset: no overlay networks on this node.
-    #[arg(long, env = "KNIC_VTEP_ADDRESS")]
-    vtep_address: Option<std::net::IpAddr>,
-    /// Overlay interfaces the node offers (child slots of the `overlay` device).
-    #[arg(long, env = "KNIC_OVERLAY_CHILDREN", default_value_t = 110,
-          value_parser = clap::value_parser!(u32).range(1..=4094))]
-    overlay_children: u32,
-}
-
-impl DiscoveryArgs {
-    fn discovery(&self) -> anyhow::Result<Discovery> {
-        let mut filter = match &self.filter_config {
-            Some(path) => Filter::from_config_file(path)?,
-            None => Filter::default(),
-        };
-        filter.extend(Filter::parse_lists(&self.include, &self.exclude)?);
-        let policy = match &self.share_policy {
-            Some(path) => {
-                let policy = SharePolicy::from_file(path)?;
-                tracing::info!(policy = %path.display(), parents = policy.parents.len(),
-                    "share policy loaded");
-                policy
-            }
-            None => SharePolicy::default(),
-        };
-        Ok(Discovery {
-            root: self.sysfs_root.clone(),
-            filter,
-            netlink: self.netlink,
-            provisioner: None,
-            sharing: Arc::new(Sharing::new(policy)),
-            overlay: self
-                .vtep_address
-                .map(|vtep| knic_driver::inventory::overlay::OverlayOffer {
-                    vtep,
-                    children: self.overlay_children,
-                }),
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Output {
-    /// A readable table.
-    Table,
-    /// The ResourceSlice objects, as JSON (a v1 List).
-    Json,
-    /// The ResourceSlice objects, as YAML documents.
-    Yaml,
-}
-
-/// Sysfs trees built into the binary, so the inventory can be shown on any machine.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Sample {
-    /// Intel E810 PF with 2 SR-IOV VFs (ice/iavf).
-    E810Vfs,
-    /// Two Mellanox ConnectX-5 PFs with VFs and RoCE (mlx5).
-    Cx5Rdma,
-    /// An active-backup bond over two X710 ports.
-    Bond,
-    /// A virtio-net VM NIC.
-    Virtio,
-}
-
-impl Sample {
-    fn text(self) -> &'static str {
-        match self {
-            Sample::E810Vfs => {
-                include_str!("../tests/fixtures/sysfs/intel-e810-pf-with-vfs.derived.txt")
-            }
-            Sample::Cx5Rdma => {
-                include_str!("../tests/fixtures/sysfs/mellanox-cx5-pf-vfs-rdma.derived.txt")
-            }
-            Sample::Bond => include_str!("../tests/fixtures/sysfs/bond-active-backup.derived.txt"),
-            Sample::Virtio => include_str!("../tests/fixtures/sysfs/virtio-net.real.txt"),
-        }
-    }
-}
-
-#[derive(Debug, clap::Args)]
-struct InventoryArgs {
-    /// Discover a built-in sample tree instead of this host (sets --sysfs-root, no netlink).
-    #[arg(long, env = "KNIC_SAMPLE", value_enum, conflicts_with = "sysfs_root")]
-    sample: Option<Sample>,
-    /// Node name used for the pool [default: this host's name].
-    #[arg(long, env = "NODE_NAME")]
-    node_name: Option<String>,
-    /// Output format.
-    #[arg(short, long, env = "KNIC_OUTPUT", value_enum, default_value = "table")]
-    output: Output,
-    #[command(flatten)]
-    discovery: DiscoveryArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -375,88 +257,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_ascii_lowercase())
         .unwrap_or_else(|_| "localhost".into())
-}
-
-async fn inventory(args: InventoryArgs) -> anyhow::Result<()> {
-    let node = args.node_name.unwrap_or_else(hostname);
-    if let Err(reason) = knic_driver::check_dns_subdomain(&node) {
-        bail!("invalid --node-name/NODE_NAME: {reason}");
-    }
-    let sample_dir = match args.sample {
-        Some(sample) => {
-            let dir = tempfile::Builder::new().prefix("knic-sample-").tempdir()?;
-            knic_driver::inventory::fixture::materialise(sample.text(), dir.path())?;
-            Some(dir)
-        }
-        None => None,
-    };
-    let mut discovery = args.discovery.discovery()?;
-    if let Some(dir) = &sample_dir {
-        discovery.root = dir.path().to_path_buf();
-        discovery.netlink = false;
-    }
-    if !discovery.root.join("sys/class/net").is_dir() {
-        bail!(
-            "invalid --sysfs-root/KNIC_SYSFS_ROOT {}: there is no sys/class/net below it",
-            discovery.root.display()
-        );
-    }
-    let inventory = discovery.scan().await;
-    if let Output::Table = args.output {
-        return emit(&render_table(&inventory, &node));
-    }
-    // Exactly what a first publish would create; offline the Node's UID is unknown, so the
-    // owner reference is left out rather than printed with an empty UID.
-    let owner = PoolOwner {
-        node_name: node.clone(),
-        node_uid: String::new(),
-    };
-    let devices = discovery.devices(&inventory, &[]);
-    drop(inventory);
-    let plan = slices::plan_owned(
-        knic_proto::DRIVER_NAME,
-        &owner,
-        &[],
-        slices::layout_owned(devices, slices::Mode::Partitionable),
-        &[],
-    );
-    let items: Vec<serde_json::Value> = plan
-        .creates
-        .into_iter()
-        .map(|mut s| {
-            s.metadata.owner_references = None;
-            let mut v = serde_json::to_value(&s)?;
-            v["apiVersion"] = "resource.k8s.io/v1".into();
-            v["kind"] = "ResourceSlice".into();
-            Ok(v)
-        })
-        .collect::<Result<_, serde_json::Error>>()?;
-    let mut text = String::new();
-    match args.output {
-        Output::Json => {
-            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-            text = serde_json::to_string_pretty(&list)? + "\n";
-        }
-        Output::Yaml => {
-            for item in items {
-                text.push_str("---\n");
-                text.push_str(&serde_yaml_ng::to_string(&item)?);
-            }
-        }
-        Output::Table => {}
-    }
-    emit(&text)
-}
-
-/// Writes a command's output; a reader that went away (`knic-driver inventory | head`) ends
-/// it quietly, as for any Unix filter, instead of the panic `print!` gives on EPIPE.
-fn emit(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -835,7 +635,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(*args).await,
-            Command::Inventory(args) => inventory(args).await,
+            Command::Inventory(args) => inventory_cmd::run(args).await,
             Command::Kni(args) => standalone::run(*args, shutdown_signal()).await,
             Command::Demo => demo::run(isolated.context("the demo did not isolate itself")?).await,
             Command::InstallCni(args) => cni_bin::install(&args.dir),

@@ -1,6 +1,7 @@
 //! An in-memory [`AddressBook`] with the apiserver's create-by-name semantics, for tests.
 
 use super::*;
+use knic_proto::network::stable::{HELD_LABEL, HELD_SINCE_ANNOTATION};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -45,16 +45,18 @@ async fn an_overlay_allocation_announces_vni_mac_and_vtep_with_its_label() {
     let facts = got.overlay.clone().expect("overlay facts");
     assert_eq!((facts.vni, facts.port), (4242, 4789));
     assert_eq!(facts.mac, knic_proto::ipam::overlay_mac("ovl", "u1"));
-    let objects = book.objects.lock().unwrap();
-    let object = &objects[&got.allocations[0].name];
-    let announced = object.spec.overlay.as_ref().expect("spec.overlay");
-    assert_eq!(announced.vni, 4242);
-    assert_eq!(announced.vtep, "10.99.0.1");
-    assert_eq!(announced.mac, crate::netns::mac_text(&facts.mac));
-    let labels = object.metadata.labels.as_ref().unwrap();
-    assert_eq!(labels[OVERLAY_LABEL], "true");
-    assert_eq!(labels[NETWORK_LABEL], "ovl");
-    drop(objects);
+    // A block, not `drop`: the guard must visibly end before the next await.
+    {
+        let objects = book.objects.lock().unwrap();
+        let object = &objects[&got.allocations[0].name];
+        let announced = object.spec.overlay.as_ref().expect("spec.overlay");
+        assert_eq!(announced.vni, 4242);
+        assert_eq!(announced.vtep, "10.99.0.1");
+        assert_eq!(announced.mac, crate::netns::mac_text(&facts.mac));
+        let labels = object.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[OVERLAY_LABEL], "true");
+        assert_eq!(labels[NETWORK_LABEL], "ovl");
+    }
 
     // The claim's second interface on the Network gets another MAC.
     let second = allocate(

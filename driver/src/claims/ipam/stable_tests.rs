@@ -3,6 +3,7 @@
 
 use super::memory::MemBook;
 use super::*;
+use knic_proto::network::stable::{HELD_LABEL, HELD_SINCE_ANNOTATION};
 use serde_json::json;
 
 fn who(claim: &str, uid: &str, pod: &str, node: &str) -> Requester {
