@@ -149,7 +149,7 @@ fn a_network_address_with_unknown_fields_parses() {
         "spec": {
             "network": "blue", "address": "192.0.2.10/24", "node": "vm",
             "claim": {"namespace": "ns", "name": "c", "uid": "u", "futureClaimField": 1},
-            "overlay": {"vtep": "10.0.0.5", "mac": "02:00:00:00:00:01"}
+            "futureSpecField": {"vtep": "10.0.0.5", "mac": "02:00:00:00:00:01"}
         }
     }))
     .expect("a newer writer's allocation parses");

@@ -152,7 +152,7 @@ fn shipped_device_classes() {
     let table: [(&str, [Result<bool, ()>; 6]); 5] = [
         (
             "knic.dev",
-            [Ok(true), Ok(true), Ok(true), Ok(true), Ok(false), Ok(true)],
+            [Ok(true), Ok(true), Ok(true), Ok(true), Ok(false), Ok(false)],
         ),
         (
             "nic.knic.dev",
