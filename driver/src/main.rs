@@ -453,7 +453,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
     tokio::spawn(knic_driver::pods::update::follow(
         wired.pods.clone(),
-        networks_rx,
+        networks_rx.clone(),
         args.live_update_rate,
         knic_driver::pods::update::DEBOUNCE,
     ));
@@ -461,7 +461,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(offer) = &discovery.overlay {
         let kernel = Rtnl::new(None).with_sysctl_root(&args.sysctl_dir);
         let joined = wired.pods.overlay_joined();
-        knic_driver::overlay::start(client.clone(), kernel, offer.vtep, joined);
+        knic_driver::overlay::start(client.clone(), kernel, offer.vtep, networks_rx, joined);
     }
     let publisher = Publisher::new(client.clone(), knic_proto::DRIVER_NAME, &args.node_name)
         .with_share_mode(share_mode_tx);

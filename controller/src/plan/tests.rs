@@ -390,7 +390,7 @@ fn overlay_template_asks_for_the_overlay_class_with_only_the_exhaustion_selector
     };
     assert_eq!(
         serde_json::to_value(&*spec).expect("json"),
-        serde_json::json!({"spec": {"devices": {
+        serde_json::json!({"metadata": {"labels": {"knic.dev/network": "ovl"}}, "spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "overlay.knic.dev", "allocationMode": "ExactCount", "count": 1,
                 "selectors": [{"cel": {"expression": exhaustion_selector("ovl")}}]}}],

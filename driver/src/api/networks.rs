@@ -48,7 +48,21 @@ pub async fn watch_networks(
                     let networks: Vec<Network> =
                         store.state().iter().map(|n| n.as_ref().clone()).collect();
                     let value = attribute_value(&networks);
-                    all.send_replace(std::sync::Arc::new(networks.clone()));
+                    // Only a spec change (a new generation) or a Network coming or going
+                    // wakes the live updater: the controller rewrites a busy Network's status
+                    // far more often than its 2 s quiet period, which would never end.
+                    all.send_if_modified(|current| {
+                        let key = |v: &[Network]| -> Vec<(Option<String>, Option<i64>)> {
+                            v.iter()
+                                .map(|n| (n.metadata.name.clone(), n.metadata.generation))
+                                .collect()
+                        };
+                        let changed = key(current) != key(&networks);
+                        if changed {
+                            *current = std::sync::Arc::new(networks.clone());
+                        }
+                        changed
+                    });
                     out.send_if_modified(|current| {
                         let changed = *current != value;
                         if changed {

@@ -23,6 +23,7 @@ pub fn endpoint(object: &NetworkAddress) -> Option<Endpoint> {
     let labels = object.metadata.labels.as_ref();
     Some(Endpoint {
         name: object.metadata.name.clone().unwrap_or_default(),
+        network: object.spec.network.clone(),
         vni: overlay.vni,
         mac,
         vtep,
@@ -47,9 +48,11 @@ fn parse_mac(text: &str) -> Option<[u8; 6]> {
     <[u8; 6]>::try_from(bytes).ok()
 }
 
-/// Watches the overlay allocations and sends the endpoints to `out` on every change, until
-/// `out` has no receiver.
-pub async fn watch_endpoints(client: kube::Client, out: watch::Sender<Arc<Vec<Endpoint>>>) {
+/// Watches the overlay allocations and sends the endpoints to `out` on every change (the
+/// first time once the initial list is in, even when it is empty: until then `out` holds
+/// `None`, and a node must not take "not listed yet" for "no pods anywhere"), until `out` has
+/// no receiver.
+pub async fn watch_endpoints(client: kube::Client, out: watch::Sender<Option<Arc<Vec<Endpoint>>>>) {
     let api: Api<NetworkAddress> = Api::all(client);
     let config = watcher::Config::default().labels(&format!("{OVERLAY_LABEL}=true"));
     let (store, writer) = reflector::store();
@@ -74,9 +77,9 @@ pub async fn watch_endpoints(client: kube::Client, out: watch::Sender<Arc<Vec<En
                         store.state().iter().filter_map(|o| endpoint(o)).collect();
                     endpoints.sort_by(|a, b| a.name.cmp(&b.name));
                     out.send_if_modified(|current| {
-                        let changed = **current != endpoints;
+                        let changed = current.as_deref().is_none_or(|c| *c != endpoints);
                         if changed {
-                            *current = Arc::new(std::mem::take(&mut endpoints));
+                            *current = Some(Arc::new(std::mem::take(&mut endpoints)));
                         }
                         changed
                     });

@@ -389,14 +389,7 @@ async fn allocate_inner(
                  overlay device (class overlay.knic.dev), which this device is not"
             )));
         }
-        (Some(vxlan), Some(vtep)) => Some((
-            OverlayFacts {
-                vni: vxlan.vni,
-                port: vxlan.port(),
-                mac: knic_proto::ipam::overlay_mac(network_name, &hint_key),
-            },
-            vtep,
-        )),
+        (Some(vxlan), Some(vtep)) => Some((vxlan.clone(), vtep)),
     };
 
     let existing = book.list(network_name).await?;
@@ -461,13 +454,33 @@ async fn allocate_inner(
     // The identity's earlier addresses: freed for this claim when their claim is gone.
     let mut preferred: Vec<IpAddr> = Vec::new();
     if mine.is_empty() {
-        for (object, ip) in returning {
+        for &(object, ip) in &returning {
             if take_over(book, network_name, who, object, ip, reservations).await? {
                 taken.remove(&ip);
                 preferred.push(ip);
             }
         }
     }
+
+    // The MAC follows the identity, so its other nodes' entries and its peers' ARP caches
+    // stay right when it returns; but while another pod still has the identity's address (two
+    // live pods with one identity, a migration, a lost node not yet marked held), that pod
+    // keeps announcing the identity's MAC too, and this interface gets its claim's own.
+    let mac_key = if returning.is_empty() || !preferred.is_empty() {
+        hint_key.clone()
+    } else if interface == 0 {
+        who.uid.clone()
+    } else {
+        format!("{}#{interface}", who.uid)
+    };
+    let overlay = overlay.map(|(vxlan, vtep)| {
+        let facts = OverlayFacts {
+            vni: vxlan.vni,
+            port: vxlan.port(),
+            mac: knic_proto::ipam::overlay_mac(network_name, &mac_key),
+        };
+        (facts, vtep)
+    });
 
     let mut out = Addressing::default();
     for v4 in [true, false] {

@@ -156,13 +156,25 @@ pub fn serve<K: Kernel + 'static>(
 }
 
 /// One connection: one request line, one answer line.
+/// How long a connection may take to send its request line.
+const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn one<K: Kernel>(stream: UnixStream, pods: &PodNetworks<K>) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    let answer = match BufReader::new(read.take(MAX_REQUEST))
-        .read_line(&mut line)
+    // The plugin writes its one line at once; a connection that sends nothing must not keep
+    // its task for ever.
+    let mut reader = BufReader::new(read.take(MAX_REQUEST));
+    let read_line = reader.read_line(&mut line);
+    let read = tokio::time::timeout(REQUEST_READ_TIMEOUT, read_line)
         .await
-    {
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no request within {REQUEST_READ_TIMEOUT:?}"),
+            ))
+        });
+    let answer = match read {
         Err(e) => DoorAnswer::Failed(CniError::new(
             code::IO_FAILURE,
             format!("reading the request: {e}"),

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 /// CNI versions the plugin answers (the ones Multus and current runtimes speak).
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// Well-known CNI error codes (CNI spec, "Error").
+/// Well-known CNI error codes (CNI spec, "Error"), the whole table so the codes knic answers
+/// are read against the ones it does not (a few are not used yet).
 pub mod code {
     /// Incompatible CNI version.
     pub const INCOMPATIBLE_VERSION: u32 = 1;

@@ -55,7 +55,11 @@ pub async fn attach<K: Kernel>(
         // Same device already there (repeat) → no-op; anything else is a name clash.
         let ours = match plan.mode {
             AttachMode::Move => is_same_device(&existing, plan, restore),
-            AttachMode::Vlan { .. } | AttachMode::Child { .. } | AttachMode::Overlay { .. } => {
+            // Every pod has veths (the cluster's eth0): knic's carries the MAC it announced.
+            AttachMode::Overlay { .. } => {
+                existing.kind.as_deref() == Some("veth") && existing.mac == plan.mac
+            }
+            AttachMode::Vlan { .. } | AttachMode::Child { .. } => {
                 existing.kind.as_deref() == plan.mode.child_kind()
             }
         };

@@ -120,10 +120,12 @@ async fn detach_device<K: Kernel>(
         // on the host by a crash of an older version (between create and move) goes too.
         if let Some(ns) = netns
             && let Some(mut pod) = kernel.open(ns).await?
-            && pod
-                .find_link(&plan.pod_ifname)
-                .await?
-                .is_some_and(|l| l.kind.as_deref() == Some(kind))
+            && pod.find_link(&plan.pod_ifname).await?.is_some_and(|l| {
+                // An overlay veth is knic's only with the MAC it announced (every pod has
+                // veths of its own).
+                let overlay = matches!(plan.mode, super::AttachMode::Overlay { .. });
+                l.kind.as_deref() == Some(kind) && (!overlay || l.mac == plan.mac)
+            })
         {
             pod.del_link(&plan.pod_ifname).await?;
         }

@@ -344,7 +344,7 @@ pub enum AttachMode {
     Overlay {
         /// The segment the host end joins.
         segment: overlay::Segment,
-        /// The host end's name (`knh` + 8 hex digits of the claim and interface).
+        /// The host end's name (`knh` + 12 hex digits of the claim and interface).
         host_veth: String,
     },
 }

@@ -6,8 +6,9 @@
 //! Why a bridge and not the VXLAN device alone: two pods of one Network on one node must reach
 //! each other without leaving the node, and a VXLAN device cannot hairpin between local ports.
 //! Why static entries: no multicast is needed on the underlay (head-end replication to every node
-//! with a pod of the segment), and nothing is learned from the wire, so a forged frame cannot
-//! steer another pod's traffic.
+//! with a pod of the segment), and the VXLAN device learns nothing from the wire, so a forged
+//! packet cannot make it send a remote pod's frames elsewhere. (The bridge still learns which
+//! of its ports a MAC is behind, as any Linux bridge does; see the README's "Operating it".)
 
 use std::net::IpAddr;
 use std::os::fd::RawFd;
@@ -262,10 +263,13 @@ pub fn foreign_reason(link: &LinkMessage, segment: &Segment, want_vxlan: bool) -
     if kind != Some(InfoKind::Vxlan) {
         return Some(format!("a {} link of that name exists", kind_name(kind)));
     }
-    let data = info.iter().find_map(|i| match i {
+    let Some(data) = info.iter().find_map(|i| match i {
         LinkInfo::Data(InfoData::Vxlan(d)) => Some(d),
         _ => None,
-    })?;
+    }) else {
+        // Settings that cannot be read cannot be shown to be knic's.
+        return Some("a vxlan link of that name exists whose settings cannot be read".into());
+    };
     let mut vni = None;
     let mut port = None;
     let mut local = None;

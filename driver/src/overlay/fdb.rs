@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use knic_proto::network::Network;
+
 use crate::netns::overlay::FdbEntry;
 
 /// One overlay pod interface as the cluster announces it.
@@ -17,6 +19,8 @@ use crate::netns::overlay::FdbEntry;
 pub struct Endpoint {
     /// The announcing object (for warnings), e.g. a NetworkAddress name.
     pub name: String,
+    /// The Network it is an interface of.
+    pub network: String,
     /// VXLAN network identifier of its Network.
     pub vni: u32,
     /// Its MAC.
@@ -82,6 +86,37 @@ pub fn desired(endpoints: &[Endpoint], local_vtep: IpAddr, local_vnis: &BTreeSet
     out
 }
 
+/// The endpoints whose VNI is their Network's: an announcement is written by its node, which
+/// the admission policy checks, but its VNI is not; one naming another Network's VNI (a
+/// compromised or confused node) would join that Network's segment, so it is dropped here, with
+/// a warning. Networks without `spec.vxlan` (or unknown to this node) admit nothing.
+pub fn admitted(endpoints: &[Endpoint], networks: &[Network]) -> (Vec<Endpoint>, Vec<String>) {
+    let vni: BTreeMap<&str, u32> = networks
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.spec.vxlan.as_ref()?.vni)))
+        .collect();
+    let mut warnings = Vec::new();
+    let kept = endpoints
+        .iter()
+        .filter(|e| {
+            let ok = vni.get(e.network.as_str()) == Some(&e.vni);
+            if !ok {
+                warnings.push(format!(
+                    "{} announces VNI {} for Network {:?}, whose VNI is {}: ignored",
+                    e.name,
+                    e.vni,
+                    e.network,
+                    vni.get(e.network.as_str())
+                        .map_or("unknown".to_string(), |v| v.to_string())
+                ));
+            }
+            ok
+        })
+        .cloned()
+        .collect();
+    (kept, warnings)
+}
+
 /// What to remove from and add to `current` to reach `want`; removals first, so a MAC that
 /// moved node is never briefly pointed at both.
 pub fn diff(current: &[FdbEntry], want: &BTreeSet<FdbEntry>) -> (Vec<FdbEntry>, Vec<FdbEntry>) {
@@ -105,6 +140,7 @@ mod tests {
     fn ep(name: &str, vni: u32, last: u8, vtep: &str, since: i64) -> Endpoint {
         Endpoint {
             name: name.into(),
+            network: "ovl".into(),
             vni,
             mac: [2, 0, 0, 0, 0, last],
             vtep: vtep.parse().unwrap(),
@@ -193,6 +229,42 @@ mod tests {
         assert!(
             remove.is_empty() && add.is_empty(),
             "at rest nothing is written"
+        );
+    }
+
+    #[test]
+    fn an_announcement_on_another_networks_vni_is_dropped() {
+        let network = |name: &str, vni: Option<u32>| -> Network {
+            let mut spec = serde_json::json!({"ipam": {"subnets": [{"cidr": "10.42.0.0/24"}]},
+                                              "namespaces": {"names": ["ns"]}});
+            if let Some(v) = vni {
+                spec["vxlan"] = serde_json::json!({"vni": v});
+            } else {
+                spec["devices"] = serde_json::json!({"kind": "vf"});
+            }
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "knic.dev/v1alpha1", "kind": "Network",
+                "metadata": {"name": name}, "spec": spec}))
+            .expect("network")
+        };
+        let networks = [
+            network("ovl", Some(10)),
+            network("red", Some(20)),
+            network("blue", None),
+        ];
+        let mut forged = ep("forged", 20, 7, B, 1); // says Network ovl, VNI 20 (red's)
+        forged.network = "ovl".into();
+        let mut stray = ep("stray", 10, 8, B, 1);
+        stray.network = "blue".into();
+        let good = ep("good", 10, 9, C, 1);
+        let (kept, warnings) = admitted(&[forged, stray, good.clone()], &networks);
+        assert_eq!(kept, vec![good]);
+        assert_eq!(
+            warnings,
+            vec![
+                "forged announces VNI 20 for Network \"ovl\", whose VNI is 10: ignored",
+                "stray announces VNI 10 for Network \"blue\", whose VNI is unknown: ignored",
+            ]
         );
     }
 }

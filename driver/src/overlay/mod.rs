@@ -19,9 +19,23 @@ use crate::netns::Kernel;
 pub const SYNC_PERIOD: Duration = Duration::from_secs(30);
 
 /// Starts the node's overlay: the watch of the announced endpoints and the sync loop keeping
-/// the segments of `kernel` in step with them (`joined`: see `PodNetworks::overlay_joined`).
-pub fn start<K: Kernel>(client: kube::Client, kernel: K, local_vtep: IpAddr, joined: Arc<Notify>) {
-    let (tx, rx) = tokio::sync::watch::channel(Arc::new(Vec::new()));
+/// the segments of `kernel` in step with them and with `networks` (the driver's Networks watch;
+/// `joined`: see `PodNetworks::overlay_joined`).
+pub fn start<K: Kernel>(
+    client: kube::Client,
+    kernel: K,
+    local_vtep: IpAddr,
+    networks: tokio::sync::watch::Receiver<Arc<Vec<knic_proto::network::Network>>>,
+    joined: Arc<Notify>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(None);
     tokio::spawn(crate::api::overlay::watch_endpoints(client, tx));
-    tokio::spawn(sync::run(kernel, local_vtep, rx, joined, SYNC_PERIOD));
+    tokio::spawn(sync::run(
+        kernel,
+        local_vtep,
+        rx,
+        networks,
+        joined,
+        SYNC_PERIOD,
+    ));
 }

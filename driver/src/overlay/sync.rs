@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use knic_proto::network::Network;
 use tokio::sync::{Notify, watch};
 
 use super::fdb::{self, Endpoint};
@@ -21,7 +22,7 @@ use crate::netns::{Kernel, Ns, Session, open};
 pub struct Pass {
     /// Segments present on the node.
     pub segments: usize,
-    /// Entries added and removed.
+    /// Entries added.
     pub added: usize,
     /// Entries removed.
     pub removed: usize,
@@ -78,27 +79,38 @@ pub async fn sync_once<K: Kernel>(
     Ok(pass)
 }
 
-/// Runs passes until `endpoints`' sender is gone: after each change of the endpoints, each
-/// notification of `joined`, and every `period`.
+/// Runs passes until `endpoints`' sender is gone: after each change of the endpoints or of
+/// the Networks, each notification of `joined`, and every `period`. Nothing is written before
+/// both the announcements and the Networks have been listed once: a restarted driver must not
+/// empty its segments' entries (and cut its pods off) while it does not know them yet.
 pub async fn run<K: Kernel>(
     kernel: K,
     local_vtep: IpAddr,
-    mut endpoints: watch::Receiver<Arc<Vec<Endpoint>>>,
+    mut endpoints: watch::Receiver<Option<Arc<Vec<Endpoint>>>>,
+    mut networks: watch::Receiver<Arc<Vec<Network>>>,
     joined: Arc<Notify>,
     period: Duration,
 ) {
     loop {
         let current = endpoints.borrow_and_update().clone();
-        match sync_once(&kernel, local_vtep, &current).await {
-            Ok(pass) => {
-                for failure in &pass.failed {
-                    tracing::warn!(failure = %failure, "overlay forwarding entries not synced; retried");
-                }
+        let known = networks.borrow_and_update().clone();
+        if let Some(current) = current.filter(|_| !known.is_empty()) {
+            let (admitted, warnings) = fdb::admitted(&current, &known);
+            for warning in &warnings {
+                tracing::warn!("{warning}");
             }
-            Err(e) => tracing::warn!(error = %e, "overlay sync pass failed; retried"),
+            match sync_once(&kernel, local_vtep, &admitted).await {
+                Ok(pass) => {
+                    for failure in &pass.failed {
+                        tracing::warn!(failure = %failure, "overlay forwarding entries not synced; retried");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "overlay sync pass failed; retried"),
+            }
         }
         tokio::select! {
             changed = endpoints.changed() => if changed.is_err() { return },
+            changed = networks.changed() => if changed.is_err() { return },
             () = joined.notified() => {}
             () = tokio::time::sleep(period) => {}
         }
@@ -114,6 +126,7 @@ mod tests {
     fn ep(name: &str, last: u8, vtep: &str) -> Endpoint {
         Endpoint {
             name: name.into(),
+            network: "ovl".into(),
             vni: 4242,
             mac: [2, 0, 0, 0, 0, last],
             vtep: vtep.parse().unwrap(),

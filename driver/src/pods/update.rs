@@ -357,6 +357,13 @@ impl<K: Kernel> PodNetworks<K> {
                     mtu: Some(mtu),
                     ..LinkChange::default()
                 };
+                // An overlay interface's host end first: a veth end smaller than its peer
+                // drops the larger frames without a word.
+                if let crate::netns::AttachMode::Overlay { host_veth, .. } = &plan.mode
+                    && let Some(mut host) = self.kernel.open(&Ns::Host).await?
+                {
+                    host.set_link(host_veth, &change).await?;
+                }
                 s.set_link(&plan.pod_ifname, &change).await?;
             }
             s.del_routes(&plan.pod_ifname, &live.remove_routes).await?;
@@ -505,8 +512,12 @@ pub async fn follow<K: Kernel>(
         if networks.changed().await.is_err() {
             return;
         }
-        // Quiet period: wait until no change arrives for `debounce`.
-        while let Ok(Ok(())) = tokio::time::timeout(debounce, networks.changed()).await {}
+        // Quiet period: wait until no change arrives for `debounce`, but never longer than
+        // five of them, so a Network edited in a loop is still applied.
+        let give_up = tokio::time::Instant::now() + debounce * 5;
+        while tokio::time::Instant::now() < give_up
+            && let Ok(Ok(())) = tokio::time::timeout(debounce, networks.changed()).await
+        {}
         let current = networks.borrow_and_update().clone();
         for n in current.iter() {
             let generation = n.metadata.generation.unwrap_or_default();

@@ -211,22 +211,19 @@ struct Setup {
 /// The claim prepared and its pod attached (the fake kernel has net1 with MTU 1450 and the
 /// old route).
 async fn attached() -> Setup {
+    attached_claim(claim(true), "ens1f0v0").await
+}
+
+/// `c` prepared and attached, its device's netdev `host` on the host.
+async fn attached_claim(c: PreparedClaim, host: &str) -> Setup {
     let kernel = FakeKernel::new();
-    kernel.add_link(
-        &Ns::Host,
-        "ens1f0v0",
-        1500,
-        [0xaa, 0, 0, 0, 0, 1],
-        None,
-        &[],
-    );
+    kernel.add_link(&Ns::Host, host, 1500, [0xaa, 0, 0, 0, 0, 1], None, &[]);
     kernel.add_namespace(&pod_ns());
     let dir = tempfile::tempdir().expect("tempdir");
     let claims = Arc::new(ClaimStore::open(CheckpointStore::new(dir.path())));
     {
         let mut locked = claims.lock().await;
         let mut next = locked.checkpoint().expect("checkpoint").clone();
-        let c = claim(true);
         next.claims.insert(c.uid.clone(), c);
         locked.save(next, true).await.expect("save");
     }
@@ -441,4 +438,69 @@ async fn the_rate_limit_spreads_pods_over_time() {
         spent >= Duration::from_millis(900) && spent < Duration::from_millis(1600),
         "{spent:?}"
     );
+}
+
+/// An overlay interface's MTU raised live: its host end on the bridge first, then the pod's
+/// (a host end left smaller would drop the larger frames without a word).
+#[tokio::test]
+async fn an_overlay_interfaces_host_end_follows_a_new_mtu() {
+    let mut c = claim(true);
+    c.devices[0].device = "overlay".into();
+    c.devices[0].published = Some(
+        serde_json::from_value(json!({"name": "overlay", "attributes": {
+            "kind": {"string": "overlay"}, "ifName": {"string": "eth1"},
+            "vtep": {"string": "10.99.0.1"}, "mtu": {"int": 1450}, "shareable": {"bool": true}}}))
+        .expect("device"),
+    );
+    let p = &mut c.attachments[0].plan;
+    p.device = "overlay".into();
+    p.host_ifname = "eth1".into();
+    p.mtu = Some(1400);
+    p.mac = Some([2, 0x4b, 0, 0, 0, 1]);
+    p.mode = crate::netns::AttachMode::Overlay {
+        segment: crate::netns::overlay::Segment::new(
+            4242,
+            4789,
+            "10.99.0.1".parse().expect("ip"),
+            "eth1",
+            1450,
+        ),
+        host_veth: "knh-live".into(),
+    };
+    c.configs[0].parameters["interface"]["mtu"] = json!(1400);
+    let s = attached_claim(c, "eth1").await;
+    let host_mtu = |k: &FakeKernel| {
+        k.links(&Ns::Host)
+            .iter()
+            .find(|l| l.name == "knh-live")
+            .expect("host end")
+            .mtu
+    };
+    assert_eq!((host_mtu(&s.kernel), mtu(&s.kernel)), (1400, 1400));
+    let mut n = blue(7, 1450, json!([{"destination": "198.51.100.0/24"}]));
+    n.spec.devices = Default::default();
+    n.spec.vxlan = Some(knic_proto::network::Vxlan {
+        vni: 4242,
+        port: None,
+    });
+    assert_eq!(s.pods.update_network(&n, &RateLimit::new(10)).await, 1);
+    assert_eq!((host_mtu(&s.kernel), mtu(&s.kernel)), (1450, 1450));
+    let log = s.kernel.log();
+    let host_first = log
+        .iter()
+        .position(|l| l.starts_with("host: link set knh-live"));
+    let pod_after = log
+        .iter()
+        .rposition(|l| l.starts_with("/var/run/netns/cni-live: link set net1"));
+    assert!(
+        host_first.is_some() && host_first < pod_after,
+        "host end first: {log:#?}"
+    );
+    let (plan, record) = live(&s.claims).await;
+    assert_eq!(plan.mtu, Some(1450));
+    assert!(
+        matches!(plan.mode, crate::netns::AttachMode::Overlay { .. }),
+        "still on its segment"
+    );
+    assert!(record.expect("recorded").failed.is_none());
 }

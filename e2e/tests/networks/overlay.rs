@@ -77,7 +77,7 @@ async fn scenario(env: &mut Env) -> anyhow::Result<()> {
     let template = api.get(&first).await?;
     assert_eq!(
         serde_json::to_value(&template.spec)?,
-        json!({"metadata": {}, "spec": {"devices": {
+        json!({"metadata": {"labels": {"knic.dev/network": first}}, "spec": {"devices": {
             "requests": [{"name": "network", "exactly": {
                 "deviceClassName": "overlay.knic.dev",
                 "selectors": [{"cel": {"expression": exhaustion_selector(&first)}}],

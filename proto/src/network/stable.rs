@@ -20,6 +20,8 @@ pub const MAX_GRACE_PERIOD_SECONDS: u64 = 365 * 24 * 3600;
 const LAUNCHER_PREFIX: &str = "virt-launcher-";
 /// KubeVirt names launcher pods with generateName, which appends 5 characters.
 const SUFFIX_LEN: usize = 5;
+/// The longest generateName prefix Kubernetes keeps (63 minus the suffix).
+const MAX_GENERATED_NAME: usize = 58;
 
 impl StableAddresses {
     /// The grace period in seconds (0: no hold).
@@ -34,12 +36,23 @@ impl StableAddresses {
 /// then get different addresses, never one: uniqueness does not depend on the identity).
 pub fn kubevirt_vm(pod_name: &str) -> Option<&str> {
     let rest = pod_name.strip_prefix(LAUNCHER_PREFIX)?;
+    let random = |suffix: &str| {
+        suffix.len() == SUFFIX_LEN
+            && suffix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    // A name of the full 63 characters had its prefix cut to 58 (VM names of 44 characters and
+    // more): the dash before the random suffix went with the cut.
+    if pod_name.len() == MAX_GENERATED_NAME + SUFFIX_LEN
+        && rest.is_char_boundary(rest.len() - SUFFIX_LEN)
+    {
+        let (base, suffix) = rest.split_at(rest.len() - SUFFIX_LEN);
+        let vm = base.trim_end_matches('-');
+        return (random(suffix) && !vm.is_empty()).then_some(vm);
+    }
     let (vm, suffix) = rest.rsplit_once('-')?;
-    let suffix_ok = suffix.len() == SUFFIX_LEN
-        && suffix
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    (suffix_ok && !vm.is_empty()).then_some(vm)
+    (random(suffix) && !vm.is_empty()).then_some(vm)
 }
 
 /// The prepare refusal for a pod that is not a launcher on a `by: kubevirtVM` Network.
@@ -81,9 +94,28 @@ mod tests {
     fn launcher_names_give_the_vm() {
         assert_eq!(kubevirt_vm("virt-launcher-db-7x2kq"), Some("db"));
         assert_eq!(kubevirt_vm("virt-launcher-my-vm-1-abcde"), Some("my-vm-1"));
-        // generateName truncated the VM name: the truncated prefix is the identity.
-        let long = format!("virt-launcher-{}-k2p9z", "v".repeat(44));
-        assert_eq!(kubevirt_vm(&long), Some("v".repeat(44).as_str()));
+        // As Kubernetes names them: the prefix `virt-launcher-<vm>-` cut to 58 characters, then
+        // 5 random ones. A 43-character VM name just fits with its dash.
+        let generated = |vm: &str| {
+            let mut base = format!("virt-launcher-{vm}-");
+            base.truncate(58);
+            format!("{base}k2p9z")
+        };
+        let vm43 = "a".repeat(43);
+        assert_eq!(generated(&vm43).len(), 63);
+        assert_eq!(kubevirt_vm(&generated(&vm43)), Some(vm43.as_str()));
+        // 44 characters: the dash is cut, the whole name kept.
+        let vm44 = "b".repeat(44);
+        assert_eq!(kubevirt_vm(&generated(&vm44)), Some(vm44.as_str()));
+        // Longer: the first 44 are the identity (shared by VMs that share them).
+        let long = format!("{}-tail-of-a-long-name", "c".repeat(40));
+        assert_eq!(kubevirt_vm(&generated(&long)), Some(&long[..44]));
+        // A VM name ending at the cut with a dash of its own loses it too.
+        let dashed = format!("{}-x", "d".repeat(43));
+        assert_eq!(
+            kubevirt_vm(&generated(&dashed)),
+            Some("d".repeat(43).as_str())
+        );
     }
 
     #[test]

@@ -52,6 +52,29 @@ pub fn validate_update(old: &Network, new: &Network) -> Vec<FieldError> {
             format!("cannot change from {was} to {is}: running pods keep {was} and {MOVE}"),
         ));
     }
+    if o.vxlan != n.vxlan {
+        // Running pods sit on the bridge and VXLAN device of the old VNI; freeing it would let
+        // another Network take it and join them.
+        let show = |v: &Option<crate::network::Vxlan>| match v {
+            Some(x) => format!("VNI {} port {}", x.vni, x.port()),
+            None => "no overlay".to_owned(),
+        };
+        let field = match (&o.vxlan, &n.vxlan) {
+            (Some(a), Some(b)) if a.vni == b.vni => "spec.vxlan.port",
+            (Some(_), Some(_)) => "spec.vxlan.vni",
+            _ => "spec.vxlan",
+        };
+        if show(&o.vxlan) != show(&n.vxlan) {
+            errors.push(FieldError::new(
+                field,
+                format!(
+                    "cannot change from {} to {}: running pods stay on their segment and {MOVE}",
+                    show(&o.vxlan),
+                    show(&n.vxlan)
+                ),
+            ));
+        }
+    }
     ipam(old, n, &mut errors);
     errors
 }

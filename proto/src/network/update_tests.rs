@@ -223,3 +223,40 @@ fn an_unused_subnet_may_be_removed() {
         assert_eq!(refusals(&old, &new), Vec::<String>::new(), "{status}");
     }
 }
+
+#[test]
+fn an_overlays_segment_cannot_change_under_its_pods() {
+    let ovl = |vxlan: Value| {
+        blue(move |n| {
+            let spec = n["spec"].as_object_mut().unwrap();
+            spec.remove("devices");
+            spec.remove("vlan");
+            if !vxlan.is_null() {
+                spec.insert("vxlan".into(), vxlan.clone());
+            }
+        })
+    };
+    let old = ovl(json!({"vni": 4242}));
+    let tail = "running pods stay on their segment and cannot be moved live; create another \
+                Network and move the workloads";
+    assert_eq!(
+        refusals(&old, &ovl(json!({"vni": 4243}))),
+        vec![format!(
+            "spec.vxlan.vni: cannot change from VNI 4242 port 4789 to VNI 4243 port 4789: {tail}"
+        )]
+    );
+    assert_eq!(
+        refusals(&old, &ovl(json!({"vni": 4242, "port": 8472}))),
+        vec![format!(
+            "spec.vxlan.port: cannot change from VNI 4242 port 4789 to VNI 4242 port 8472: {tail}"
+        )]
+    );
+    assert_eq!(
+        refusals(&old, &ovl(Value::Null)),
+        vec![format!(
+            "spec.vxlan: cannot change from VNI 4242 port 4789 to no overlay: {tail}"
+        )]
+    );
+    // Writing out the default port is no change.
+    assert!(refusals(&old, &ovl(json!({"vni": 4242, "port": 4789}))).is_empty());
+}

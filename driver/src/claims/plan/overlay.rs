@@ -124,8 +124,9 @@ pub fn plan(
     })
 }
 
-/// The host end of interface `index` of claim `claim_uid`: `knh` + 8 hex digits of a hash
-/// (FNV-1a), 11 characters, the same on a repeated prepare.
+/// The host end of interface `index` of claim `claim_uid`: `knh` + 12 hex digits of a hash
+/// (FNV-1a), 15 characters (the kernel's limit), the same on a repeated prepare; 48 bits, so
+/// two claims of a node sharing one (detach deletes the host end by name) is beyond reach.
 pub fn host_veth(claim_uid: &str, index: usize) -> String {
     let hash = claim_uid
         .bytes()
@@ -134,7 +135,7 @@ pub fn host_veth(claim_uid: &str, index: usize) -> String {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-    format!("knh{:08x}", hash & 0xffff_ffff)
+    format!("knh{:012x}", hash & 0xffff_ffff_ffff)
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ fn host_veth_names_are_short_stable_and_distinct() {
     assert_eq!(a, host_veth("0b8f0c8e-0000-4000-8000-000000000001", 0));
     assert_ne!(a, host_veth("0b8f0c8e-0000-4000-8000-000000000001", 1));
     assert_ne!(a, host_veth("0b8f0c8e-0000-4000-8000-000000000002", 0));
-    assert_eq!(a.len(), 11);
+    assert_eq!(a.len(), 15);
     assert!(a.starts_with("knh"));
 }
 

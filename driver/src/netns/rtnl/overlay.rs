@@ -119,6 +119,9 @@ impl RtnlSession {
         };
         let mut get = NeighbourMessage::default();
         get.header.family = AddressFamily::Bridge;
+        // The kernel dumps only this device's entries (as `bridge fdb show dev`), not every
+        // bridge's table of the node; the filter below stays for kernels that ignore it.
+        get.header.ifindex = link.header.index;
         let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(get));
         request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
         self.sent(1);
