@@ -222,10 +222,7 @@ pub async fn two_nodes_one_segment(_host: &Rtnl) -> anyhow::Result<()> {
         "dev",
         "knt-ula",
     ])?;
-    let clash = Segment {
-        vni: 77,
-        ..segment("10.99.0.1", "knt-ula")
-    };
+    let clash = Segment::new(77, 4789, "10.99.0.1".parse()?, "knt-ula", 1450);
     let err = a
         .ensure_segment(&clash)
         .await
@@ -239,14 +236,11 @@ pub async fn two_nodes_one_segment(_host: &Rtnl) -> anyhow::Result<()> {
     ensure!(
         ip(&["-n", "knt-ovl-na", "-br", "link"])?
             .lines()
-            .all(|l| !l.starts_with("knx00004d")),
+            .all(|l| !l.starts_with("knx00004d") && !l.starts_with("knb00004d")),
         "a half-made segment was left"
     );
     // A link of knic's name that is not knic's: never adopted.
-    let theirs = Segment {
-        port: 8472,
-        ..segment("10.99.0.1", "knt-ula")
-    };
+    let theirs = Segment::new(VNI, 8472, "10.99.0.1".parse()?, "knt-ula", 1450);
     let err = a
         .ensure_segment(&theirs)
         .await
