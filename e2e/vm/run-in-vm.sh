@@ -239,6 +239,8 @@ done
 copy_exe "$(command -v ip)" /usr/sbin/ip
 # iproute2's tc, for the egress-limit trials that read qdiscs back as JSON (busybox's has no -j).
 copy_exe "$(command -v tc)" /usr/sbin/tc
+# iproute2's bridge, for the overlay trial that reads VXLAN forwarding entries back.
+copy_exe "$(command -v bridge)" /usr/sbin/bridge
 # iproute2's rdma, for the RDMA trials (soft-RoCE links, the namespace mode).
 copy_exe "$(command -v rdma)" /usr/sbin/rdma
 # The CA bundle: kube's client (the driver's, a test's) loads the system roots even for a
