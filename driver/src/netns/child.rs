@@ -68,8 +68,6 @@ pub fn new_link_message(
 
 #[cfg(test)]
 mod tests {
-    use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-    use netlink_packet_route::RouteNetlinkMessage;
     use netlink_packet_route::link::{
         InfoData, InfoIpVlan, InfoKind, InfoMacVlan, InfoVlan, LinkAttribute, LinkFlags, LinkInfo,
     };
@@ -78,15 +76,7 @@ mod tests {
 
     /// Emitted to bytes and parsed back, as the kernel would read it.
     fn wire(message: LinkMessage) -> LinkMessage {
-        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewLink(message));
-        request.finalize();
-        let mut bytes = vec![0u8; request.buffer_len()];
-        request.serialize(&mut bytes);
-        let parsed = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes).expect("parses");
-        match parsed.payload {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => m,
-            other => panic!("not a NewLink: {other:?}"),
-        }
+        crate::netns::overlay::tests::link(message)
     }
 
     fn info(message: &LinkMessage) -> Vec<LinkInfo> {

@@ -341,4 +341,4 @@ pub async fn present<K: Kernel>(kernel: &K) -> Result<Vec<String>> {
 
 #[cfg(test)]
 #[path = "overlay_tests.rs"]
-mod tests;
+pub(crate) mod tests;

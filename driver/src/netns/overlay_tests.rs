@@ -19,7 +19,7 @@ fn segment() -> Segment {
 }
 
 /// Emitted to bytes and parsed back, as the kernel would read it.
-fn round_trip(message: RouteNetlinkMessage) -> RouteNetlinkMessage {
+pub(crate) fn round_trip(message: RouteNetlinkMessage) -> RouteNetlinkMessage {
     let mut request = NetlinkMessage::from(message);
     request.finalize();
     let mut bytes = vec![0u8; request.buffer_len()];
@@ -33,7 +33,8 @@ fn round_trip(message: RouteNetlinkMessage) -> RouteNetlinkMessage {
     }
 }
 
-fn link(message: LinkMessage) -> LinkMessage {
+/// A link request as the kernel reads it (also the child messages' tests).
+pub(crate) fn link(message: LinkMessage) -> LinkMessage {
     match round_trip(RouteNetlinkMessage::NewLink(message)) {
         RouteNetlinkMessage::NewLink(m) => m,
         other => panic!("not a NewLink: {other:?}"),
