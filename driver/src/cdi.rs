@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+pub mod metadata;
+
 use crate::claims::checkpoint::PreparedClaim;
 use crate::error::{Error, Result};
 use crate::netns::{Kernel, Ns, Session};
@@ -44,6 +46,7 @@ pub const HOOK_TIMEOUT_SECONDS: u32 = 5;
 pub struct CdiSpecs {
     dir: PathBuf,
     hook: PathBuf,
+    metadata: Option<metadata::Metadata>,
 }
 
 impl CdiSpecs {
@@ -53,7 +56,24 @@ impl CdiSpecs {
         CdiSpecs {
             dir: dir.into(),
             hook: hook.into(),
+            metadata: None,
         }
+    }
+
+    /// Also gives containers their devices' metadata files (KEP-5304, see [`metadata`]).
+    pub fn with_metadata(mut self, metadata: metadata::Metadata) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// The device metadata files, when written.
+    pub fn metadata(&self) -> Option<&metadata::Metadata> {
+        self.metadata.as_ref()
+    }
+
+    /// The fully qualified CDI device ID of a claim request's metadata mount.
+    pub fn metadata_device_id(claim_uid: &str, request: &str) -> String {
+        format!("{CDI_KIND}={claim_uid}-meta-{request}")
     }
 
     /// The spec file of a claim.
@@ -96,14 +116,27 @@ impl CdiSpecs {
     }
 
     /// Writes (or rewrites: a repeated prepare must be able to repair a spec lost in a crash)
-    /// the spec of `claim`, atomically. A claim with neither attachments nor vfio-pci functions
-    /// gets none.
-    pub fn write(&self, claim: &PreparedClaim) -> Result<()> {
+    /// the spec of `claim`, atomically, with its metadata files first where they are written
+    /// (`pod_claim_name`: the claim's annotation, known at first prepare; see
+    /// [`metadata::Metadata::ensure`]). A claim with neither attachments nor vfio-pci functions
+    /// gets none. Returns the requests that got a metadata device.
+    pub fn write(
+        &self,
+        claim: &PreparedClaim,
+        pod_claim_name: Option<&str>,
+    ) -> Result<Vec<String>> {
         if claim.attachments.is_empty() && !claim.functions.iter().any(|f| f.vfio.is_some()) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         Self::checked(&claim.uid)?;
-        let spec = spec(claim, &self.hook);
+        let mounts = match &self.metadata {
+            Some(m) => m.ensure(claim, pod_claim_name)?,
+            None => Vec::new(),
+        };
+        let mut spec = spec(claim, &self.hook);
+        if let Some(devices) = spec["devices"].as_array_mut() {
+            devices.extend(mounts.iter().map(|m| metadata_device(&claim.uid, m)));
+        }
         let bytes = serde_json::to_vec_pretty(&spec)
             .map_err(|e| Error::io("encoding a CDI spec", std::io::Error::other(e)))?;
         std::fs::create_dir_all(&self.dir)
@@ -112,7 +145,8 @@ impl CdiSpecs {
         let tmp = self.dir.join(format!(".knic.dev-{}.json.tmp", claim.uid));
         std::fs::write(&tmp, &bytes)
             .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        Ok(mounts.into_iter().map(|m| m.request).collect())
     }
 
     /// The binary the specs' hooks run (a host path).
@@ -165,8 +199,12 @@ impl CdiSpecs {
         Ok(Vec::new())
     }
 
-    /// Removes a claim's spec; a missing one is fine (never written, or already removed).
+    /// Removes a claim's spec and metadata files; missing ones are fine (never written, or
+    /// already removed).
     pub fn remove(&self, claim_uid: &str) -> Result<()> {
+        if let Some(m) = &self.metadata {
+            m.remove(Self::checked(claim_uid)?)?;
+        }
         let path = self.path(Self::checked(claim_uid)?);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -175,6 +213,20 @@ impl CdiSpecs {
             _ => Ok(()),
         }
     }
+}
+
+/// The CDI device of a request's metadata file: a read-only bind mount of it.
+fn metadata_device(claim_uid: &str, mount: &metadata::Mount) -> serde_json::Value {
+    json!({
+        "name": format!("{claim_uid}-meta-{}", mount.request),
+        "containerEdits": {
+            "mounts": [{
+                "hostPath": mount.host_path,
+                "containerPath": mount.container_path,
+                "options": ["ro", "bind"],
+            }],
+        },
+    })
 }
 
 /// The VFIO container device every vfio-pci user opens besides its group.
@@ -428,7 +480,7 @@ mod tests {
     fn specs_are_written_atomically_and_removed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let specs = CdiSpecs::new(dir.path().join("cdi"), "/hook");
-        specs.write(&claim()).expect("write");
+        specs.write(&claim(), None).expect("write");
         let written: serde_json::Value =
             serde_json::from_slice(&std::fs::read(specs.path("u1")).expect("read")).expect("json");
         assert_eq!(written["devices"].as_array().map(Vec::len), Some(2));

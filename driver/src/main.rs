@@ -139,6 +139,12 @@ struct RunArgs {
     /// keeps containers from starting without their interface.
     #[arg(long, env = "KNIC_CDI_DIR", default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
+    /// Give containers a KEP-5304 device metadata file per claim request (PCI address, VFIO
+    /// group, interface name, MAC, addresses) at
+    /// /var/run/kubernetes.io/dra-device-attributes/…, bind-mounted through CDI from
+    /// <plugin-dir>/metadata.
+    #[arg(long, env = "KNIC_DEVICE_METADATA", default_value_t = true, action = clap::ArgAction::Set)]
+    device_metadata: bool,
     /// Where the host's `/proc/sys/net` is: per-interface sysctls are written there (the chart
     /// mounts it elsewhere, because an unprivileged container's own `/proc/sys` is read-only).
     #[arg(long, env = "KNIC_SYSCTL_DIR", default_value = knic_driver::netns::rtnl::DEFAULT_SYSCTL_ROOT)]
@@ -339,7 +345,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The CDI hook runs the driver's own binary from the host's mount namespace.
     let hook = paths.plugin_dir.join("bin").join("knic-driver");
     knic_driver::cdi::install_hook(&hook)?;
-    let cdi = CdiSpecs::new(&args.cdi_dir, &hook);
+    let mut cdi = CdiSpecs::new(&args.cdi_dir, &hook);
+    if args.device_metadata {
+        cdi = cdi.with_metadata(knic_driver::cdi::metadata::Metadata::new(
+            paths.plugin_dir.join("metadata"),
+        ));
+    }
     let (nri_connected_tx, nri_connected) = tokio::sync::watch::channel(false);
     http::mirror(
         health.clone(),
@@ -379,6 +390,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     wired.pods.set_events(events.clone());
+    // Before the kubelet can call: files of claims the checkpoint no longer has (a crash
+    // between unprepare's record and the files' removal) go.
+    if let Some(metadata) = cdi.metadata() {
+        let prepared = wired.claims.snapshot().await?;
+        match metadata.sweep(&|uid| prepared.claims.contains_key(uid)) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(claims = ?removed, "removed device metadata of unprepared claims")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "device metadata sweep failed"),
+        }
+    }
 
     // Provision and discover before anything is published or served, so the first slice is
     // the real one.

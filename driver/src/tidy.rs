@@ -176,7 +176,7 @@ mod tests {
     async fn a_prepared_claim_keeps_everything_for_the_next_start() {
         let node = node();
         let claims = store(&node.plugin, &[claim("u1")]);
-        node.cdi.write(&claim("u1")).expect("spec");
+        node.cdi.write(&claim("u1"), None).expect("spec");
         let before = std::fs::read(node.plugin.join("checkpoint.json")).expect("checkpoint");
         let tidied = on_stop(&claims, Some(&node.cdi)).await.expect("tidy");
         assert_eq!(tidied, Tidied::KeptForClaims(1));
@@ -200,7 +200,7 @@ mod tests {
         let claims = store(&node.plugin, &[]);
         // A spec no prepared claim owns (a crash between its write and the checkpoint's):
         // a runtime may still create a container from it, which runs the hook.
-        node.cdi.write(&claim("stale")).expect("spec");
+        node.cdi.write(&claim("stale"), None).expect("spec");
         let tidied = on_stop(&claims, Some(&node.cdi)).await.expect("tidy");
         assert_eq!(
             tidied,

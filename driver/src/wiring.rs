@@ -96,6 +96,9 @@ pub fn node<K: Kernel>(parts: Parts<K>) -> Node<K> {
         ))
         .with_release(pods.clone());
     if let Some(guards) = parts.fail_closed {
+        if let Some(metadata) = guards.cdi.metadata() {
+            pods.set_metadata(metadata.clone());
+        }
         preparer = preparer
             .with_cdi(guards.cdi)
             .with_runtime_hooks(guards.nri_connected, guards.nri_socket);

@@ -12,6 +12,10 @@
 //!   the sandbox hook, and running without the runtime's NRI socket: no container runs without
 //!   its interface, and the pod comes up once the driver can attach again
 //!   (`real_node/fail_closed.rs`);
+//! * `real/device_metadata_in_the_container` — KEP-5304 device metadata: the app containers of a
+//!   pod with a claim by name and of one with a templated claim read the `DeviceMetadata` file
+//!   at the KEP's path through containerd's CDI mount, matching `ip` in their namespace
+//!   (`real_node/metadata.rs`);
 //! * `real/kill9_*` — the driver aborted at failpoints mid-attach and mid-detach, restarted,
 //!   and the node converges (`real_node/crash.rs`).
 //!
@@ -30,6 +34,8 @@ mod crash;
 mod fail_closed;
 #[path = "real_node/gate.rs"]
 mod gate;
+#[path = "real_node/metadata.rs"]
+mod metadata;
 #[path = "real_node/networks.rs"]
 mod networks;
 #[path = "real_node/stable.rs"]
@@ -115,6 +121,10 @@ fn main() {
         trial("real/kill9_mid_attach_after_move".into(), ignored, {
             let cluster = cluster.clone();
             move || async move { crash::mid_attach(cluster()?, "attach:after-move").await }
+        }),
+        trial("real/device_metadata_in_the_container".into(), ignored, {
+            let cluster = cluster.clone();
+            move || async move { metadata::device_metadata_in_the_container(cluster()?).await }
         }),
         trial("real/kill9_mid_detach_after_move".into(), ignored, {
             let cluster = cluster.clone();

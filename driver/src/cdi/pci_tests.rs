@@ -213,7 +213,7 @@ fn a_claim_with_only_vfio_functions_gets_a_spec_file() {
     let specs = CdiSpecs::new(dir.path(), "/hook");
     let mut vfio = claim();
     vfio.attachments.clear();
-    specs.write(&vfio).expect("write");
+    specs.write(&vfio, None).expect("write");
     let written: Value =
         serde_json::from_slice(&std::fs::read(specs.path("u1")).expect("read")).expect("json");
     assert_eq!(written["devices"].as_array().map(Vec::len), Some(2));
@@ -222,7 +222,7 @@ fn a_claim_with_only_vfio_functions_gets_a_spec_file() {
     none.attachments.clear();
     none.functions.truncate(1);
     specs.remove("u1").expect("remove");
-    specs.write(&none).expect("nothing to write");
+    specs.write(&none, None).expect("nothing to write");
     assert!(!specs.path("u1").exists());
 }
 

@@ -23,9 +23,12 @@ pub fn answer(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
         .collect()
 }
 
-/// [`answer`] with each attached device's CDI device ID, and each vfio-pci function's.
-pub(super) fn answer_with_cdi(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
+/// [`answer`] with each attached device's CDI device ID, and each vfio-pci function's; the
+/// first device of each request in `metadata` also names the request's metadata mount, so
+/// exactly the containers that use the request get its file.
+pub(crate) fn answer_with_cdi(claim: &PreparedClaim, metadata: &[String]) -> Vec<PreparedAnswer> {
     let mut answers = answer(claim);
+    let mut named: Vec<&str> = Vec::new();
     for a in &mut answers {
         if let Some(index) = claim
             .attachments
@@ -39,6 +42,16 @@ pub(super) fn answer_with_cdi(claim: &PreparedClaim) -> Vec<PreparedAnswer> {
             .position(|f| f.vfio.is_some() && f.device == a.device)
         {
             a.cdi_device_ids = vec![CdiSpecs::vfio_device_id(&claim.uid, index)];
+        }
+        let request = a
+            .request_names
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
+        if metadata.iter().any(|m| m == request) && !named.contains(&request) {
+            named.push(request);
+            a.cdi_device_ids
+                .push(CdiSpecs::metadata_device_id(&claim.uid, request));
         }
     }
     answers

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use tokio::sync::{Mutex, watch};
 
-mod answer;
+pub(crate) mod answer;
 pub mod budget;
 pub mod checkpoint;
 pub mod functions;
@@ -304,7 +304,7 @@ impl Preparer {
     /// the checkpoint and the spec is repaired by the kubelet's retry.
     fn answered(&self, claim: &PreparedClaim) -> Result<Vec<PreparedAnswer>> {
         if let Some(specs) = &self.cdi {
-            specs.write(claim)?;
+            specs.write(claim, None)?;
         }
         Ok(self.answer_of(claim))
     }
@@ -469,7 +469,15 @@ impl Preparer {
             .flat_map(|a| a.allocations.iter().cloned())
             .collect();
         let allocations = prepared.allocations.clone();
-        let outcome = self.commit(wanted, prepared, &configs, &ipam).await;
+        let pod_claim_name = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::cdi::metadata::POD_CLAIM_NAME_ANNOTATION))
+            .cloned();
+        let outcome = self
+            .commit(wanted, prepared, &configs, &ipam, pod_claim_name.as_deref())
+            .await;
         let keep: Vec<Allocation> = match &outcome {
             Ok((_, recorded)) => recorded.clone(),
             Err(_) => Vec::new(),
@@ -563,6 +571,7 @@ impl Preparer {
         mut prepared: PreparedClaim,
         configs: &DeviceConfigs,
         ipam: &IpamAddresses,
+        pod_claim_name: Option<&str>,
     ) -> Result<(Vec<PreparedAnswer>, Vec<Allocation>)> {
         let claim_error = |reason: String| Error::Claim {
             namespace: wanted.namespace.clone(),
@@ -628,7 +637,7 @@ impl Preparer {
         // that has no claim yet, while a failed write after the save would fail prepare with
         // the claim (and its addresses) recorded.
         if let Some(specs) = &self.cdi {
-            specs.write(&prepared)?;
+            specs.write(&prepared, pod_claim_name)?;
         }
         if prepared.functions.iter().all(|f| f.vfio.is_none()) {
             // Nothing to bind under the lock: the write is shared with prepares at once.
@@ -652,7 +661,13 @@ impl Preparer {
     /// spec itself is written by the caller, before or after the record as its path needs).
     fn answer_of(&self, claim: &PreparedClaim) -> Vec<PreparedAnswer> {
         match &self.cdi {
-            Some(_) => answer_with_cdi(claim),
+            Some(specs) => answer_with_cdi(
+                claim,
+                &specs
+                    .metadata()
+                    .map(|m| m.present(claim))
+                    .unwrap_or_default(),
+            ),
             None => answer(claim),
         }
     }

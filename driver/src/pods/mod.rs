@@ -122,6 +122,8 @@ pub struct PodNetworks<K> {
     /// Woken after pods joined overlay segments, so the node's forwarding entries for a new
     /// segment are written at once, not at the sync loop's next period.
     overlay_joined: Arc<tokio::sync::Notify>,
+    /// The device metadata files configured interfaces are written to, when written.
+    metadata: std::sync::Mutex<Option<crate::cdi::metadata::Metadata>>,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -140,7 +142,17 @@ impl<K: Kernel> PodNetworks<K> {
             uplinks: Mutex::default(),
             events: std::sync::Mutex::new(Arc::new(NoEvents)),
             overlay_joined: Arc::default(),
+            metadata: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Configured interfaces are written to their claims' device metadata files too (see
+    /// [`crate::cdi::metadata`]), before the hook answers, so containers read them as set.
+    pub fn set_metadata(&self, metadata: crate::cdi::metadata::Metadata) {
+        *self
+            .metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(metadata);
     }
 
     /// Notified after an attach put pods on overlay segments (see `crate::overlay::sync`).
@@ -241,6 +253,26 @@ impl<K: Kernel> PodNetworks<K> {
     }
 
     fn publish_status(&self, claim: PreparedClaim, devices: Vec<DeviceStatus>) {
+        let metadata = self
+            .metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(metadata) = metadata {
+            let network: Vec<crate::cdi::metadata::NetworkData> = devices
+                .iter()
+                .filter(|d| d.ready && d.interface_name.is_some())
+                .map(|d| crate::cdi::metadata::NetworkData {
+                    device: d.device.clone(),
+                    interface_name: d.interface_name.clone(),
+                    ips: d.ips.clone(),
+                    hardware_address: d.hardware_address.clone(),
+                })
+                .collect();
+            if let Err(e) = metadata.update(&claim, &network) {
+                tracing::warn!(claim = %claim.name, error = %e, "device metadata not updated");
+            }
+        }
         // A KNI attachment has no ResourceClaim to write to: its caller got the answer.
         if knic_proto::names::is_sandbox_claim_uid(&claim.uid) {
             return;
