@@ -196,6 +196,11 @@ impl CdiSpecs {
             // Only when empty: rmdir refuses otherwise, and a busy mount point stays too.
             let _ = std::fs::remove_dir(dir);
         }
+        if let Some(m) = &self.metadata {
+            // Empty with nothing prepared (unprepare removed each claim's files); rmdir
+            // leaves it otherwise.
+            let _ = std::fs::remove_dir(m.dir());
+        }
         Ok(Vec::new())
     }
 

@@ -392,8 +392,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     wired.pods.set_events(events.clone());
     // Before the kubelet can call: files of claims the checkpoint no longer has (a crash
     // between unprepare's record and the files' removal) go.
-    if let Some(metadata) = cdi.metadata() {
-        let prepared = wired.claims.snapshot().await?;
+    // An unreadable checkpoint sweeps nothing: prepare is refused until it is repaired.
+    if let (Some(metadata), Ok(prepared)) = (cdi.metadata(), wired.claims.snapshot().await) {
         match metadata.sweep(&|uid| prepared.claims.contains_key(uid)) {
             Ok(removed) if !removed.is_empty() => {
                 tracing::info!(claims = ?removed, "removed device metadata of unprepared claims")

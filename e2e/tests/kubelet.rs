@@ -46,7 +46,11 @@ impl Env {
             pool: self.cluster.node.clone(),
             device: dev.into(),
             request_names: vec!["nic".into()],
-            cdi_device_ids: vec![format!("knic.dev/interface={uid}-0")],
+            // The interface's hook device, and its request's KEP-5304 metadata mount.
+            cdi_device_ids: vec![
+                format!("knic.dev/interface={uid}-0"),
+                format!("knic.dev/interface={uid}-meta-nic"),
+            ],
             share_id: None,
         }]
     }
@@ -544,9 +548,10 @@ async fn sigterm_keeps_only_what_prepared_claims_need(env: &mut Env) -> anyhow::
     let status = env.driver.terminate().await?;
     ensure!(status.success(), "SIGTERM exit: {status}");
     ensure!(
-        entries(&plugin_dir) == ["bin", "checkpoint.json"]
+        entries(&plugin_dir) == ["bin", "checkpoint.json", "metadata"]
             && entries(&plugin_dir.join("bin")) == ["knic-driver"],
-        "with a claim prepared the checkpoint and the hook stay, the socket goes: {:?} {:?}",
+        "with a claim prepared the checkpoint, the hook and the claim's device metadata stay, \
+         the socket goes: {:?} {:?}",
         entries(&plugin_dir),
         entries(&plugin_dir.join("bin"))
     );

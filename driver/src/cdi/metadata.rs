@@ -106,6 +106,11 @@ impl Metadata {
         Metadata { dir: dir.into() }
     }
 
+    /// The directory of all claims' files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The host file of a claim's request.
     pub fn file(&self, claim_uid: &str, request: &str) -> Result<PathBuf> {
         Ok(self

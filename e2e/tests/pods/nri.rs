@@ -56,7 +56,10 @@ pub(crate) async fn no_container_starts_without_its_interface(env: &mut Env) -> 
     ensure!(out[&c.uid].error.is_empty(), "{}", out[&c.uid].error);
     let cdi = out[&c.uid].devices[0].cdi_device_ids.clone();
     ensure!(
-        cdi == [format!("knic.dev/interface={}-0", c.uid)],
+        cdi == [
+            format!("knic.dev/interface={}-0", c.uid),
+            format!("knic.dev/interface={}-meta-nic", c.uid)
+        ],
         "CDI devices in the answer: {cdi:?}"
     );
     let cdi_dir = PathBuf::from(env_value(&env.config, "KNIC_CDI_DIR")?);
