@@ -9,6 +9,7 @@
 
 pub mod counters;
 pub mod exhaustion;
+pub mod limits;
 pub mod rescan;
 pub mod taints;
 pub mod withhold;
@@ -85,20 +86,12 @@ pub fn to_api_device(dev: &NetDevice) -> Option<Device> {
                 bool: Some(*b),
                 ..Default::default()
             },
-            AttrValue::Str(s) if s.chars().count() > MAX_ATTRIBUTE_STRING => {
-                tracing::warn!(device = %dev.name, attribute = %key, len = s.chars().count(),
-                    "attribute value longer than 64 characters; left out");
-                continue;
-            }
             AttrValue::Str(s) => DeviceAttribute {
                 string: Some(s.clone()),
                 ..Default::default()
             },
         };
-        if attributes.len() == MAX_ATTRIBUTES_PER_DEVICE {
-            tracing::warn!(device = %dev.name, attribute = %key, "more than 32 attributes; left out");
-            continue;
-        }
+        // Lengths and the count are [`limits::fit`]'s, applied once capacities are known.
         attributes.insert(key.clone(), attr);
     }
     Some(Device {
@@ -209,6 +202,7 @@ pub fn layout(devices: &[Device], mode: Mode) -> Vec<DesiredSlice> {
 
 /// [`layout`], moving the devices into the slices instead of copying them.
 pub fn layout_owned(mut devices: Vec<Device>, mode: Mode) -> Vec<DesiredSlice> {
+    limits::fit_all(&mut devices);
     match mode {
         Mode::Plain => {
             for d in &mut devices {

@@ -224,13 +224,21 @@ fn over_long_and_invalid_values_are_left_out() {
         "resource.kubernetes.io/pcieRoot".into(),
         AttrValue::Str("pci0000:00".into()),
     );
-    let api = to_api_device(dev).unwrap();
+    dev.attributes
+        .insert("pciAddress".into(), AttrValue::Str("0".repeat(65)));
+    let mut api = to_api_device(dev).unwrap();
+    super::limits::fit(&mut api);
     let attrs = api.attributes.unwrap();
-    assert!(
-        !attrs.contains_key("deviceName"),
-        "65 characters is over the limit"
+    assert_eq!(
+        attrs["deviceName"].string.as_deref(),
+        Some(format!("{}…", "x".repeat(61)).as_str()),
+        "65 bytes is over the limit: a description is shortened"
     );
-    assert!(attrs.contains_key("vendorName"), "64 characters is allowed");
+    assert!(
+        !attrs.contains_key("pciAddress"),
+        "an identifier is left out"
+    );
+    assert!(attrs.contains_key("vendorName"), "64 bytes is allowed");
     assert!(attrs.contains_key("resource.kubernetes.io/pcieRoot"));
     assert!(!attrs.contains_key("bad key"));
     let mut many = device(2);
@@ -238,8 +246,15 @@ fn over_long_and_invalid_values_are_left_out() {
         many.attributes
             .insert(format!("extra{i:02}"), AttrValue::Int(i));
     }
-    let attrs = to_api_device(&many).unwrap().attributes.unwrap();
+    let mut api = to_api_device(&many).unwrap();
+    super::limits::fit(&mut api);
+    let attrs = api.attributes.unwrap();
     assert_eq!(attrs.len(), MAX_ATTRIBUTES_PER_DEVICE);
+    assert!(
+        attrs.contains_key("ifName") && attrs.contains_key("extra00"),
+        "identities stay, others go from the end: {:?}",
+        attrs.keys()
+    );
     let mut bad = device(1);
     bad.name = "Bad_Name".into();
     assert!(to_api_device(&bad).is_none());

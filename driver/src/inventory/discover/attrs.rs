@@ -10,6 +10,13 @@ pub(super) struct Attrs(BTreeMap<String, AttrValue>);
 
 impl Attrs {
     pub(super) fn str(&mut self, key: &str, value: &str) {
+        if value.len() > MAX_STRING_LEN && crate::slices::limits::DESCRIPTIVE.contains(&key) {
+            let short = crate::slices::limits::shorten(value);
+            tracing::warn!(attribute = key, value, short = %short,
+                "descriptive attribute longer than {MAX_STRING_LEN} bytes; shortened");
+            self.0.insert(key.to_owned(), AttrValue::Str(short));
+            return;
+        }
         if value.len() > MAX_STRING_LEN {
             tracing::warn!(
                 attribute = key,
@@ -36,8 +43,14 @@ impl Attrs {
             tracing::warn!(
                 device,
                 count = map.len(),
-                "more than {MAX_ATTRIBUTES} attributes; dropping the last by name"
+                "more than {MAX_ATTRIBUTES} attributes; dropping descriptions first, then the last by name"
             );
+            for key in crate::slices::limits::DROP_ORDER {
+                if map.len() <= MAX_ATTRIBUTES {
+                    break;
+                }
+                map.remove(*key);
+            }
             while map.len() > MAX_ATTRIBUTES {
                 map.pop_last();
             }
