@@ -1,7 +1,8 @@
 //! ResourceSlice publishing end to end: the real `knic-driver` discovers a captured sysfs tree
 //! and publishes it to the API (fake in CI, a real cluster with `KNIC_E2E_KUBECONFIG`), keeps
 //! it published across kubelet wipes and restarts with the fewest writes, and keeps a prepared
-//! device published while it is gone from the host.
+//! device published while it is gone from the host, and publishes a device with an over-long
+//! `pci.ids` name shortened instead of losing the slice (the real apiserver refuses it whole).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -153,6 +154,88 @@ async fn restart_writes_nothing(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A 71-byte (64-character) `pci.ids` name for the PF: the slice still goes through, with the
+/// name shortened by rule (slices::limits); against a real apiserver, the unshortened value is
+/// shown to be refused, so the rule is the apiserver's and not a guess.
+async fn oversized_facts_keep_the_slice(env: &mut Env) -> anyhow::Result<()> {
+    const LONG: &str = "Ethernet Controller E810-C für QSFP — 100 GbE Dual-Port, Ünïcödé";
+    const SHORT: &str = "Ethernet Controller E810-C für QSFP — 100 GbE Dual-Port,…";
+    ensure!(LONG.len() == 71 && LONG.chars().count() == 64);
+    let id = std::fs::read_to_string(env.root.join("sys/bus/pci/devices/0000:a2:00.0/device"))?;
+    let id = id.trim().trim_start_matches("0x");
+    let ids = env.root.join("usr/share/misc/pci.ids");
+    std::fs::create_dir_all(ids.parent().context("parent")?)?;
+    std::fs::write(&ids, format!("8086  Intel Corporation\n\t{id}  {LONG}\n"))?;
+    env.driver.terminate().await?;
+    env.driver = DriverProcess::start(&env.config)?;
+    let slices = eventually(
+        "the PF published with its shortened name",
+        Duration::from_secs(20),
+        || async {
+            let slices = env.cluster.slices().await?;
+            let name = slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .find(|d| d.name == PF)
+                .and_then(|d| d.attributes.as_ref()?.get("deviceName")?.string.clone());
+            Ok((name.as_deref() == Some(SHORT)).then_some(slices))
+        },
+    )
+    .await?;
+    ensure!(
+        device_names(&slices) == [PF, VF0, VF1],
+        "{:?}",
+        device_names(&slices)
+    );
+    ensure!(
+        env.driver.logs().contains("shortened"),
+        "no log line says what was shortened:\n{}",
+        env.driver.logs()
+    );
+    if env.cluster.real.is_some() {
+        // The same slice with the name as pci.ids has it: the apiserver refuses it whole.
+        let mut raw = slices[0].clone();
+        raw.metadata = kube::api::ObjectMeta {
+            name: Some(format!("{}-oversized", env.cluster.namespace)),
+            ..Default::default()
+        };
+        raw.spec.pool.name = format!("{}-oversized", env.cluster.namespace);
+        raw.spec.node_name = None;
+        raw.spec.all_nodes = Some(true);
+        for d in raw.spec.devices.iter_mut().flatten() {
+            if let Some(a) = d.attributes.as_mut().and_then(|a| a.get_mut("deviceName")) {
+                a.string = Some(LONG.into());
+            }
+        }
+        let api: kube::Api<ResourceSlice> = kube::Api::all(env.cluster.client.clone());
+        match api.create(&Default::default(), &raw).await {
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                println!(
+                    "the real apiserver refuses the unshortened name: {}",
+                    e.message
+                );
+                ensure!(
+                    e.message
+                        .contains("deviceName].string: Too long: may not be more than 64 bytes"),
+                    "{}",
+                    e.message
+                );
+            }
+            Ok(_) => {
+                let _ = api
+                    .delete(
+                        raw.metadata.name.as_deref().unwrap_or_default(),
+                        &Default::default(),
+                    )
+                    .await;
+                anyhow::bail!("the real apiserver took a 71-byte attribute value");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 async fn prepared_device_stays_published(env: &mut Env) -> anyhow::Result<()> {
     published(env, &[PF, VF0, VF1]).await?;
     let plugin = kubelet::register(&env.config.registry_dir).await?;
@@ -208,6 +291,7 @@ fn main() {
         republish_after_kubelet_wipe,
         restart_writes_nothing,
         prepared_device_stays_published,
+        oversized_facts_keep_the_slice,
     ]);
     libtest_mimic::run(&args, trials).exit();
 }
