@@ -70,6 +70,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "node".into(),

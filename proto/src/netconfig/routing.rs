@@ -289,7 +289,8 @@ impl Parse<'_> {
         };
         for key in map.keys() {
             if !known.contains(&key.as_str()) {
-                self.0.push(FieldError::new(child(path, key), "unknown field"));
+                self.0
+                    .push(FieldError::new(child(path, key), "unknown field"));
             }
         }
         Some(map)
@@ -329,7 +330,8 @@ impl Parse<'_> {
                 None
             }
             _ => {
-                self.0.push(FieldError::new(path, format!("{rule}, got {n}")));
+                self.0
+                    .push(FieldError::new(path, format!("{rule}, got {n}")));
                 None
             }
         }
@@ -409,9 +411,9 @@ fn table_problem(table: u32, main_ok: bool) -> Option<String> {
         252 => Some("252 is reserved for the kernel's \"compat\" table".to_owned()),
         253 => Some("253 is reserved for the kernel's \"default\" table".to_owned()),
         255 => Some("255 is reserved for the kernel's \"local\" table".to_owned()),
-        254 if !main_ok => Some(
-            "254 is the main table; this needs a table of its own (e.g. 100)".to_owned(),
-        ),
+        254 if !main_ok => {
+            Some("254 is the main table; this needs a table of its own (e.g. 100)".to_owned())
+        }
         _ => None,
     }
 }
@@ -489,7 +491,11 @@ pub(super) fn validate_routing(
     out
 }
 
-fn validate_vrf(vrf: &VrfConfig, context: &Context<'_>, errors: &mut Vec<FieldError>) -> Option<Vrf> {
+fn validate_vrf(
+    vrf: &VrfConfig,
+    context: &Context<'_>,
+    errors: &mut Vec<FieldError>,
+) -> Option<Vrf> {
     let before = errors.len();
     let name = match &vrf.name {
         None => {
@@ -509,7 +515,10 @@ fn validate_vrf(vrf: &VrfConfig, context: &Context<'_>, errors: &mut Vec<FieldEr
                 None
             }
             Ok(()) if name == "lo" => {
-                errors.push(FieldError::new("vrf.name", "\"lo\" is the pod's loopback device"));
+                errors.push(FieldError::new(
+                    "vrf.name",
+                    "\"lo\" is the pod's loopback device",
+                ));
                 None
             }
             Ok(()) => Some(name.clone()),

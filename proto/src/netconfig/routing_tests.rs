@@ -178,8 +178,10 @@ fn source_routing_defaults_are_documented_values() {
 
 #[test]
 fn expand_moves_untabled_routes_into_the_sbr_table_and_adds_subnets_and_source_rules() {
-    let r = routing(json!({ "sourceBasedRouting": { "table": 101, "priority": 50 },
-                            "rules": [{ "fwmark": 1, "table": 7, "family": "ipv4" }] }));
+    let r = routing(
+        json!({ "sourceBasedRouting": { "table": 101, "priority": 50 },
+                            "rules": [{ "fwmark": 1, "table": 7, "family": "ipv4" }] }),
+    );
     let addresses = [cidr("192.0.2.10/24"), cidr("2001:db8::10/64")];
     let routes = [
         Route {
@@ -212,8 +214,10 @@ fn expand_moves_untabled_routes_into_the_sbr_table_and_adds_subnets_and_source_r
         ]
     );
     assert_eq!(routes[2].source, Some("192.0.2.10".parse().expect("ip")));
-    let froms: Vec<(Option<Cidr>, u32, u32)> =
-        rules.iter().map(|r| (r.from, r.table, r.priority)).collect();
+    let froms: Vec<(Option<Cidr>, u32, u32)> = rules
+        .iter()
+        .map(|r| (r.from, r.table, r.priority))
+        .collect();
     assert_eq!(
         froms,
         vec![
@@ -226,8 +230,10 @@ fn expand_moves_untabled_routes_into_the_sbr_table_and_adds_subnets_and_source_r
 
 #[test]
 fn expand_puts_untabled_routes_into_the_vrf_table() {
-    let r = routing(json!({ "addresses": ["192.0.2.10/24"], "vrf": { "name": "blue", "table": 10 },
-                            "routes": [{ "destination": "0.0.0.0/0", "gateway": "192.0.2.1" }] }));
+    let r = routing(
+        json!({ "addresses": ["192.0.2.10/24"], "vrf": { "name": "blue", "table": 10 },
+                            "routes": [{ "destination": "0.0.0.0/0", "gateway": "192.0.2.1" }] }),
+    );
     let route = Route {
         destination: cidr("0.0.0.0/0"),
         gateway: Some("192.0.2.1".parse().expect("ip")),
