@@ -12,6 +12,7 @@ use crate::netns::{AttachPlan, DeviceIdentity};
 
 mod bandwidth;
 pub mod overlay;
+pub mod routing;
 pub mod shared;
 mod vf;
 
