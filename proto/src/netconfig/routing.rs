@@ -571,9 +571,8 @@ impl Names<'_> {
             return None;
         }
         let mut known = vec!["\"lo\"".to_owned()];
-        match self.interface {
-            Some(n) => known.push(format!("{n:?} (interface.name)")),
-            None => {}
+        if let Some(n) = self.interface {
+            known.push(format!("{n:?} (interface.name)"));
         }
         if let Some(v) = self.vrf {
             known.push(format!("{v:?} (vrf.name)"));

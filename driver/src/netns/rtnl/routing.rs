@@ -155,11 +155,7 @@ impl RtnlSession {
         self.indexes.insert(name.to_owned(), index);
         let members = links
             .iter()
-            .filter(|l| {
-                l.attributes
-                    .iter()
-                    .any(|a| *a == LinkAttribute::Controller(index))
-            })
+            .filter(|l| l.attributes.contains(&LinkAttribute::Controller(index)))
             .filter_map(|l| name_of(l).map(str::to_owned))
             .collect();
         Ok(Some(VrfLink {
