@@ -545,7 +545,9 @@ fn validate_vrf(
             {
                 errors.push(FieldError::new(
                     format!("routes[{i}].table"),
-                    format!("{t} is not the VRF's table {table}; leave table unset (or 254) to route in the VRF"),
+                    format!(
+                        "{t} is not the VRF's table {table}; leave table unset to route in the VRF"
+                    ),
                 ));
             }
         }

@@ -135,7 +135,7 @@ rejects! {
         => ["vrf.table: 0 is not a table id (RT_TABLE_UNSPEC)"];
     vrf_route_in_other_table: { "addresses": ["192.0.2.10/24"], "vrf": { "name": "blue", "table": 10 },
                                 "routes": [{ "destination": "0.0.0.0/0", "gateway": "192.0.2.1", "table": 20 }] }
-        => ["routes[0].table: 20 is not the VRF's table 10; leave table unset (or 254) to route in the VRF"];
+        => ["routes[0].table: 20 is not the VRF's table 10; leave table unset to route in the VRF"];
 }
 
 #[test]
