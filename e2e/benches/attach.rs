@@ -143,6 +143,7 @@ fn verify_detached(side: &str) -> anyhow::Result<()> {
 fn knic_plan() -> AttachPlan {
     let cidr = |s: &str| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "bench".into(),

@@ -147,6 +147,7 @@ fn kind() -> ChildKind {
 fn knic_plan() -> AttachPlan {
     let cidr = |s: &str| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "bench".into(),

@@ -139,6 +139,7 @@ fn address4(i: usize) -> String {
 fn plan(i: usize) -> AttachPlan {
     let cidr = |s: String| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "parallel".into(),

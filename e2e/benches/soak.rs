@@ -107,6 +107,7 @@ impl Drop for Setup {
 fn plan(i: usize) -> AttachPlan {
     let cidr = |s: String| -> Cidr { s.parse().unwrap() };
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "soak".into(),

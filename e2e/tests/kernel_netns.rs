@@ -52,6 +52,10 @@ mod refused;
 #[path = "kernel_netns/live.rs"]
 mod live;
 
+// Rules, source-based routing and VRF in the pod (issue 27).
+#[path = "kernel_netns/routing.rs"]
+mod routing;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -70,6 +74,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "node".into(),
@@ -630,6 +635,13 @@ fn main() {
     if let (Some(reason), false) = (&no_ipvlan, in_vm) {
         eprintln!("skipped: kernel/ipvlan_child_into_pod: {reason}");
     }
+    let no_vrf = match &unisolated {
+        None => routing::vrf_missing(),
+        Some(_) => None,
+    };
+    if let (Some(reason), false) = (&no_vrf, in_vm) {
+        eprintln!("skipped: kernel/vrf_in_the_pod: {reason}");
+    }
     let no_tbf = (!has_tc()).then(|| "no tc (iproute2) to read qdiscs back".to_string());
     if let (Some(reason), false) = (&no_tbf, in_vm) {
         eprintln!("skipped: kernel/egress_limit_*: {reason}");
@@ -720,6 +732,18 @@ fn main() {
             "kernel/live_update_changes_routes_and_mtu_in_place",
             |k| Box::pin(live::routes_and_mtu_change_in_place(k)),
             unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/source_based_routing_and_rules_on_a_veth",
+            |k| Box::pin(routing::source_based_routing_and_rules_on_a_veth(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/vrf_in_the_pod",
+            |k| Box::pin(routing::vrf_in_the_pod(k)),
+            unisolated.clone().or(no_vrf.clone()),
             false,
         ),
         (

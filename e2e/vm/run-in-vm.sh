@@ -46,7 +46,7 @@
 #     --module igb --module igbvf --module vfio-pci -- TEST
 # Environment: KNIC_VM_KERNEL=<ver> picks a kernel; KNIC_VM_MEMORY (MiB, default 1024);
 # KNIC_VM_CPUS (default 2); KNIC_VM_MODULES (default: 8021q ipvlan macvlan veth dummy bridge
-# vxlan sch_tbf); KNIC_VM_NO_INSTALL=1 never runs apt.
+# vxlan sch_tbf vrf); KNIC_VM_NO_INSTALL=1 never runs apt.
 #
 # Exit status: the test's own exit code; 2 for bad usage or a missing tool/kernel; 3 when the
 # VM's setup failed (a module would not load); 4 when the VM ended without reporting an exit
@@ -59,7 +59,7 @@ prog=run-in-vm
 die() { echo "$prog: error: $1" >&2; exit "${2:-2}"; }
 say() { echo "$prog: $*" >&2; }
 
-read -r -a modules <<<"${KNIC_VM_MODULES:-8021q ipvlan macvlan veth dummy bridge vxlan sch_tbf}"
+read -r -a modules <<<"${KNIC_VM_MODULES:-8021q ipvlan macvlan veth dummy bridge vxlan sch_tbf vrf}"
 timeout_s=${KNIC_VM_TIMEOUT:-300}
 memory=${KNIC_VM_MEMORY:-1024}
 machine=

@@ -624,6 +624,18 @@ impl Preparer {
             .collect();
         let plans = crate::claims::plan::plans(&prepared, configs, &taken, ipam)
             .map_err(|e| claim_error(e.to_string()))?;
+        let pod_plans: Vec<&crate::netns::AttachPlan> = checkpoint
+            .claims
+            .values()
+            .filter(|c| c.pod_uid == prepared.pod_uid && c.uid != prepared.uid)
+            .flat_map(|c| c.attachments.iter().map(|a| &a.plan))
+            .collect();
+        let clashes = crate::claims::plan::routing::pod_clashes(&plans, &pod_plans);
+        if !clashes.is_empty() {
+            return Err(claim_error(
+                knic_proto::netconfig::ConfigErrors(clashes).to_string(),
+            ));
+        }
         prepared.attachments = plans.into_iter().map(Attachment::planned).collect();
         prepared.functions = functions::functions(&prepared, configs, &self.pci)
             .map_err(|e| claim_error(e.to_string()))?;

@@ -12,6 +12,7 @@ use crate::netns::{AttachPlan, DeviceIdentity};
 
 mod bandwidth;
 pub mod overlay;
+pub mod routing;
 pub mod shared;
 mod vf;
 
@@ -188,7 +189,12 @@ pub fn plans(
                 n
             }
         };
+        // Source-based routing and a VRF move the routes into their table and add rules
+        // from the final addresses (static or IPAM).
+        let (routes, routing) =
+            crate::netns::routing::plan(&valid.routing, &valid.addresses, &valid.routes);
         out.push(AttachPlan {
+            routing,
             network: claim.network_label.clone().or(network),
             from_template: claim.network_label.is_some(),
             pool: device.pool.clone(),
@@ -204,7 +210,7 @@ pub fn plans(
                 .hardware_address
                 .or(vf.as_ref().and_then(|v| v.settings.mac)),
             addresses: valid.addresses,
-            routes: valid.routes,
+            routes,
             sysctls: valid.sysctls,
             identity: identity(device),
             vf,

@@ -694,3 +694,41 @@ async fn a_spec_that_cannot_be_written_leaves_the_claim_unprepared() {
             .is_empty()
     );
 }
+
+/// Issue 27: a second claim of the pod naming the first claim's VRF with another table fails
+/// prepare, with the field and the first claim's interface in the text.
+#[tokio::test]
+async fn a_vrf_of_the_pod_with_another_table_is_refused_at_prepare() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(MemClaims::default());
+    let vrf = |table: u32| {
+        json!({"apiVersion": "knic.dev/v1alpha1", "kind": "NetworkConfig",
+               "vrf": {"name": "blue", "table": table}})
+    };
+    let first = ClaimBuilder::new("claim", "u1")
+        .allocated(&[("nic", DRIVER, "dev-a")])
+        .config("FromClaim", DRIVER, vrf(10))
+        .reserved_for(&[("p", "pu")])
+        .build();
+    let mut second = ClaimBuilder::new("other", "u2")
+        .allocated(&[("nic", DRIVER, "dev-b")])
+        .config("FromClaim", DRIVER, vrf(11))
+        .reserved_for(&[("p", "pu")]);
+    second.0["metadata"]["name"] = json!("other");
+    add(&source, first);
+    add(&source, second.build());
+    let preparer = in_dir(source, &dir);
+    prepared(&preparer, wanted("u1")).await;
+    let err = preparer
+        .prepare(&[claim_ref("other", "u2")])
+        .await
+        .remove("u2")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "ResourceClaim ns/other: request nic: vrf.table: VRF blue is already used with table 10 \
+         by another claim's net1 in this pod; one VRF has one table"
+    );
+}

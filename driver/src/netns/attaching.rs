@@ -345,6 +345,9 @@ async fn configure_in_pod<S: Session>(
             .await?
             .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?,
     };
+    // Into its VRF before it has addresses and is up, so its connected routes are made in the
+    // VRF's table (enslaving an up device cycles it).
+    super::routing::join_vrf(plan, netns, pod).await?;
     pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
     if let Some(bandwidth) = &plan.bandwidth {
         let tbf = Tbf::for_link(bandwidth, link.mtu, netns, &plan.pod_ifname)?;
@@ -359,6 +362,7 @@ async fn configure_in_pod<S: Session>(
     )
     .await?;
     pod.add_routes(&plan.pod_ifname, &plan.routes).await?;
+    super::routing::add_rules(plan, pod).await?;
     link.up = true;
     link.addresses = plan.addresses.clone();
     Ok(link)
@@ -386,7 +390,8 @@ async fn undo<K: Kernel>(
             Done::SetVf => super::detaching::restore_vf(kernel, plan, restore).await?,
         }
     }
-    Ok(())
+    // Rules and a VRF of a created child (a moved device's detach above took them back).
+    super::routing::remove(kernel, plan, Some(netns)).await
 }
 
 /// Where a failed move left the device, if in the pod. The kernel (do_setlink) changes the

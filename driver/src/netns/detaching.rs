@@ -21,6 +21,8 @@ pub async fn detach<K: Kernel>(
     restore: &Restore,
 ) -> Result<()> {
     detach_device(kernel, plan, netns, restore).await?;
+    // After the device left the pod, so the VRF it was in can be seen empty.
+    super::routing::remove(kernel, plan, netns).await?;
     restore_vf(kernel, plan, restore).await?;
     restore_vf_mac(kernel, plan, &restore.host).await
 }

@@ -17,6 +17,7 @@ use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
 mod overlay;
+mod routing;
 mod session;
 
 #[derive(Debug, Default)]
@@ -54,6 +55,12 @@ struct State {
     /// VXLAN devices by (namespace, name): what they were made with and their forwarding
     /// entries, which die with them.
     vxlans: BTreeMap<(Ns, String), overlay::Vxlan>,
+    /// Policy rules by namespace.
+    rules: BTreeMap<Ns, Vec<super::routing::Rule>>,
+    /// VRF devices' tables by (namespace, name).
+    vrf_tables: BTreeMap<(Ns, String), u32>,
+    /// (namespace, member) → its VRF.
+    masters: BTreeMap<(Ns, String), String>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
@@ -82,6 +89,7 @@ pub(crate) fn plan(
         identity: None,
         vf: None,
         bandwidth: None,
+        routing: Default::default(),
     }
 }
 
@@ -196,6 +204,9 @@ impl FakeKernel {
         let links = s.links.remove(ns).unwrap_or_default();
         s.routes.remove(ns);
         s.qdiscs.retain(|(n, _), _| n != ns);
+        s.rules.remove(ns);
+        s.vrf_tables.retain(|(n, _), _| n != ns);
+        s.masters.retain(|(n, _), _| n != ns);
         // A virtual link dying takes what sits on it along: a veth's host end with its pod end.
         let dying: Vec<(Ns, String)> = links
             .iter()

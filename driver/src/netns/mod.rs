@@ -15,6 +15,7 @@ mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod overlay;
+pub mod routing;
 pub mod rtnl;
 pub mod sysctl;
 pub mod tbf;
@@ -307,6 +308,17 @@ pub trait Session: Send {
         index: u32,
         state: &VfState,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Adds policy rules (`ip rule add`); one already there is fine. Pipelined.
+    fn add_rules(&mut self, rules: &[routing::Rule]) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes policy rules; one already gone is fine. Pipelined.
+    fn del_rules(&mut self, rules: &[routing::Rule]) -> impl Future<Output = Result<()>> + Send;
+    /// The link `name` as a VRF (its table, `None` when it is not a VRF, and the names of its
+    /// members); `None` when no link has that name.
+    fn vrf(&mut self, name: &str) -> impl Future<Output = Result<Option<routing::VrfLink>>> + Send;
+    /// Creates the VRF device `vrf` in this namespace, up.
+    fn add_vrf(&mut self, vrf: &routing::Vrf) -> impl Future<Output = Result<()>> + Send;
+    /// Enslaves `name` to the link `master` (`IFLA_MASTER`).
+    fn set_master(&mut self, name: &str, master: &str) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Opens sessions; the one thing the executor needs from the outside world.
@@ -458,6 +470,11 @@ pub struct AttachPlan {
     /// leaves it alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_template: bool,
+    /// Policy rules and the VRF of the interface, installed in the pod and taken back on
+    /// detach (the routes of source-based routing and of a VRF are in `routes`, in their
+    /// table); empty for none and in checkpoints written before knic had them.
+    #[serde(default, skip_serializing_if = "routing::PodRouting::is_empty")]
+    pub routing: routing::PodRouting,
 }
 
 impl AttachPlan {

@@ -9,6 +9,7 @@
 
 mod addressing;
 mod overlay;
+mod routing;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -611,6 +612,26 @@ impl Session for RtnlSession {
         remove: &[super::overlay::FdbEntry],
     ) -> Result<()> {
         self.set_fdb_now(vxlan, add, remove).await
+    }
+
+    async fn add_rules(&mut self, rules: &[super::routing::Rule]) -> Result<()> {
+        self.add_rules_now(rules).await
+    }
+
+    async fn del_rules(&mut self, rules: &[super::routing::Rule]) -> Result<()> {
+        self.del_rules_now(rules).await
+    }
+
+    async fn vrf(&mut self, name: &str) -> Result<Option<super::routing::VrfLink>> {
+        self.vrf_now(name).await
+    }
+
+    async fn add_vrf(&mut self, vrf: &super::routing::Vrf) -> Result<()> {
+        self.add_vrf_now(vrf).await
+    }
+
+    async fn set_master(&mut self, name: &str, master: &str) -> Result<()> {
+        self.set_master_now(name, master).await
     }
 
     async fn del_link(&mut self, name: &str) -> Result<()> {

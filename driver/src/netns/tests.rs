@@ -17,6 +17,7 @@ fn plan(mode: AttachMode) -> AttachPlan {
     let mut sysctls = BTreeMap::new();
     sysctls.insert("ipv4.arp_ignore".to_string(), "1".to_string());
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mode,

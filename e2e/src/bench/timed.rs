@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use knic_driver::error::Result;
 use knic_driver::netns::overlay::{FdbEntry, Segment};
+use knic_driver::netns::routing::{Rule, Vrf, VrfLink};
 use knic_driver::netns::{Kernel, LinkChange, LinkState, NewChild, Ns, Session, Tbf, VfState};
 use knic_proto::netconfig::{Cidr, Route};
 
@@ -239,6 +240,31 @@ impl<S: Session> Session for TimedSession<S> {
         timed(&self.spent, "set_vf", self.inner.set_vf(pf, index, state)).await
     }
 
+    async fn add_rules(&mut self, rules: &[Rule]) -> Result<()> {
+        timed(&self.spent, "add_rules", self.inner.add_rules(rules)).await
+    }
+
+    async fn del_rules(&mut self, rules: &[Rule]) -> Result<()> {
+        timed(&self.spent, "del_rules", self.inner.del_rules(rules)).await
+    }
+
+    async fn vrf(&mut self, name: &str) -> Result<Option<VrfLink>> {
+        timed(&self.spent, "vrf", self.inner.vrf(name)).await
+    }
+
+    async fn add_vrf(&mut self, vrf: &Vrf) -> Result<()> {
+        timed(&self.spent, "add_vrf", self.inner.add_vrf(vrf)).await
+    }
+
+    async fn set_master(&mut self, name: &str, master: &str) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_master",
+            self.inner.set_master(name, master),
+        )
+        .await
+    }
+
     async fn set_egress_limit(&mut self, name: &str, tbf: &Tbf) -> Result<()> {
         timed(
             &self.spent,
@@ -350,6 +376,21 @@ mod tests {
             Ok(())
         }
         async fn clear_egress_limit(&mut self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn add_rules(&mut self, _: &[Rule]) -> Result<()> {
+            Ok(())
+        }
+        async fn del_rules(&mut self, _: &[Rule]) -> Result<()> {
+            Ok(())
+        }
+        async fn vrf(&mut self, _: &str) -> Result<Option<VrfLink>> {
+            Ok(None)
+        }
+        async fn add_vrf(&mut self, _: &Vrf) -> Result<()> {
+            Ok(())
+        }
+        async fn set_master(&mut self, _: &str, _: &str) -> Result<()> {
             Ok(())
         }
     }

@@ -15,6 +15,7 @@ use super::describe;
 
 fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
     let plan = |device: &str| AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         pool: "node-a".into(),

@@ -31,6 +31,15 @@ fn netconfig_corpus() -> Vec<Value> {
         json!({ "apiVersion": API_VERSION, "kind": KIND, "ipvlan": { "mode": "l3s" } }),
         json!({ "apiVersion": API_VERSION, "kind": KIND, "macvlan": {},
                 "bandwidth": { "egress": "1.5G", "burst": "256Ki" } }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "interface": { "name": "data0" },
+                "addresses": ["192.0.2.10/24"],
+                "rules": [{ "from": "10.0.0.0/8", "to": "10.1.0.0/16", "iif": "data0",
+                            "oif": "lo", "fwmark": 16, "fwmask": 255, "table": 100,
+                            "priority": 100, "family": "ipv4" },
+                          { "table": 254 }],
+                "sourceBasedRouting": { "table": 101, "priority": 50 } }),
+        json!({ "apiVersion": API_VERSION, "kind": KIND, "vrf": { "name": "blue", "table": 10 },
+                "routes": [{ "destination": "0.0.0.0/0", "table": 10 }] }),
     ]
 }
 
@@ -60,6 +69,17 @@ const NETCONFIG_KEYS: &[&str] = &[
     "bandwidth",
     "egress",
     "burst",
+    "rules",
+    "from",
+    "to",
+    "iif",
+    "oif",
+    "fwmark",
+    "fwmask",
+    "priority",
+    "family",
+    "sourceBasedRouting",
+    "vrf",
 ];
 
 /// Layers as a claim carries them: class entries then claim entries, each parsed with its own

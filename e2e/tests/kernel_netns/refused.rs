@@ -61,6 +61,7 @@ pub(crate) async fn a_move_refused_after_the_device_moved_is_undone(
     ip(&["link", "set", "knt-rm", "up"])?;
     // Valid for a plan, above the lower device's 1500: the macvlan refuses it in the pod.
     let p = AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mtu: Some(9000),
@@ -72,6 +73,7 @@ pub(crate) async fn a_move_refused_after_the_device_moved_is_undone(
         "link", "add", "knt-v0", "type", "veth", "peer", "name", "knt-v1",
     ])?;
     let p = AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mtu: Some(60),

@@ -24,6 +24,7 @@ mod child;
 mod cidr;
 mod mode;
 mod parse;
+mod routing;
 mod validate;
 mod vf;
 
@@ -48,6 +49,10 @@ pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use mode::DeviceMode;
 pub use parse::parse;
+pub use routing::{
+    DEFAULT_RULE_PRIORITY, DEFAULT_SBR_TABLE, Family, RoutingSettings, Rule, RuleConfig,
+    SourceRouting, SourceRoutingConfig, Vrf, VrfConfig,
+};
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
 
@@ -172,6 +177,15 @@ pub struct NetworkConfig {
     /// bit/s, the burst in bytes, as Kubernetes quantities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthConfig>,
+    /// Policy routing rules (`ip rule`) installed in the pod's namespace; see [`RuleConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<Vec<RuleConfig>>,
+    /// A table for this interface and a `from <address>` rule per address (CNI `sbr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_based_routing: Option<SourceRoutingConfig>,
+    /// A VRF device in the pod that this interface is enslaved to (CNI `vrf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vrf: Option<VrfConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -279,6 +293,9 @@ pub struct ValidConfig {
     /// `bandwidth` capacity may still set one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthSettings>,
+    /// Rules, source-based routing and VRF; empty when none are asked for.
+    #[serde(default, skip_serializing_if = "RoutingSettings::is_empty")]
+    pub routing: RoutingSettings,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -370,6 +387,19 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 .bandwidth
                 .get_or_insert_with(BandwidthConfig::default)
                 .merge_from(bandwidth);
+        }
+        // Policy routing replaces as a whole, like routes: rules are ordered, and a half-merged
+        // VRF or source-routing block would mix two layers' tables.
+        if layer.rules.is_some() {
+            merged.rules.clone_from(&layer.rules);
+        }
+        if layer.source_based_routing.is_some() {
+            merged
+                .source_based_routing
+                .clone_from(&layer.source_based_routing);
+        }
+        if layer.vrf.is_some() {
+            merged.vrf.clone_from(&layer.vrf);
         }
         if layer.device_mode.is_some() {
             merged.device_mode.clone_from(&layer.device_mode);

@@ -30,6 +30,9 @@ const CONFIG_FIELDS: &[&str] = &[
     "vf",
     "deviceMode",
     "bandwidth",
+    "rules",
+    "sourceBasedRouting",
+    "vrf",
 ];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
@@ -237,6 +240,17 @@ impl Parser {
         }
         if let Some(v) = field(map, "bandwidth") {
             config.bandwidth = self.bandwidth(v, &child(path, "bandwidth"));
+        }
+        if let Some(v) = field(map, "rules") {
+            config.rules = super::routing::parse_rules(v, &child(path, "rules"), &mut self.errors);
+        }
+        if let Some(v) = field(map, "sourceBasedRouting") {
+            let path = child(path, "sourceBasedRouting");
+            config.source_based_routing =
+                super::routing::parse_source_routing(v, &path, &mut self.errors);
+        }
+        if let Some(v) = field(map, "vrf") {
+            config.vrf = super::routing::parse_vrf(v, &child(path, "vrf"), &mut self.errors);
         }
         config
     }

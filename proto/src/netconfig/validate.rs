@@ -343,6 +343,14 @@ impl Validator {
         };
         out.routes = self.routes(config.routes.as_deref().unwrap_or(&[]), static_addresses);
         out.addresses = addresses;
+        out.routing = super::routing::validate_routing(
+            config,
+            &super::routing::Context {
+                interface_name: out.interface_name.as_deref(),
+                routes: &out.routes,
+            },
+            &mut self.errors,
+        );
 
         if let Some(vlan) = &config.vlan {
             if (1..=4094).contains(&vlan.id) {

@@ -108,6 +108,8 @@ impl Session for FakeSession {
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
         }
+        // Leaving the namespace unlinks it from its VRF.
+        super::routing::forget(&mut s, &ns, name);
         // The kernel shuts a device's qdiscs down when it changes namespace.
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
@@ -436,6 +438,7 @@ impl Session for FakeSession {
         while let Some((ns, name)) = doomed.pop() {
             s.qdiscs.remove(&(ns.clone(), name.clone()));
             s.vxlans.remove(&(ns.clone(), name.clone()));
+            super::routing::forget(&mut s, &ns, &name);
             if let Some(links) = s.links.get_mut(&ns) {
                 links.retain(|l| l.name != name);
             }
@@ -453,6 +456,26 @@ impl Session for FakeSession {
                 .retain(|(child, lower)| *child != key && *lower != key);
         }
         Ok(())
+    }
+
+    async fn add_rules(&mut self, rules: &[super::super::routing::Rule]) -> Result<()> {
+        self.add_rules_now(rules)
+    }
+
+    async fn del_rules(&mut self, rules: &[super::super::routing::Rule]) -> Result<()> {
+        self.del_rules_now(rules)
+    }
+
+    async fn vrf(&mut self, name: &str) -> Result<Option<super::super::routing::VrfLink>> {
+        self.vrf_now(name)
+    }
+
+    async fn add_vrf(&mut self, vrf: &super::super::routing::Vrf) -> Result<()> {
+        self.add_vrf_now(vrf)
+    }
+
+    async fn set_master(&mut self, name: &str, master: &str) -> Result<()> {
+        self.set_master_now(name, master)
     }
 }
 

@@ -9,6 +9,7 @@ use super::*;
 
 fn limited(mode: AttachMode, burst: Option<u32>) -> AttachPlan {
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         bandwidth: Some(Bandwidth {

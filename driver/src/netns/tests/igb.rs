@@ -37,6 +37,7 @@ fn kernel() -> FakeKernel {
 
 fn vf_plan(mac: [u8; 6], settings: VfSettings) -> AttachPlan {
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mac: Some(mac),

@@ -61,6 +61,7 @@ async fn an_mtu_the_device_refuses_after_the_move_is_undone() {
 async fn a_mac_the_device_refuses_after_the_move_is_undone() {
     let (k, _) = kernel();
     let p = AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mac: Some([0x01, 0, 0x5e, 0, 0, 1]),

@@ -17,6 +17,7 @@ fn since(k: &FakeKernel, before: &mut u64) -> u64 {
 /// with two addresses and a route (no sysctls, MTU or MAC change).
 fn bench_plan() -> AttachPlan {
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mtu: None,
@@ -205,6 +206,7 @@ async fn ipv4_sysctls_ride_on_the_move_and_cost_no_request() {
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
     let p = AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         sysctls,
@@ -249,6 +251,7 @@ async fn a_child_gets_its_sysctls_as_files_as_a_creation_refuses_them() {
 async fn below_the_ipv4_mtu_the_sysctls_stay_files_so_a_failure_is_undone() {
     let k = bench_kernel();
     let p = AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mtu: Some(60),

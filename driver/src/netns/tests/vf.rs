@@ -39,6 +39,7 @@ fn kernel() -> FakeKernel {
 /// The plan `claims::plan` makes for such a VF: the PF's MAC for the VF is the netdev's too.
 fn vf_plan(mode: AttachMode) -> AttachPlan {
     AttachPlan {
+        routing: Default::default(),
         network: None,
         from_template: false,
         mode,
