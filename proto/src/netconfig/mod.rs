@@ -22,6 +22,7 @@ mod addr;
 mod bandwidth;
 mod child;
 mod cidr;
+mod ethtool;
 mod mode;
 mod parse;
 mod validate;
@@ -46,6 +47,10 @@ pub use bandwidth::{
 pub use child::{ChildKind, IPVLAN_MODES, IpvlanConfig, MACVLAN_MODES, MacvlanConfig};
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
+pub use ethtool::{
+    ALIASES as ETHTOOL_ALIASES, Channels, Coalesce, EthtoolConfig, EthtoolSettings,
+    GROUPS as ETHTOOL_GROUPS, KERNEL_FEATURES, Rings, group_members,
+};
 pub use mode::DeviceMode;
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
@@ -172,6 +177,9 @@ pub struct NetworkConfig {
     /// bit/s, the burst in bytes, as Kubernetes quantities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthConfig>,
+    /// Offloads, rings, channels and coalescing of the pod's interface (`ethtool -K/-G/-L/-C`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -279,6 +287,9 @@ pub struct ValidConfig {
     /// `bandwidth` capacity may still set one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthSettings>,
+    /// ethtool settings; `None` when none were asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolSettings>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -315,7 +326,8 @@ pub struct Route {
 /// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
-/// * `vf` and `bandwidth` merge field by field, like `interface`.
+/// * `vf` and `bandwidth` merge field by field, like `interface`;
+/// * `ethtool` merges `features` key by key and `rings`/`channels`/`coalesce` field by field.
 ///
 /// The result is not validated; run [`validate`] on it.
 pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
@@ -370,6 +382,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 .bandwidth
                 .get_or_insert_with(BandwidthConfig::default)
                 .merge_from(bandwidth);
+        }
+        if let Some(ethtool) = &layer.ethtool {
+            merged
+                .ethtool
+                .get_or_insert_with(EthtoolConfig::default)
+                .merge_from(ethtool);
         }
         if layer.device_mode.is_some() {
             merged.device_mode.clone_from(&layer.device_mode);

@@ -30,6 +30,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "vf",
     "deviceMode",
     "bandwidth",
+    "ethtool",
 ];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
@@ -237,6 +238,10 @@ impl Parser {
         }
         if let Some(v) = field(map, "bandwidth") {
             config.bandwidth = self.bandwidth(v, &child(path, "bandwidth"));
+        }
+        if let Some(v) = field(map, "ethtool") {
+            config.ethtool =
+                super::ethtool::parse_ethtool(v, &child(path, "ethtool"), &mut self.errors);
         }
         config
     }
