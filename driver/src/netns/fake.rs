@@ -16,8 +16,11 @@ use super::vf::VfState;
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
+mod ethtool;
 mod overlay;
 mod session;
+
+pub use ethtool::FakeEthtool;
 
 #[derive(Debug, Default)]
 struct State {
@@ -54,6 +57,8 @@ struct State {
     /// VXLAN devices by (namespace, name): what they were made with and their forwarding
     /// entries, which die with them.
     vxlans: BTreeMap<(Ns, String), overlay::Vxlan>,
+    /// ethtool models by ifindex (see [`FakeEthtool`]).
+    ethtool: BTreeMap<u32, FakeEthtool>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
@@ -82,6 +87,7 @@ pub(crate) fn plan(
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 
