@@ -127,6 +127,17 @@ impl FakeKernel {
     }
 }
 
+/// The model of the link with `index`: its own, else a veth's for a virtual link (a child
+/// knic creates starts as its kind does), else a device with fixed features only and no other
+/// part.
+fn model(s: &super::State, index: u32, virtual_link: bool) -> FakeEthtool {
+    match s.ethtool.get(&index) {
+        Some(m) => m.clone(),
+        None if virtual_link => FakeEthtool::veth(),
+        None => FakeEthtool::default(),
+    }
+}
+
 fn unsupported(ns: &Ns, what: String, part: &str) -> Error {
     Error::kernel(
         ns,
@@ -147,12 +158,12 @@ impl FakeSession {
         self.lookup(name);
         let ns = self.ns.clone();
         let mut s = self.record(format!("ethtool --show {name}"))?;
-        let Some(index) = find(&mut s, &ns, name).map(|l| l.index) else {
+        let Some((index, virtual_link)) = find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
+        else {
             drop(s);
             return Err(self.missing(name));
         };
-        // A link without a model has fixed features only and no other part.
-        let model = s.ethtool.get(&index).cloned().unwrap_or_default();
+        let model = model(&s, index, virtual_link);
         drop(s);
         let mut state = EthtoolState::default();
         if !asked.features.is_empty() {
@@ -192,11 +203,12 @@ impl FakeSession {
         self.lookup(name);
         let ns = self.ns.clone();
         let mut s = self.record(format!("ethtool --set {name} {}", describe(settings)))?;
-        let Some(index) = find(&mut s, &ns, name).map(|l| l.index) else {
+        let Some((index, virtual_link)) = find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
+        else {
             drop(s);
             return Err(self.missing(name));
         };
-        let mut model = s.ethtool.get(&index).cloned().unwrap_or_default();
+        let mut model = model(&s, index, virtual_link);
         let context = |part: &str, values: String| format!("setting ethtool {part} of {name} ({values})");
         let above = |max: Option<u32>, v: Option<u32>| v.is_some_and(|v| v > max.unwrap_or(0));
         let mut requests = 0;
