@@ -674,3 +674,6 @@ impl super::RtnlSession {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
