@@ -52,6 +52,10 @@ mod refused;
 #[path = "kernel_netns/live.rs"]
 mod live;
 
+// ethtool features and channels of a moved veth (issue 27).
+#[path = "kernel_netns/ethtool.rs"]
+mod ethtool;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -92,6 +96,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 
@@ -767,6 +772,18 @@ fn main() {
         (
             "kernel/overlay_two_nodes_one_segment",
             |k| Box::pin(overlay::two_nodes_one_segment(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ethtool_on_a_moved_veth",
+            |k| Box::pin(ethtool::ethtool_on_a_moved_veth(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ethtool_refusals_name_device_setting_and_kernel_text",
+            |k| Box::pin(ethtool::ethtool_refusals_name_device_setting_and_kernel_text(k)),
             unisolated.clone(),
             false,
         ),

@@ -256,6 +256,32 @@ impl<S: Session> Session for TimedSession<S> {
         )
         .await
     }
+
+    async fn ethtool_state(
+        &mut self,
+        name: &str,
+        asked: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<knic_driver::netns::ethtool::EthtoolState> {
+        timed(
+            &self.spent,
+            "ethtool_state",
+            self.inner.ethtool_state(name, asked),
+        )
+        .await
+    }
+
+    async fn set_ethtool(
+        &mut self,
+        name: &str,
+        settings: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_ethtool",
+            self.inner.set_ethtool(name, settings),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +376,20 @@ mod tests {
             Ok(())
         }
         async fn clear_egress_limit(&mut self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn ethtool_state(
+            &mut self,
+            _: &str,
+            _: &knic_proto::netconfig::EthtoolSettings,
+        ) -> Result<knic_driver::netns::ethtool::EthtoolState> {
+            Ok(Default::default())
+        }
+        async fn set_ethtool(
+            &mut self,
+            _: &str,
+            _: &knic_proto::netconfig::EthtoolSettings,
+        ) -> Result<()> {
             Ok(())
         }
     }
