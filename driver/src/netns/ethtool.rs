@@ -237,6 +237,8 @@ pub async fn apply<S: Session>(
         return Ok(());
     }
     session.set_ethtool(name, &changes).await?;
+    // What was changed, for the operator (the checkpoint holds the plan and the previous values).
+    tracing::info!(ifname = name, namespace = %ns, changed = %describe(&changes), "ethtool settings applied");
     if changes.features.is_empty() {
         return Ok(());
     }

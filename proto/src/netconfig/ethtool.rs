@@ -201,7 +201,11 @@ pub const KERNEL_FEATURES: &[&str] = &[
 /// ethtool's aliases of one kernel feature (short and long legacy names, `ethtool(8)` `-K`).
 pub const ALIASES: &[(&str, &str, &str)] = &[
     ("rx", "rx-checksumming", "rx-checksum"),
-    ("gso", "generic-segmentation-offload", "tx-generic-segmentation"),
+    (
+        "gso",
+        "generic-segmentation-offload",
+        "tx-generic-segmentation",
+    ),
     ("gro", "generic-receive-offload", "rx-gro"),
     ("lro", "large-receive-offload", "rx-lro"),
     ("rxvlan", "rx-vlan-offload", "rx-vlan-hw-parse"),
@@ -386,7 +390,10 @@ impl Shape<'_> {
             other => {
                 self.errors.push(FieldError::new(
                     path,
-                    format!("expected a boolean (true or false), got {}", describe(other)),
+                    format!(
+                        "expected a boolean (true or false), got {}",
+                        describe(other)
+                    ),
                 ));
                 None
             }
@@ -558,7 +565,13 @@ pub(super) fn validate_ethtool(
             ("other", c.other),
             ("combined", c.combined),
         ] {
-            range(errors, &format!("ethtool.channels.{field}"), v, 0, MAX_CHANNELS);
+            range(
+                errors,
+                &format!("ethtool.channels.{field}"),
+                v,
+                0,
+                MAX_CHANNELS,
+            );
         }
         let zero = |v: Option<u32>| v == Some(0);
         if [c.rx, c.tx, c.other, c.combined]

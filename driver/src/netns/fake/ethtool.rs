@@ -158,7 +158,8 @@ impl FakeSession {
         self.lookup(name);
         let ns = self.ns.clone();
         let mut s = self.record(format!("ethtool --show {name}"))?;
-        let Some((index, virtual_link)) = find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
+        let Some((index, virtual_link)) =
+            find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
         else {
             drop(s);
             return Err(self.missing(name));
@@ -203,98 +204,108 @@ impl FakeSession {
         self.lookup(name);
         let ns = self.ns.clone();
         let mut s = self.record(format!("ethtool --set {name} {}", describe(settings)))?;
-        let Some((index, virtual_link)) = find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
+        let Some((index, virtual_link)) =
+            find(&mut s, &ns, name).map(|l| (l.index, l.kind.is_some()))
         else {
             drop(s);
             return Err(self.missing(name));
         };
         let mut model = model(&s, index, virtual_link);
-        let context = |part: &str, values: String| format!("setting ethtool {part} of {name} ({values})");
+        let context =
+            |part: &str, values: String| format!("setting ethtool {part} of {name} ({values})");
         let above = |max: Option<u32>, v: Option<u32>| v.is_some_and(|v| v > max.unwrap_or(0));
         let mut requests = 0;
         // Part by part, as the real kernel takes one request per part: what came before a
         // refused part stays set.
         let mut parts = || -> Result<()> {
-        if !settings.features.is_empty() {
-            requests += 1;
-            // Fixed ones are ignored, as the kernel ignores them (and says so in its reply).
-            for (f, on) in &settings.features {
-                if !model.changeable.contains(f) {
-                    continue;
-                }
-                let needed = model.needs.get(f).is_none_or(|n| model.active.contains(n));
-                if *on && needed {
-                    model.active.insert(f.clone());
-                } else if !*on {
-                    model.active.remove(f);
+            if !settings.features.is_empty() {
+                requests += 1;
+                // Fixed ones are ignored, as the kernel ignores them (and says so in its reply).
+                for (f, on) in &settings.features {
+                    if !model.changeable.contains(f) {
+                        continue;
+                    }
+                    let needed = model.needs.get(f).is_none_or(|n| model.active.contains(n));
+                    if *on && needed {
+                        model.active.insert(f.clone());
+                    } else if !*on {
+                        model.active.remove(f);
+                    }
                 }
             }
-        }
-        if let Some(r) = settings.rings {
-            requests += 1;
-            let values = rings_text(&r).trim().to_owned();
-            let Some((now, max)) = model.rings.as_mut() else {
-                return Err(unsupported(&ns, context("rings", values), "changing rings"));
-            };
-            if above(max.rx, r.rx)
-                || above(max.tx, r.tx)
-                || above(max.rx_mini, r.rx_mini)
-                || above(max.rx_jumbo, r.rx_jumbo)
-            {
-                return Err(Error::kernel(
-                    &ns,
-                    context("rings", values),
-                    format!(
-                        "Invalid argument (os error 22): requested ring size exceeds maximum; \
+            if let Some(r) = settings.rings {
+                requests += 1;
+                let values = rings_text(&r).trim().to_owned();
+                let Some((now, max)) = model.rings.as_mut() else {
+                    return Err(unsupported(&ns, context("rings", values), "changing rings"));
+                };
+                if above(max.rx, r.rx)
+                    || above(max.tx, r.tx)
+                    || above(max.rx_mini, r.rx_mini)
+                    || above(max.rx_jumbo, r.rx_jumbo)
+                {
+                    return Err(Error::kernel(
+                        &ns,
+                        context("rings", values),
+                        format!(
+                            "Invalid argument (os error 22): requested ring size exceeds maximum; \
                          the device's maxima:{}",
-                        rings_text(max)
-                    ),
-                ));
+                            rings_text(max)
+                        ),
+                    ));
+                }
+                now.rx = r.rx.or(now.rx);
+                now.tx = r.tx.or(now.tx);
+                now.rx_mini = r.rx_mini.or(now.rx_mini);
+                now.rx_jumbo = r.rx_jumbo.or(now.rx_jumbo);
             }
-            now.rx = r.rx.or(now.rx);
-            now.tx = r.tx.or(now.tx);
-            now.rx_mini = r.rx_mini.or(now.rx_mini);
-            now.rx_jumbo = r.rx_jumbo.or(now.rx_jumbo);
-        }
-        if let Some(c) = settings.channels {
-            requests += 1;
-            let values = channels_text(&c).trim().to_owned();
-            let Some((now, max)) = model.channels.as_mut() else {
-                return Err(unsupported(&ns, context("channels", values), "changing channels"));
-            };
-            if above(max.rx, c.rx)
-                || above(max.tx, c.tx)
-                || above(max.other, c.other)
-                || above(max.combined, c.combined)
-            {
-                return Err(Error::kernel(
-                    &ns,
-                    context("channels", values),
-                    format!(
-                        "Invalid argument (os error 22): requested channel count exceeds \
+            if let Some(c) = settings.channels {
+                requests += 1;
+                let values = channels_text(&c).trim().to_owned();
+                let Some((now, max)) = model.channels.as_mut() else {
+                    return Err(unsupported(
+                        &ns,
+                        context("channels", values),
+                        "changing channels",
+                    ));
+                };
+                if above(max.rx, c.rx)
+                    || above(max.tx, c.tx)
+                    || above(max.other, c.other)
+                    || above(max.combined, c.combined)
+                {
+                    return Err(Error::kernel(
+                        &ns,
+                        context("channels", values),
+                        format!(
+                            "Invalid argument (os error 22): requested channel count exceeds \
                          maximum; the device's maxima:{}",
-                        channels_text(max)
-                    ),
-                ));
+                            channels_text(max)
+                        ),
+                    ));
+                }
+                now.rx = c.rx.or(now.rx);
+                now.tx = c.tx.or(now.tx);
+                now.other = c.other.or(now.other);
+                now.combined = c.combined.or(now.combined);
             }
-            now.rx = c.rx.or(now.rx);
-            now.tx = c.tx.or(now.tx);
-            now.other = c.other.or(now.other);
-            now.combined = c.combined.or(now.combined);
-        }
-        if let Some(c) = settings.coalesce {
-            requests += 1;
-            let values = coalesce_text(&c).trim().to_owned();
-            let Some(now) = model.coalesce.as_mut() else {
-                return Err(unsupported(&ns, context("coalesce", values), "changing coalesce"));
-            };
-            now.rx_usecs = c.rx_usecs.or(now.rx_usecs);
-            now.tx_usecs = c.tx_usecs.or(now.tx_usecs);
-            now.rx_frames = c.rx_frames.or(now.rx_frames);
-            now.tx_frames = c.tx_frames.or(now.tx_frames);
-            now.adaptive_rx = c.adaptive_rx.or(now.adaptive_rx);
-            now.adaptive_tx = c.adaptive_tx.or(now.adaptive_tx);
-        }
+            if let Some(c) = settings.coalesce {
+                requests += 1;
+                let values = coalesce_text(&c).trim().to_owned();
+                let Some(now) = model.coalesce.as_mut() else {
+                    return Err(unsupported(
+                        &ns,
+                        context("coalesce", values),
+                        "changing coalesce",
+                    ));
+                };
+                now.rx_usecs = c.rx_usecs.or(now.rx_usecs);
+                now.tx_usecs = c.tx_usecs.or(now.tx_usecs);
+                now.rx_frames = c.rx_frames.or(now.rx_frames);
+                now.tx_frames = c.tx_frames.or(now.tx_frames);
+                now.adaptive_rx = c.adaptive_rx.or(now.adaptive_rx);
+                now.adaptive_tx = c.adaptive_tx.or(now.adaptive_tx);
+            }
             Ok(())
         };
         let result = parts();

@@ -142,7 +142,13 @@ fn with_header(device: &str) -> Attrs {
 
 /// A `*_GET` of `device` (verbose bitsets: no flags).
 pub(crate) fn get_request(family: u16, cmd: u8, sequence: u32, device: &str) -> Vec<u8> {
-    message(family, cmd, ETHTOOL_GENL_VERSION, sequence, &with_header(device))
+    message(
+        family,
+        cmd,
+        ETHTOOL_GENL_VERSION,
+        sequence,
+        &with_header(device),
+    )
 }
 
 /// `FEATURES_SET`: the wanted features by name, each listed bit set (`VALUE`) or cleared; the
@@ -422,7 +428,11 @@ impl Genl {
 
     /// Sends one request numbered `sequence` and returns its replies' payloads (after the
     /// genetlink header), or the kernel's refusal.
-    pub(crate) fn exchange(&mut self, request: &[u8], sequence: u32) -> Result<Vec<Vec<u8>>, Failure> {
+    pub(crate) fn exchange(
+        &mut self,
+        request: &[u8],
+        sequence: u32,
+    ) -> Result<Vec<Vec<u8>>, Failure> {
         let sent = self.socket.send(request, 0)?;
         if sent != request.len() {
             return Err(Failure::Io(io::Error::other(format!(
@@ -586,7 +596,11 @@ impl super::RtnlSession {
                 Failure::Refused(r) => text(r),
                 Failure::Io(e) => e.to_string(),
             };
-            crate::error::Error::kernel(self.describe(), format!("reading ethtool {part} of {name}"), reason)
+            crate::error::Error::kernel(
+                self.describe(),
+                format!("reading ethtool {part} of {name}"),
+                reason,
+            )
         })
     }
 
@@ -612,7 +626,11 @@ impl super::RtnlSession {
             if let Some(extra) = extra {
                 reason = format!("{reason}; {extra}");
             }
-            crate::error::Error::kernel(ns.clone(), format!("setting ethtool {part} of {name} ({values})"), reason)
+            crate::error::Error::kernel(
+                ns.clone(),
+                format!("setting ethtool {part} of {name} ({values})"),
+                reason,
+            )
         };
         if !settings.features.is_empty() {
             self.sent(1);
@@ -644,19 +662,28 @@ impl super::RtnlSession {
         type Build<'a> = Box<dyn Fn(u32) -> Vec<u8> + 'a>;
         let mut parts: Vec<(&str, u8, String, Build<'_>)> = Vec::new();
         if let Some(r) = settings.rings {
-            parts.push(("rings", RINGS_GET, rings_text(&r), Box::new(move |s| {
-                rings_request(family, s, name, &r)
-            })));
+            parts.push((
+                "rings",
+                RINGS_GET,
+                rings_text(&r),
+                Box::new(move |s| rings_request(family, s, name, &r)),
+            ));
         }
         if let Some(c) = settings.channels {
-            parts.push(("channels", CHANNELS_GET, channels_text(&c), Box::new(move |s| {
-                channels_request(family, s, name, &c)
-            })));
+            parts.push((
+                "channels",
+                CHANNELS_GET,
+                channels_text(&c),
+                Box::new(move |s| channels_request(family, s, name, &c)),
+            ));
         }
         if let Some(c) = settings.coalesce {
-            parts.push(("coalesce", COALESCE_GET, coalesce_text(&c), Box::new(move |s| {
-                coalesce_request(family, s, name, &c)
-            })));
+            parts.push((
+                "coalesce",
+                COALESCE_GET,
+                coalesce_text(&c),
+                Box::new(move |s| coalesce_request(family, s, name, &c)),
+            ));
         }
         for (part, get, values, build) in parts {
             self.sent(1);

@@ -83,7 +83,9 @@ async fn a_moved_device_is_tuned_before_up_and_gets_exactly_the_changed_values_b
     // Only what differs is recorded: rx-checksum and the tx ring were already as asked; the
     // driver reports no adaptive-rx, so there is no previous value for it.
     assert_eq!(restore.ethtool, Some(previous()));
-    attach(&k, &p, &pod(), &restore, false).await.expect("attaches");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attaches");
     let log = k.log();
     let set = log
         .iter()
@@ -106,7 +108,9 @@ async fn a_moved_device_is_tuned_before_up_and_gets_exactly_the_changed_values_b
     assert_eq!(now.channels.expect("channels").0.combined, Some(4));
     assert_eq!(now.coalesce.expect("coalesce").adaptive_rx, Some(true));
 
-    detach(&k, &p, Some(&pod()), &restore).await.expect("detaches");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches");
     let back = k.ethtool(&Ns::Host, "ens1f0v0").expect("model");
     let mut expected = FakeEthtool::nic();
     // adaptive-rx had no value to go back to: it stays as the claim left it.
@@ -128,9 +132,13 @@ async fn a_moved_device_is_tuned_before_up_and_gets_exactly_the_changed_values_b
     );
     // A repeated detach sends nothing more.
     let before = k.log().len();
-    detach(&k, &p, Some(&pod()), &restore).await.expect("detaches again");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches again");
     assert!(
-        !k.log()[before..].iter().any(|l| l.contains("ethtool --set")),
+        !k.log()[before..]
+            .iter()
+            .any(|l| l.contains("ethtool --set")),
         "{:?}",
         &k.log()[before..]
     );
@@ -148,7 +156,9 @@ async fn nothing_to_change_records_nothing_and_sends_no_set() {
     );
     let restore = capture(&k, &p).await.expect("captures");
     assert_eq!(restore.ethtool, None);
-    attach(&k, &p, &pod(), &restore, false).await.expect("attaches");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attaches");
     assert!(!k.log().iter().any(|l| l.contains("ethtool --set")));
 }
 
@@ -200,7 +210,10 @@ async fn a_group_alias_changes_the_members_it_can_and_is_refused_when_it_can_cha
     model.active.remove("tx-checksum-ip-generic");
     model.changeable.remove("tx-checksum-ip-generic");
     k2.set_ethtool(&Ns::Host, "ens1f0v0", model);
-    let err = capture(&k2, &on).await.expect_err("none changeable").to_string();
+    let err = capture(&k2, &on)
+        .await
+        .expect_err("none changeable")
+        .to_string();
     assert_eq!(
         err,
         "host: setting ethtool features of ens1f0v0: tx-checksumming (tx-checksum-ipv4, \
@@ -304,7 +317,9 @@ async fn a_child_is_tuned_in_the_pod_and_needs_no_restore() {
     );
     let restore = capture(&k, &p).await.expect("captures");
     assert_eq!(restore.ethtool, None, "a child starts fresh");
-    attach(&k, &p, &pod(), &restore, false).await.expect("attaches");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attaches");
     let child = k.ethtool(&pod(), "net1");
     assert!(
         child.is_some_and(|m| m.active.contains("rx-gro")),
@@ -313,7 +328,9 @@ async fn a_child_is_tuned_in_the_pod_and_needs_no_restore() {
     );
     // The parent is untouched.
     assert_eq!(k.ethtool(&Ns::Host, "ens1f0v0"), Some(FakeEthtool::nic()));
-    detach(&k, &p, Some(&pod()), &restore).await.expect("detaches");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches");
     assert!(!k.log().iter().any(|l| l.starts_with("host: ethtool --set")));
 }
 
@@ -323,11 +340,16 @@ async fn a_crash_after_the_record_and_before_the_change_puts_nothing_back_wrongl
     let p = tuned(AttachMode::Move, asked());
     let restore = capture(&k, &p).await.expect("captures");
     let checkpoint = serde_json::to_string(&(&p, &restore)).expect("serializes");
-    assert!(checkpoint.contains("\"ethtool\""), "the record is checkpointed");
+    assert!(
+        checkpoint.contains("\"ethtool\""),
+        "the record is checkpointed"
+    );
     // The driver died before the move; the restarted one detaches from the checkpoint.
     let (p, restore): (AttachPlan, Restore) =
         serde_json::from_str(&checkpoint).expect("deserializes");
-    detach(&k, &p, Some(&pod()), &restore).await.expect("detaches");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches");
     assert_eq!(k.ethtool(&Ns::Host, "ens1f0v0"), Some(FakeEthtool::nic()));
     assert!(
         !k.log().iter().any(|l| l.contains("ethtool --set")),
@@ -342,12 +364,16 @@ async fn a_crash_after_the_change_is_undone_from_the_checkpointed_record_when_th
     let p = tuned(AttachMode::Move, asked());
     let restore = capture(&k, &p).await.expect("captures");
     let checkpoint = serde_json::to_string(&(&p, &restore)).expect("serializes");
-    attach(&k, &p, &pod(), &restore, false).await.expect("attaches");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attaches");
     // The driver dies; the pod goes away and the kernel hands the NIC back by itself, tuned.
     k.delete_namespace(&pod());
     let (p, restore): (AttachPlan, Restore) =
         serde_json::from_str(&checkpoint).expect("deserializes");
-    detach(&k, &p, Some(&pod()), &restore).await.expect("detaches");
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches");
     let mut expected = FakeEthtool::nic();
     if let Some(c) = expected.coalesce.as_mut() {
         c.adaptive_rx = Some(true);

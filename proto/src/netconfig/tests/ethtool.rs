@@ -183,7 +183,8 @@ fn rings_channels_coalesce_are_kept_and_empty_blocks_ask_for_nothing() {
         serde_json::to_value(&e).expect("json")["rings"],
         json!({"rx": 4096, "tx": 1024, "rxMini": 1, "rxJumbo": 65536})
     );
-    let empty = valid(json!({"ethtool": {"features": {}, "rings": {}, "channels": {}, "coalesce": {}}}));
+    let empty =
+        valid(json!({"ethtool": {"features": {}, "rings": {}, "channels": {}, "coalesce": {}}}));
     assert_eq!(empty.ethtool, None);
     // Separate RX/TX channels instead of combined ones.
     valid(json!({"ethtool": {"channels": {"combined": 0, "rx": 2, "tx": 2}}}));

@@ -16,7 +16,9 @@ fn head(len: u8, family: u16, seq: u8, cmd: u8, version: u8) -> Vec<u8> {
 }
 
 /// The `ETHTOOL_A_*_HEADER` nest naming `eth0`.
-const HEADER_ETH0: [u8; 16] = [16, 0, 1, 0x80, 9, 0, 2, 0, b'e', b't', b'h', b'0', 0, 0, 0, 0];
+const HEADER_ETH0: [u8; 16] = [
+    16, 0, 1, 0x80, 9, 0, 2, 0, b'e', b't', b'h', b'0', 0, 0, 0, 0,
+];
 
 #[test]
 fn the_family_lookup_asks_the_controller_for_ethtool() {
@@ -35,7 +37,11 @@ fn each_get_names_the_device_in_its_header_and_asks_nothing_else() {
     ] {
         let mut want = head(36, FAMILY, seq, cmd, 1);
         want.extend(HEADER_ETH0);
-        assert_eq!(get_request(FAMILY, cmd, u32::from(seq), "eth0"), want, "{cmd}");
+        assert_eq!(
+            get_request(FAMILY, cmd, u32::from(seq), "eth0"),
+            want,
+            "{cmd}"
+        );
     }
 }
 
@@ -142,11 +148,27 @@ fn answers_are_read_as_the_kernel_writes_them() {
         .nested(A_HEADER, &Attrs::default())
         .nested(
             A_FEATURES_HW,
-            &bitset_attr(true, &[("rx-gro", false), ("rx-checksum", false), ("netns-local", false)]),
+            &bitset_attr(
+                true,
+                &[
+                    ("rx-gro", false),
+                    ("rx-checksum", false),
+                    ("netns-local", false),
+                ],
+            ),
         )
-        .nested(A_FEATURES_WANTED, &bitset_attr(true, &[("rx-checksum", false)]))
-        .nested(A_FEATURES_ACTIVE, &bitset_attr(true, &[("rx-checksum", false), ("highdma", false)]))
-        .nested(A_FEATURES_NOCHANGE, &bitset_attr(true, &[("netns-local", false)]));
+        .nested(
+            A_FEATURES_WANTED,
+            &bitset_attr(true, &[("rx-checksum", false)]),
+        )
+        .nested(
+            A_FEATURES_ACTIVE,
+            &bitset_attr(true, &[("rx-checksum", false), ("highdma", false)]),
+        )
+        .nested(
+            A_FEATURES_NOCHANGE,
+            &bitset_attr(true, &[("netns-local", false)]),
+        );
     let f = features(&reply.0);
     assert_eq!(
         f.changeable.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -172,7 +194,11 @@ fn answers_are_read_as_the_kernel_writes_them() {
     assert_eq!((listed.len(), on.len()), (2, 1));
 
     let mut rings_reply = Attrs::default();
-    rings_reply.u32(2, 4096).u32(5, 4096).u32(6, 256).u32(9, 512);
+    rings_reply
+        .u32(2, 4096)
+        .u32(5, 4096)
+        .u32(6, 256)
+        .u32(9, 512);
     assert_eq!(
         rings(&rings_reply.0),
         (
