@@ -44,9 +44,8 @@ pub(super) async fn restore_ethtool<K: Kernel>(
             "the device no longer exists; its ethtool settings cannot be put back");
         return Ok(());
     };
-    if !super::same_hardware(&link, original)
-        || (!identifiable(original) && link.index != original.index)
-    {
+    // By its hardware identity where it has one (as `is_recorded`), else by its index.
+    if !is_recorded(&link, original) {
         tracing::warn!(device = %plan.device, ifname = %original.name,
             "another device carries the name; ethtool settings not put back");
         return Ok(());

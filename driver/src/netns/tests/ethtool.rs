@@ -389,3 +389,32 @@ fn an_older_checkpoint_without_ethtool_loads_and_a_new_one_omits_it_when_unset()
     let back: AttachPlan = serde_json::from_value(json).expect("loads");
     assert_eq!(back.ethtool, None);
 }
+
+#[tokio::test]
+async fn another_device_under_the_name_is_not_given_the_recorded_values() {
+    let (k, _) = nic();
+    let p = tuned(AttachMode::Move, asked());
+    let restore = capture(&k, &p).await.expect("captures");
+    attach(&k, &p, &pod(), &restore, false)
+        .await
+        .expect("attaches");
+    // The pod's namespace dies with a virtual device standing in for the NIC: it is gone, and
+    // another device (new index, no hardware identity) took the host name.
+    let mut in_pod = k.open(&pod()).await.expect("opens").expect("pod");
+    in_pod.del_link("net1").await.expect("deletes");
+    drop(in_pod);
+    k.add_link(
+        &Ns::Host,
+        "ens1f0v0",
+        1500,
+        [0xcc, 0, 0, 0, 0, 1],
+        None,
+        &[],
+    );
+    k.set_ethtool(&Ns::Host, "ens1f0v0", FakeEthtool::veth());
+    detach(&k, &p, Some(&pod()), &restore)
+        .await
+        .expect("detaches");
+    assert_eq!(k.ethtool(&Ns::Host, "ens1f0v0"), Some(FakeEthtool::veth()));
+    assert!(!k.log().iter().any(|l| l.starts_with("host: ethtool --set")));
+}
