@@ -52,6 +52,10 @@ done
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 [ "${#need[@]}" -eq 0 ] || apt_install "${need[@]}" || true
 
+# ethtool: the kernel ethtool trials cross-check features and channels with it (issue 27);
+# without it they read back with knic's own ethtool netlink GET only.
+command -v ethtool >/dev/null 2>&1 || apt_install ethtool || say "no ethtool: the ethtool trials read back with knic's GET only"
+
 # buildah: charts/image/build.sh builds the image with it (e2e/tests/image.rs, and the helm
 # install twin). Without it those report themselves skipped with the reason.
 command -v buildah >/dev/null 2>&1 || apt_install buildah || say "no buildah: the image tests will be skipped"

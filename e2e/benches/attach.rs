@@ -166,6 +166,7 @@ fn knic_plan() -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 

@@ -173,6 +173,7 @@ fn knic_plan() -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 

@@ -162,6 +162,7 @@ fn plan(i: usize) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 

@@ -133,6 +133,7 @@ fn plan(i: usize) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 

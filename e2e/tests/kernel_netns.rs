@@ -55,6 +55,9 @@ mod live;
 // Rules, source-based routing and VRF in the pod (issue 27).
 #[path = "kernel_netns/routing.rs"]
 mod routing;
+// ethtool features and channels of a moved veth (issue 27).
+#[path = "kernel_netns/ethtool.rs"]
+mod ethtool;
 
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
@@ -97,6 +100,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        ethtool: None,
     }
 }
 
@@ -791,6 +795,18 @@ fn main() {
         (
             "kernel/overlay_two_nodes_one_segment",
             |k| Box::pin(overlay::two_nodes_one_segment(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ethtool_on_a_moved_veth",
+            |k| Box::pin(ethtool::ethtool_on_a_moved_veth(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/ethtool_refusals_name_device_setting_and_kernel_text",
+            |k| Box::pin(ethtool::ethtool_refusals_name_device_setting_and_kernel_text(k)),
             unisolated.clone(),
             false,
         ),

@@ -32,6 +32,10 @@ use nri::{no_container_starts_without_its_interface, runtime_restart_reconnects}
 mod crash;
 use crash::crash_at_every_step_converges;
 
+// ethtool settings through the real driver, and a crash right after them (issue 27).
+#[path = "pods/ethtool.rs"]
+mod ethtool;
+
 // The real kubelet and runtime of a real cluster.
 #[path = "pods/real.rs"]
 mod real;
@@ -228,8 +232,13 @@ fn main() {
         ("no_container_starts_without_its_interface", |e| {
             Box::pin(no_container_starts_without_its_interface(e))
         }),
+        ("ethtool_crash_after_apply_is_finished_and_restored", |e| {
+            Box::pin(ethtool::ethtool_crash_after_apply_is_finished_and_restored(
+                e,
+            ))
+        }),
     ];
-    let tags: [&'static str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+    let tags: [&'static str; 12] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
     let mut trials = Vec::new();
     for (backend, offset) in [("fake", 0), ("real", scenarios.len())] {
         for (i, (name, scenario)) in scenarios.iter().enumerate() {

@@ -40,6 +40,10 @@ mod vfio;
 #[path = "sriov_vm/settings.rs"]
 mod settings;
 
+// ethtool settings on a real NIC driver (issue 27).
+#[path = "sriov_vm/ethtool.rs"]
+mod ethtool;
+
 /// Runs an async trial body on its own runtime.
 fn run<F, Fut>(body: F) -> Result<(), Failed>
 where
@@ -101,6 +105,9 @@ fn main() {
             Needs::Rdma,
             |m| Box::pin(rdma::soft_roce_against_knics_rdma_netlink(m)),
         ),
+        ("vm/ethtool_on_a_moved_igb_port", Needs::Sriov, |m| {
+            Box::pin(ethtool::ethtool_on_a_moved_igb_port(m))
+        }),
         // Last: it unbinds and rebinds the pool PF's driver.
         ("vm/fixture_kernel_answers_like_igb", Needs::Vfio, |m| {
             Box::pin(differential::fixture_kernel_answers_like_igb(m))

@@ -215,6 +215,7 @@ pub fn plans(
             identity: identity(device),
             vf,
             bandwidth,
+            ethtool: valid.ethtool,
         });
     }
     if errors.is_empty() {

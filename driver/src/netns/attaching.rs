@@ -320,7 +320,7 @@ async fn adopt_vf_mac<S: Session>(
 }
 
 /// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
-/// up; IPv4 ones a move carried are already set), then
+/// up; IPv4 ones a move carried are already set), then the ethtool settings, then
 /// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
 /// route needs its link up). Each step accepts what is already in place, so it can be
 /// repeated after a crash. Returns the link as it now is: `known` (what a move that kept the
@@ -337,6 +337,11 @@ async fn configure_in_pod<S: Session>(
     let vanished = |what: String| Error::kernel(netns, what, "the interface vanished from the pod");
     if !files.is_empty() {
         pod.set_sysctls(&plan.pod_ifname, files).await?;
+    }
+    // While the link is down: a NIC resets its queues on a ring or channel change.
+    if let Some(asked) = &plan.ethtool {
+        super::ethtool::apply(pod, netns, &plan.pod_ifname, asked).await?;
+        crate::failpoint::hit("attach:after-ethtool");
     }
     let mut link = match known {
         Some(link) => link,

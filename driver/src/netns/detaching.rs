@@ -23,8 +23,36 @@ pub async fn detach<K: Kernel>(
     detach_device(kernel, plan, netns, restore).await?;
     // After the device left the pod, so the VRF it was in can be seen empty.
     super::routing::remove(kernel, plan, netns).await?;
+    restore_ethtool(kernel, plan, restore).await?;
     restore_vf(kernel, plan, restore).await?;
     restore_vf_mac(kernel, plan, &restore.host).await
+}
+
+/// Puts back the ethtool values recorded in `restore` on the device, home under its name (a
+/// repeated detach sends nothing: only values that differ are sent). A device gone (a virtual
+/// one dies with its pod) or another device under its name is left alone.
+pub(super) async fn restore_ethtool<K: Kernel>(
+    kernel: &K,
+    plan: &AttachPlan,
+    restore: &Restore,
+) -> Result<()> {
+    let Some(previous) = restore.ethtool.as_ref().filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let original = &restore.host;
+    let mut host = open(kernel, &Ns::Host).await?;
+    let Some(link) = host.find_link(&original.name).await? else {
+        tracing::warn!(device = %plan.device, ifname = %original.name,
+            "the device no longer exists; its ethtool settings cannot be put back");
+        return Ok(());
+    };
+    // By its hardware identity where it has one (as `is_recorded`), else by its index.
+    if !is_recorded(&link, original) {
+        tracing::warn!(device = %plan.device, ifname = %original.name,
+            "another device carries the name; ethtool settings not put back");
+        return Ok(());
+    }
+    super::ethtool::apply(&mut host, &Ns::Host, &original.name, previous).await
 }
 
 /// Whether the plan gave the VF an administrative MAC through its PF. The PF then enforces it:
@@ -294,6 +322,7 @@ pub(super) async fn bring_home<K: Kernel>(
         .await?;
     drop(pod);
     settle_home(kernel, &restore.host, index).await?;
+    restore_ethtool(kernel, plan, restore).await?;
     restore_vf(kernel, plan, restore).await?;
     restore_vf_mac(kernel, plan, &restore.host).await
 }

@@ -16,9 +16,12 @@ use super::vf::VfState;
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
+mod ethtool;
 mod overlay;
 mod routing;
 mod session;
+
+pub use ethtool::FakeEthtool;
 
 #[derive(Debug, Default)]
 struct State {
@@ -61,6 +64,8 @@ struct State {
     vrf_tables: BTreeMap<(Ns, String), u32>,
     /// (namespace, member) → its VRF.
     masters: BTreeMap<(Ns, String), String>,
+    /// ethtool models by ifindex (see [`FakeEthtool`]).
+    ethtool: BTreeMap<u32, FakeEthtool>,
 }
 
 /// An attach plan that moves `host_ifname` of `device` (pool `node-a`, request `nic`) into the
@@ -90,6 +95,7 @@ pub(crate) fn plan(
         vf: None,
         bandwidth: None,
         routing: Default::default(),
+        ethtool: None,
     }
 }
 

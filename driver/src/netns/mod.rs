@@ -12,6 +12,7 @@
 mod attaching;
 pub mod child;
 mod detaching;
+pub mod ethtool;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod overlay;
@@ -26,7 +27,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, Route};
+use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, EthtoolSettings, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -319,6 +320,20 @@ pub trait Session: Send {
     fn add_vrf(&mut self, vrf: &routing::Vrf) -> impl Future<Output = Result<()>> + Send;
     /// Enslaves `name` to the link `master` (`IFLA_MASTER`).
     fn set_master(&mut self, name: &str, master: &str) -> impl Future<Output = Result<()>> + Send;
+    /// What `name` reports (ethtool netlink) for the parts `asked` names: its features when
+    /// it asks any, its ring sizes, channel counts or coalescing when it asks those.
+    fn ethtool_state(
+        &mut self,
+        name: &str,
+        asked: &EthtoolSettings,
+    ) -> impl Future<Output = Result<ethtool::EthtoolState>> + Send;
+    /// Sends `settings` (kernel feature names only, see [`ethtool::changes`]) to `name`, one
+    /// request per part, refusals naming the part and the kernel's text.
+    fn set_ethtool(
+        &mut self,
+        name: &str,
+        settings: &EthtoolSettings,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Opens sessions; the one thing the executor needs from the outside world.
@@ -475,6 +490,10 @@ pub struct AttachPlan {
     /// table); empty for none and in checkpoints written before knic had them.
     #[serde(default, skip_serializing_if = "routing::PodRouting::is_empty")]
     pub routing: routing::PodRouting,
+    /// ethtool settings of the pod's interface, applied in the pod before it goes up; `None`
+    /// for none (and in checkpoints written before knic had them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolSettings>,
 }
 
 impl AttachPlan {
@@ -499,6 +518,10 @@ pub struct Restore {
     /// them; `None` when the plan changes none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<VfState>,
+    /// The previous values of exactly the ethtool settings the plan changes on a moved device,
+    /// read on the host before the move; `None` when it changes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolSettings>,
 }
 
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
@@ -551,7 +574,18 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
         }
         None => None,
     };
-    Ok(Restore { host: link, vf })
+    let ethtool = match (&plan.ethtool, &plan.mode) {
+        (Some(asked), AttachMode::Move) => {
+            Some(ethtool::record(&mut host, &Ns::Host, &plan.host_ifname, asked).await?)
+                .filter(|previous| !previous.is_empty())
+        }
+        _ => None,
+    };
+    Ok(Restore {
+        host: link,
+        vf,
+        ethtool,
+    })
 }
 
 pub(crate) async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {

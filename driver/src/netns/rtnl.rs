@@ -8,6 +8,7 @@
 //! the kernel's.)
 
 mod addressing;
+mod ethtool;
 mod overlay;
 mod routing;
 mod wire;
@@ -588,6 +589,22 @@ impl Session for RtnlSession {
 
     async fn ensure_segment(&mut self, segment: &super::overlay::Segment) -> Result<()> {
         self.ensure_segment_now(segment).await
+    }
+
+    async fn ethtool_state(
+        &mut self,
+        name: &str,
+        asked: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<super::ethtool::EthtoolState> {
+        self.ethtool_state_now(name, asked).await
+    }
+
+    async fn set_ethtool(
+        &mut self,
+        name: &str,
+        settings: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<()> {
+        self.set_ethtool_now(name, settings).await
     }
 
     async fn add_veth(

@@ -627,3 +627,6 @@ mod requests;
 
 // Moves the kernel refuses after moving the device, in a file of their own.
 mod refused;
+
+// ethtool settings of the pod's interface (issue 27), in a file of its own.
+mod ethtool;

@@ -282,6 +282,32 @@ impl<S: Session> Session for TimedSession<S> {
         )
         .await
     }
+
+    async fn ethtool_state(
+        &mut self,
+        name: &str,
+        asked: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<knic_driver::netns::ethtool::EthtoolState> {
+        timed(
+            &self.spent,
+            "ethtool_state",
+            self.inner.ethtool_state(name, asked),
+        )
+        .await
+    }
+
+    async fn set_ethtool(
+        &mut self,
+        name: &str,
+        settings: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_ethtool",
+            self.inner.set_ethtool(name, settings),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -391,6 +417,20 @@ mod tests {
             Ok(())
         }
         async fn set_master(&mut self, _: &str, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn ethtool_state(
+            &mut self,
+            _: &str,
+            _: &knic_proto::netconfig::EthtoolSettings,
+        ) -> Result<knic_driver::netns::ethtool::EthtoolState> {
+            Ok(Default::default())
+        }
+        async fn set_ethtool(
+            &mut self,
+            _: &str,
+            _: &knic_proto::netconfig::EthtoolSettings,
+        ) -> Result<()> {
             Ok(())
         }
     }

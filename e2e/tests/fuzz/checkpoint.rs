@@ -36,6 +36,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
             egress: 2_000_000_000,
             burst: Some(262_144),
         }),
+        ethtool: None,
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
         network_label: None,

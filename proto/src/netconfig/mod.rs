@@ -22,6 +22,7 @@ mod addr;
 mod bandwidth;
 mod child;
 mod cidr;
+mod ethtool;
 mod mode;
 mod parse;
 mod routing;
@@ -47,6 +48,10 @@ pub use bandwidth::{
 pub use child::{ChildKind, IPVLAN_MODES, IpvlanConfig, MACVLAN_MODES, MacvlanConfig};
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
+pub use ethtool::{
+    ALIASES as ETHTOOL_ALIASES, Channels, Coalesce, EthtoolConfig, EthtoolSettings,
+    GROUPS as ETHTOOL_GROUPS, KERNEL_FEATURES, Rings, group_members,
+};
 pub use mode::DeviceMode;
 pub use parse::parse;
 pub use routing::{
@@ -186,6 +191,9 @@ pub struct NetworkConfig {
     /// A VRF device in the pod that this interface is enslaved to (CNI `vrf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vrf: Option<VrfConfig>,
+    /// Offloads, rings, channels and coalescing of the pod's interface (`ethtool -K/-G/-L/-C`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -296,6 +304,9 @@ pub struct ValidConfig {
     /// Rules, source-based routing and VRF; empty when none are asked for.
     #[serde(default, skip_serializing_if = "RoutingSettings::is_empty")]
     pub routing: RoutingSettings,
+    /// ethtool settings; `None` when none were asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ethtool: Option<EthtoolSettings>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -332,7 +343,8 @@ pub struct Route {
 /// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
-/// * `vf` and `bandwidth` merge field by field, like `interface`.
+/// * `vf` and `bandwidth` merge field by field, like `interface`;
+/// * `ethtool` merges `features` key by key and `rings`/`channels`/`coalesce` field by field.
 ///
 /// The result is not validated; run [`validate`] on it.
 pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
@@ -400,6 +412,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.vrf.is_some() {
             merged.vrf.clone_from(&layer.vrf);
+        }
+        if let Some(ethtool) = &layer.ethtool {
+            merged
+                .ethtool
+                .get_or_insert_with(EthtoolConfig::default)
+                .merge_from(ethtool);
         }
         if layer.device_mode.is_some() {
             merged.device_mode.clone_from(&layer.device_mode);

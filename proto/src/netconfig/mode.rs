@@ -122,6 +122,7 @@ pub fn check(config: &NetworkConfig) -> (DeviceMode, Vec<FieldError>) {
             (config.macvlan.is_some(), "macvlan"),
             (config.ipvlan.is_some(), "ipvlan"),
             (config.bandwidth.is_some(), "bandwidth"),
+            (config.ethtool.is_some(), "ethtool"),
         ] {
             if set {
                 errors.push(rule(field));

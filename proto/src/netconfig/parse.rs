@@ -33,6 +33,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "rules",
     "sourceBasedRouting",
     "vrf",
+    "ethtool",
 ];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
@@ -251,6 +252,10 @@ impl Parser {
         }
         if let Some(v) = field(map, "vrf") {
             config.vrf = super::routing::parse_vrf(v, &child(path, "vrf"), &mut self.errors);
+        }
+        if let Some(v) = field(map, "ethtool") {
+            config.ethtool =
+                super::ethtool::parse_ethtool(v, &child(path, "ethtool"), &mut self.errors);
         }
         config
     }

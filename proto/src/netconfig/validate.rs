@@ -170,7 +170,10 @@ pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
 ///   and the rates fit its link are checked by the driver at prepare;
 /// * `bandwidth.egress` is a whole quantity of bit/s, at least 8 (the kernel counts whole bytes
 ///   per second); `bandwidth.burst` a whole quantity of bytes in 1..=4294967295; neither
-///   negative, fractional beyond the unit, or longer than 64 characters.
+///   negative, fractional beyond the unit, or longer than 64 characters;
+/// * `ethtool.features` keys are kernel feature names or ethtool aliases (two names for one
+///   kernel feature must agree); `ethtool.rings.*` in 1..=65536, `ethtool.channels.*` in
+///   0..=4096 leaving an RX and a TX channel, `ethtool.coalesce.*` counts in 0..=1000000.
 pub fn validate(config: &NetworkConfig) -> Result<ValidConfig, ConfigErrors> {
     let mut v = Validator::default();
     let valid = v.config(config);
@@ -375,6 +378,9 @@ impl Validator {
         }
         if let Some(bandwidth) = &config.bandwidth {
             out.bandwidth = super::bandwidth::validate_bandwidth(bandwidth, &mut self.errors);
+        }
+        if let Some(ethtool) = &config.ethtool {
+            out.ethtool = super::ethtool::validate_ethtool(ethtool, &mut self.errors);
         }
         let (mode, errors) = super::mode::check(config);
         out.device_mode = mode;

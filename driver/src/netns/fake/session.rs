@@ -399,6 +399,22 @@ impl Session for FakeSession {
         Ok(())
     }
 
+    async fn ethtool_state(
+        &mut self,
+        name: &str,
+        asked: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<super::super::ethtool::EthtoolState> {
+        self.ethtool_state_now(name, asked)
+    }
+
+    async fn set_ethtool(
+        &mut self,
+        name: &str,
+        settings: &knic_proto::netconfig::EthtoolSettings,
+    ) -> Result<()> {
+        self.set_ethtool_now(name, settings)
+    }
+
     async fn ensure_segment(&mut self, segment: &super::super::overlay::Segment) -> Result<()> {
         self.ensure_segment_now(segment)
     }

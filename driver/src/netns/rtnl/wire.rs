@@ -463,7 +463,7 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 /// The refusal with `code` (negative errno). `rest` is what follows the code in the error
 /// message: the request (its header only when the error's `flags` say `NLM_F_CAPPED`), then,
 /// with `NLM_F_ACK_TLVS`, extended-ack attributes.
-fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
+pub(crate) fn refusal(code: i32, rest: &[u8], flags: u16) -> Refusal {
     let request = if flags & NLM_F_CAPPED != 0 {
         16
     } else {

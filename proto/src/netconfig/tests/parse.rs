@@ -178,6 +178,7 @@ fn full_config_validates_and_round_trips() {
             burst: Some(262_144),
         }),
         routing: RoutingSettings::default(),
+        ethtool: None,
     };
     assert_eq!(valid, expected);
 
