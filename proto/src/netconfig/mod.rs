@@ -23,6 +23,7 @@ mod bandwidth;
 mod child;
 mod cidr;
 mod mode;
+mod neighbor;
 mod parse;
 mod validate;
 mod vf;
@@ -47,6 +48,7 @@ pub use child::{ChildKind, IPVLAN_MODES, IpvlanConfig, MACVLAN_MODES, MacvlanCon
 pub(crate) use cidr::parse_ip_expecting;
 pub use cidr::{Cidr, CidrError, parse_ip};
 pub use mode::DeviceMode;
+pub use neighbor::{MAX_NEIGHBORS, Neighbor, NeighborConfig};
 pub use parse::parse;
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
@@ -172,6 +174,9 @@ pub struct NetworkConfig {
     /// bit/s, the burst in bytes, as Kubernetes quantities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthConfig>,
+    /// Static ARP/NDP entries on the pod's interface (`[{address, hardwareAddress}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbors: Option<Vec<NeighborConfig>>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -279,6 +284,9 @@ pub struct ValidConfig {
     /// `bandwidth` capacity may still set one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthSettings>,
+    /// Static neighbors, in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbors: Vec<Neighbor>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -312,7 +320,7 @@ pub struct Route {
 ///   layer that sets either replaces both, so a claim with static `addresses` overrides a
 ///   class's `ipam` (and `addresses: []` turns a class's IPAM off) instead of producing a
 ///   "both set" error the claim author could not fix;
-/// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
+/// * lists (`addresses`, `routes`, `neighbors`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
 /// * `vf` and `bandwidth` merge field by field, like `interface`.
@@ -349,6 +357,9 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.routes.is_some() {
             merged.routes.clone_from(&layer.routes);
+        }
+        if layer.neighbors.is_some() {
+            merged.neighbors.clone_from(&layer.neighbors);
         }
         if layer.vlan.is_some() {
             merged.vlan.clone_from(&layer.vlan);

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::vf::VF_VLAN_RULE;
 use super::{
     API_VERSION, BandwidthConfig, ConfigErrors, FieldError, InterfaceConfig, IpamConfig,
-    IpvlanConfig, KIND, MacvlanConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
+    IpvlanConfig, KIND, MacvlanConfig, NeighborConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[
@@ -30,7 +30,9 @@ const CONFIG_FIELDS: &[&str] = &[
     "vf",
     "deviceMode",
     "bandwidth",
+    "neighbors",
 ];
+const NEIGHBOR_FIELDS: &[&str] = &["address", "hardwareAddress"];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
 const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
@@ -238,6 +240,9 @@ impl Parser {
         if let Some(v) = field(map, "bandwidth") {
             config.bandwidth = self.bandwidth(v, &child(path, "bandwidth"));
         }
+        if let Some(v) = field(map, "neighbors") {
+            config.neighbors = self.neighbors(v, &child(path, "neighbors"));
+        }
         config
     }
 
@@ -418,6 +423,39 @@ impl Parser {
         bandwidth.egress = quantity(self, "egress");
         bandwidth.burst = quantity(self, "burst");
         Some(bandwidth)
+    }
+
+    fn neighbors(&mut self, value: &Value, path: &str) -> Option<Vec<NeighborConfig>> {
+        let Value::Array(items) = value else {
+            self.type_error(path, "a list of neighbors", value);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{path}[{i}]");
+            let Some(map) = self.object(item, &path, NEIGHBOR_FIELDS) else {
+                continue;
+            };
+            let required = |parser: &mut Self, name: &str| {
+                let field_path = child(&path, name);
+                match field(map, name) {
+                    Some(v) => parser.string(v, &field_path),
+                    None => {
+                        parser.error(field_path, "required");
+                        None
+                    }
+                }
+            };
+            let address = required(self, "address");
+            let hardware_address = required(self, "hardwareAddress");
+            if let (Some(address), Some(hardware_address)) = (address, hardware_address) {
+                out.push(NeighborConfig {
+                    address,
+                    hardware_address,
+                });
+            }
+        }
+        Some(out)
     }
 
     fn sysctls(&mut self, value: &Value, path: &str) -> Option<BTreeMap<String, String>> {

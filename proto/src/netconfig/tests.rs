@@ -91,3 +91,6 @@ mod cidr;
 
 // Validation that matches the kernel (issue 11).
 mod kernel;
+
+// Static neighbors (issue 27).
+mod neighbors;
