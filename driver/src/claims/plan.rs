@@ -209,6 +209,9 @@ pub fn plans(
             identity: identity(device),
             vf,
             bandwidth,
+            link: crate::netns::LinkSettings {
+                neighbors: valid.neighbors,
+            },
         });
     }
     if errors.is_empty() {

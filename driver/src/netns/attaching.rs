@@ -321,7 +321,7 @@ async fn adopt_vf_mac<S: Session>(
 
 /// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
 /// up; IPv4 ones a move carried are already set), then
-/// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
+/// addresses, then static neighbors, then the egress limit (so the first packet meets it), then up, then routes (a
 /// route needs its link up). Each step accepts what is already in place, so it can be
 /// repeated after a crash. Returns the link as it now is: `known` (what a move that kept the
 /// device's index left), else read once before the changes (the lookup the later requests
@@ -346,6 +346,10 @@ async fn configure_in_pod<S: Session>(
             .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?,
     };
     pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
+    if !plan.link.neighbors.is_empty() {
+        pod.set_neighbors(&plan.pod_ifname, &plan.link.neighbors)
+            .await?;
+    }
     if let Some(bandwidth) = &plan.bandwidth {
         let tbf = Tbf::for_link(bandwidth, link.mtu, netns, &plan.pod_ifname)?;
         pod.set_egress_limit(&plan.pod_ifname, &tbf).await?;

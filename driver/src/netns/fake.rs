@@ -16,6 +16,7 @@ use super::vf::VfState;
 use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
+mod link;
 mod overlay;
 mod session;
 
@@ -41,6 +42,9 @@ struct State {
     /// Root TBFs by (namespace, link name); the kernel drops them when a link changes
     /// namespace or dies.
     qdiscs: BTreeMap<(Ns, String), Tbf>,
+    /// Permanent neighbor entries by (namespace, link name): the kernel flushes them when the
+    /// link changes namespace or dies.
+    neighbors: BTreeMap<(Ns, String), BTreeMap<std::net::IpAddr, [u8; 6]>>,
     log: Vec<String>,
     /// Netlink requests the real kernel would have been sent (see [`FakeSession::lookup`]).
     requests: u64,
@@ -82,6 +86,7 @@ pub(crate) fn plan(
         identity: None,
         vf: None,
         bandwidth: None,
+        link: Default::default(),
     }
 }
 
@@ -196,6 +201,7 @@ impl FakeKernel {
         let links = s.links.remove(ns).unwrap_or_default();
         s.routes.remove(ns);
         s.qdiscs.retain(|(n, _), _| n != ns);
+        s.neighbors.retain(|(n, _), _| n != ns);
         // A virtual link dying takes what sits on it along: a veth's host end with its pod end.
         let dying: Vec<(Ns, String)> = links
             .iter()

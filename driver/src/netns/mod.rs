@@ -14,6 +14,7 @@ pub mod child;
 mod detaching;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod link;
 pub mod overlay;
 pub mod rtnl;
 pub mod sysctl;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 pub use attaching::attach;
 pub use detaching::detach;
+pub use link::LinkSettings;
 pub use tbf::Tbf;
 pub use uplink::Uplink;
 pub use vf::{VfPlan, VfState};
@@ -236,6 +238,14 @@ pub trait Session: Send {
         &mut self,
         name: &str,
         routes: &[Route],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Adds permanent ARP/NDP entries on `name`, replacing any entry of the same address
+    /// (pipelined like [`Session::add_addresses`]); a refusal names the entry and the kernel's
+    /// text.
+    fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
     ) -> impl Future<Output = Result<()>> + Send;
     /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.
     fn set_sysctls(
@@ -458,6 +468,10 @@ pub struct AttachPlan {
     /// leaves it alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_template: bool,
+    /// Static neighbors and GSO/GRO sizes of the pod's link (issue 27); empty in checkpoints
+    /// written before knic had them.
+    #[serde(default, skip_serializing_if = "LinkSettings::is_empty")]
+    pub link: LinkSettings,
 }
 
 impl AttachPlan {

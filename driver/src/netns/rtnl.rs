@@ -8,6 +8,7 @@
 //! the kernel's.)
 
 mod addressing;
+mod link;
 mod overlay;
 mod wire;
 
@@ -477,6 +478,10 @@ impl Session for RtnlSession {
             "writing sysctls of {name} in namespace {}",
             self.describe()
         )))
+    }
+
+    async fn set_neighbors(&mut self, name: &str, neighbors: &[knic_proto::netconfig::Neighbor]) -> Result<()> {
+        self.set_neighbors_now(name, neighbors).await
     }
 
     async fn add_child(

@@ -626,3 +626,6 @@ mod requests;
 
 // Moves the kernel refuses after moving the device, in a file of their own.
 mod refused;
+
+// Static neighbors and GSO/GRO sizes (issue 27).
+mod link;

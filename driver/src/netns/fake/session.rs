@@ -108,6 +108,8 @@ impl Session for FakeSession {
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
         }
+        // The kernel flushes a device's neighbor entries when it leaves a namespace.
+        s.neighbors.remove(&(ns.clone(), name.to_owned()));
         // The kernel shuts a device's qdiscs down when it changes namespace.
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
@@ -156,6 +158,12 @@ impl Session for FakeSession {
                 }
                 let now = link.name.clone();
                 set_ipv4_conf(&mut s, &ns, &now, change);
+                // So do its neighbor entries.
+                if let Some(new) = &change.name
+                    && let Some(entries) = s.neighbors.remove(&(ns.clone(), name.to_owned()))
+                {
+                    s.neighbors.insert((ns.clone(), new.clone()), entries);
+                }
                 // A qdisc belongs to the device, whatever it is called.
                 if let Some(new) = &change.name
                     && let Some(tbf) = s.qdiscs.remove(&(ns.clone(), name.to_owned()))
@@ -220,6 +228,14 @@ impl Session for FakeSession {
                 .insert((ns.clone(), name.into(), k.clone()), v.clone());
         }
         Ok(())
+    }
+
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
+        self.set_neighbors_now(name, neighbors)
     }
 
     async fn add_child(
@@ -435,6 +451,7 @@ impl Session for FakeSession {
         let mut doomed = vec![(self.ns.clone(), name.to_owned())];
         while let Some((ns, name)) = doomed.pop() {
             s.qdiscs.remove(&(ns.clone(), name.clone()));
+            s.neighbors.remove(&(ns.clone(), name.clone()));
             s.vxlans.remove(&(ns.clone(), name.clone()));
             if let Some(links) = s.links.get_mut(&ns) {
                 links.retain(|l| l.name != name);
