@@ -52,6 +52,10 @@ mod refused;
 #[path = "kernel_netns/live.rs"]
 mod live;
 
+// Static neighbors, ARP/ND sysctls, GSO/GRO sizes (issue 27).
+#[path = "kernel_netns/link.rs"]
+mod link;
+
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
 impl Drop for Links {
@@ -92,6 +96,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        link: Default::default(),
     }
 }
 
@@ -767,6 +772,24 @@ fn main() {
         (
             "kernel/overlay_two_nodes_one_segment",
             |k| Box::pin(overlay::two_nodes_one_segment(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/static_neighbors_on_a_moved_veth",
+            |k| Box::pin(link::static_neighbors_on_a_moved_veth(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/static_neighbors_on_a_macvlan_child",
+            |k| Box::pin(link::static_neighbors_on_a_macvlan_child(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/arp_nd_sysctls_land_in_the_pod",
+            |k| Box::pin(link::arp_nd_sysctls_land_in_the_pod(k)),
             unisolated.clone(),
             false,
         ),

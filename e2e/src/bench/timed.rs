@@ -178,6 +178,19 @@ impl<S: Session> Session for TimedSession<S> {
         .await
     }
 
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_neighbors",
+            self.inner.set_neighbors(name, neighbors),
+        )
+        .await
+    }
+
     async fn add_child(
         &mut self,
         parent: &str,
@@ -307,6 +320,13 @@ mod tests {
             Ok(())
         }
         async fn set_sysctls(&mut self, _: &str, _: &BTreeMap<String, String>) -> Result<()> {
+            Ok(())
+        }
+        async fn set_neighbors(
+            &mut self,
+            _: &str,
+            _: &[knic_proto::netconfig::Neighbor],
+        ) -> Result<()> {
             Ok(())
         }
         async fn add_child(
