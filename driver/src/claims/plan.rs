@@ -11,6 +11,7 @@ use crate::claims::ipam::Addressing;
 use crate::netns::{AttachPlan, DeviceIdentity};
 
 mod bandwidth;
+mod link;
 pub mod overlay;
 pub mod shared;
 mod vf;
