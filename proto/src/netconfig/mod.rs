@@ -25,6 +25,7 @@ mod cidr;
 mod mode;
 mod neighbor;
 mod parse;
+mod sizes;
 mod validate;
 mod vf;
 
@@ -50,6 +51,7 @@ pub use cidr::{Cidr, CidrError, parse_ip};
 pub use mode::DeviceMode;
 pub use neighbor::{MAX_NEIGHBORS, Neighbor, NeighborConfig};
 pub use parse::parse;
+pub use sizes::{MAX_OFFLOAD_SIZE, MIN_OFFLOAD_SIZE, OffloadSizes};
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
 
@@ -195,6 +197,18 @@ pub struct InterfaceConfig {
     /// to a fixed address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware_address: Option<String>,
+    /// `IFLA_GSO_MAX_SIZE` in bytes (Big TCP above 65536); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gso_max_size: Option<u32>,
+    /// `IFLA_GRO_MAX_SIZE` in bytes; unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gro_max_size: Option<u32>,
+    /// `IFLA_GSO_IPV4_MAX_SIZE` in bytes (Linux 6.3+); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gso_ipv4_max_size: Option<u32>,
+    /// `IFLA_GRO_IPV4_MAX_SIZE` in bytes (Linux 6.3+); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gro_ipv4_max_size: Option<u32>,
 }
 
 /// Asks the controller's IPAM for an address instead of fixing one in the claim, so many pods
@@ -284,6 +298,9 @@ pub struct ValidConfig {
     /// `bandwidth` capacity may still set one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<BandwidthSettings>,
+    /// GSO/GRO maximum sizes of the pod's interface; empty leaves the device's own.
+    #[serde(default, skip_serializing_if = "OffloadSizes::is_empty")]
+    pub offload_sizes: OffloadSizes,
     /// Static neighbors, in the order given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub neighbors: Vec<Neighbor>,
@@ -315,7 +332,7 @@ pub struct Route {
 /// Rules, chosen so a later layer can always express what it wants:
 /// * a scalar set in a later layer wins (`null` and absent both mean "not set", so a layer can
 ///   never unset a lower layer's value: leave fields you want claims to choose out of classes);
-/// * `interface` merges field by field (`name`, `mtu`, `hardwareAddress`);
+/// * `interface` merges field by field (`name`, `mtu`, `hardwareAddress`, the GSO/GRO sizes);
 /// * `addresses` and `ipam` are **one** choice, "how does this interface get addresses": a
 ///   layer that sets either replaces both, so a claim with static `addresses` overrides a
 ///   class's `ipam` (and `addresses: []` turns a class's IPAM off) instead of producing a
@@ -349,6 +366,16 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 target
                     .hardware_address
                     .clone_from(&interface.hardware_address);
+            }
+            for (field, value) in [
+                (&mut target.gso_max_size, interface.gso_max_size),
+                (&mut target.gro_max_size, interface.gro_max_size),
+                (&mut target.gso_ipv4_max_size, interface.gso_ipv4_max_size),
+                (&mut target.gro_ipv4_max_size, interface.gro_ipv4_max_size),
+            ] {
+                if value.is_some() {
+                    *field = value;
+                }
             }
         }
         if layer.addresses.is_some() || layer.ipam.is_some() {

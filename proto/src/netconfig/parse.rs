@@ -35,7 +35,15 @@ const CONFIG_FIELDS: &[&str] = &[
 const NEIGHBOR_FIELDS: &[&str] = &["address", "hardwareAddress"];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
-const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
+const INTERFACE_FIELDS: &[&str] = &[
+    "name",
+    "mtu",
+    "hardwareAddress",
+    "gsoMaxSize",
+    "groMaxSize",
+    "gsoIpv4MaxSize",
+    "groIpv4MaxSize",
+];
 const IPAM_FIELDS: &[&str] = &["network"];
 const ROUTE_FIELDS: &[&str] = &["destination", "gateway", "source", "metric", "table"];
 const VLAN_FIELDS: &[&str] = &["id"];
@@ -277,6 +285,20 @@ impl Parser {
         }
         if let Some(v) = field(map, "hardwareAddress") {
             interface.hardware_address = self.string(v, &child(path, "hardwareAddress"));
+        }
+        let (lo, hi) = (
+            super::sizes::MIN_OFFLOAD_SIZE,
+            super::sizes::MAX_OFFLOAD_SIZE,
+        );
+        for (name, slot) in [
+            ("gsoMaxSize", &mut interface.gso_max_size),
+            ("groMaxSize", &mut interface.gro_max_size),
+            ("gsoIpv4MaxSize", &mut interface.gso_ipv4_max_size),
+            ("groIpv4MaxSize", &mut interface.gro_ipv4_max_size),
+        ] {
+            if let Some(v) = field(map, name) {
+                *slot = self.u32(v, &child(path, name), lo, hi);
+            }
         }
         Some(interface)
     }

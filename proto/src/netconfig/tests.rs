@@ -94,3 +94,6 @@ mod kernel;
 
 // Static neighbors (issue 27).
 mod neighbors;
+
+// GSO/GRO maximum sizes (issue 27).
+mod sizes;

@@ -325,6 +325,16 @@ impl Validator {
             }
         }
 
+        out.offload_sizes = super::sizes::validate_sizes(
+            [
+                ("gsoMaxSize", interface.gso_max_size),
+                ("groMaxSize", interface.gro_max_size),
+                ("gsoIpv4MaxSize", interface.gso_ipv4_max_size),
+                ("groIpv4MaxSize", interface.gro_ipv4_max_size),
+            ],
+            &mut self.errors,
+        );
+
         let (addresses, addresses_ok) = self.addresses(config.addresses.as_deref().unwrap_or(&[]));
         if let Some(mtu) = out.mtu
             && mtu < MIN_IPV6_MTU

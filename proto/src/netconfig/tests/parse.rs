@@ -178,6 +178,7 @@ fn full_config_validates_and_round_trips() {
             burst: Some(262_144),
         }),
         neighbors: vec![],
+        offload_sizes: OffloadSizes::default(),
     };
     assert_eq!(valid, expected);
 
