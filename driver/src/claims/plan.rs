@@ -212,6 +212,7 @@ pub fn plans(
             bandwidth,
             link: crate::netns::LinkSettings {
                 neighbors: valid.neighbors,
+                sizes: valid.offload_sizes,
             },
         });
     }

@@ -135,6 +135,7 @@ async fn attach_steps<S: Session>(
         up: None,
         ipv4_conf: Vec::new(),
         index: None,
+        sizes: plan.link.sizes,
     };
     // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT on 6.1
     // and 6.18), so a child gets them all as files. So does a move to an MTU too small for

@@ -8,7 +8,8 @@
 
 use std::net::IpAddr;
 
-use knic_proto::netconfig::Neighbor;
+use knic_proto::netconfig::{Neighbor, OffloadSizes};
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
 };
@@ -27,13 +28,133 @@ pub struct LinkSettings {
     /// Permanent ARP/NDP entries added after the addresses, before the link goes up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub neighbors: Vec<Neighbor>,
+    /// GSO/GRO maximum sizes, set by the move or creation request itself; a moved device's
+    /// previous values are recorded in [`super::Restore`] first and put back by the move home.
+    #[serde(default, skip_serializing_if = "OffloadSizes::is_empty")]
+    pub sizes: OffloadSizes,
 }
 
 impl LinkSettings {
     /// Nothing to do (what a plan without the fields holds).
     pub fn is_empty(&self) -> bool {
-        self.neighbors.is_empty()
+        self.neighbors.is_empty() && self.sizes.is_empty()
     }
+}
+
+/// The attribute, the Linux release that brought it, for each size in
+/// [`OffloadSizes::fields`] order.
+const SIZE_ATTRIBUTES: [(&str, &str); 4] = [
+    ("IFLA_GSO_MAX_SIZE", "4.16"),
+    ("IFLA_GRO_MAX_SIZE", "5.16"),
+    ("IFLA_GSO_IPV4_MAX_SIZE", "6.3"),
+    ("IFLA_GRO_IPV4_MAX_SIZE", "6.3"),
+];
+
+/// Appends the sizes `sizes` sets to a link request (a move, a change or a creation: the
+/// kernel takes them in each).
+pub fn add_sizes(message: &mut LinkMessage, sizes: &OffloadSizes) {
+    if let Some(v) = sizes.gso_max_size {
+        message.attributes.push(LinkAttribute::GsoMaxSize(v));
+    }
+    if let Some(v) = sizes.gro_max_size {
+        message.attributes.push(LinkAttribute::GroMaxSize(v));
+    }
+    if let Some(v) = sizes.gso_ipv4_max_size {
+        message.attributes.push(LinkAttribute::GsoIpv4MaxSize(v));
+    }
+    if let Some(v) = sizes.gro_ipv4_max_size {
+        message.attributes.push(LinkAttribute::GroIpv4MaxSize(v));
+    }
+}
+
+/// The sizes an RTM_NEWLINK reply reports; one the kernel does not report is `None` (a kernel
+/// that predates the attribute ignores it in a request too, silently: see [`unsupported`]).
+pub fn reported_sizes(message: &LinkMessage) -> OffloadSizes {
+    let mut sizes = OffloadSizes::default();
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::GsoMaxSize(v) => sizes.gso_max_size = Some(*v),
+            LinkAttribute::GroMaxSize(v) => sizes.gro_max_size = Some(*v),
+            LinkAttribute::GsoIpv4MaxSize(v) => sizes.gso_ipv4_max_size = Some(*v),
+            LinkAttribute::GroIpv4MaxSize(v) => sizes.gro_ipv4_max_size = Some(*v),
+            _ => {}
+        }
+    }
+    sizes
+}
+
+/// Why this kernel cannot apply `wanted`, judged by what it reported of device `ifname`
+/// (`reported`): a size it does not report is one it does not know, and a request with it
+/// would be accepted and do nothing (rtnetlink ignores attributes beyond its `IFLA_MAX`).
+pub fn unsupported(wanted: &OffloadSizes, reported: &OffloadSizes, ifname: &str) -> Option<String> {
+    let missing: Vec<String> = wanted
+        .fields()
+        .iter()
+        .zip(reported.fields())
+        .zip(SIZE_ATTRIBUTES)
+        .filter(|(((_, want), (_, have)), _)| want.is_some() && have.is_none())
+        .map(|(((name, _), _), (attribute, release))| {
+            format!("interface.{name} ({attribute}, Linux {release}+)")
+        })
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "this kernel does not support {} (it reports no such size for {ifname}, and would \
+             ignore the setting)",
+            missing.join(", ")
+        )
+    })
+}
+
+/// The values `current` has of exactly the sizes `wanted` sets: what detach puts back.
+pub fn previous(wanted: &OffloadSizes, current: &OffloadSizes) -> OffloadSizes {
+    let pick = |want: Option<u32>, have: Option<u32>| want.and(have);
+    OffloadSizes {
+        gso_max_size: pick(wanted.gso_max_size, current.gso_max_size),
+        gro_max_size: pick(wanted.gro_max_size, current.gro_max_size),
+        gso_ipv4_max_size: pick(wanted.gso_ipv4_max_size, current.gso_ipv4_max_size),
+        gro_ipv4_max_size: pick(wanted.gro_ipv4_max_size, current.gro_ipv4_max_size),
+    }
+}
+
+/// `change` (a move home) also putting back the sizes `restore` recorded.
+pub(super) fn restoring(mut change: super::LinkChange, restore: &super::Restore) -> super::LinkChange {
+    if let Some(sizes) = restore.sizes {
+        change.sizes = sizes;
+    }
+    change
+}
+
+/// Before anything changes: refuses sizes this kernel does not know (judged on the plan's
+/// host device, the device itself or a child's parent), and returns the previous values of
+/// the sizes a move changes, for [`super::Restore`].
+pub(super) async fn capture_sizes<S: super::Session>(
+    host: &mut S,
+    plan: &super::AttachPlan,
+) -> crate::error::Result<Option<OffloadSizes>> {
+    let wanted = &plan.link.sizes;
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let context = || format!("reading the GSO/GRO sizes of {}", plan.host_ifname);
+    let reported = host
+        .offload_sizes(&plan.host_ifname)
+        .await?
+        .ok_or_else(|| {
+            crate::error::Error::kernel(
+                super::Ns::Host,
+                context(),
+                format!("interface {} is not in the host namespace", plan.host_ifname),
+            )
+        })?;
+    if let Some(why) = unsupported(wanted, &reported, &plan.host_ifname) {
+        return Err(crate::error::Error::kernel(
+            super::Ns::Host,
+            format!("setting the GSO/GRO sizes of {}/{}", plan.pool, plan.device),
+            why,
+        ));
+    }
+    Ok(matches!(plan.mode, super::AttachMode::Move).then(|| previous(wanted, &reported)))
 }
 
 /// `ip neigh replace ADDRESS lladdr MAC nud permanent dev INDEX`: RTM_NEWNEIGH with

@@ -168,6 +168,8 @@ pub struct LinkChange {
     /// `up`; only a move and a change send them (a creation with `IFLA_AF_SPEC` fails with
     /// EAFNOSUPPORT).
     pub ipv4_conf: Vec<(u16, u32)>,
+    /// GSO/GRO maximum sizes (see [`link`]); empty leaves them alone.
+    pub sizes: knic_proto::netconfig::OffloadSizes,
     /// On a move, the ifindex to ask for in the target namespace (`IFLA_NEW_IFINDEX`; none:
     /// the device's current one). A device going home asks for the one it had, so the host
     /// sees it as before also when the pod's namespace had given it another. Anything but a
@@ -195,6 +197,12 @@ pub trait Session: Send {
             Ok(Some(link))
         }
     }
+    /// The GSO/GRO maximum sizes the kernel reports for `name` (one RTM_GETLINK); a size it
+    /// does not report is `None`. `None` for a missing link.
+    fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<knic_proto::netconfig::OffloadSizes>>> + Send;
     /// Every link, without addresses (to find a device the kernel returned under another
     /// name, or the host VLANs knic made).
     fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send;
@@ -496,6 +504,10 @@ pub struct Restore {
     /// them; `None` when the plan changes none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vf: Option<VfState>,
+    /// The previous values of exactly the GSO/GRO sizes the plan changes on a moved device;
+    /// `None` when it changes none (and for children, which are created fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<knic_proto::netconfig::OffloadSizes>,
 }
 
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
@@ -548,7 +560,12 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
         }
         None => None,
     };
-    Ok(Restore { host: link, vf })
+    let sizes = link::capture_sizes(&mut host, plan).await?;
+    Ok(Restore {
+        host: link,
+        vf,
+        sizes,
+    })
 }
 
 pub(crate) async fn open<K: Kernel>(kernel: &K, ns: &Ns) -> Result<K::Session> {

@@ -108,6 +108,7 @@ async fn resuming_a_cut_short_attach_completes_the_configuration() {
             up: None,
             ipv4_conf: vec![(19, 1)],
             index: None,
+            sizes: Default::default(),
         },
     )
     .await

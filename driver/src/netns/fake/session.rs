@@ -101,9 +101,15 @@ impl Session for FakeSession {
         // The rest is applied in the target: a refusal leaves the device there, half-set.
         let mac_allowed = vf_mac_change(&mut s, &link, change);
         let applied = apply(&mut link, change, range, renamed_onto_taken, mac_allowed);
+        link::carry_sizes(
+            &mut s,
+            (ns.clone(), name.to_owned()),
+            (to.clone(), link.name.clone()),
+        );
         if applied.is_ok() {
             // Applied last, to the device as the pod now has it.
             set_ipv4_conf(&mut s, to, &link.name, change);
+            link::apply_sizes(&mut s, to, &link.name, &change.sizes);
         }
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
@@ -158,7 +164,15 @@ impl Session for FakeSession {
                 }
                 let now = link.name.clone();
                 set_ipv4_conf(&mut s, &ns, &now, change);
-                // So do its neighbor entries.
+                // So do its sizes, and its neighbor entries.
+                if let Some(new) = &change.name {
+                    link::carry_sizes(
+                        &mut s,
+                        (ns.clone(), name.to_owned()),
+                        (ns.clone(), new.clone()),
+                    );
+                }
+                link::apply_sizes(&mut s, &ns, &now, &change.sizes);
                 if let Some(new) = &change.name
                     && let Some(entries) = s.neighbors.remove(&(ns.clone(), name.to_owned()))
                 {
@@ -228,6 +242,13 @@ impl Session for FakeSession {
                 .insert((ns.clone(), name.into(), k.clone()), v.clone());
         }
         Ok(())
+    }
+
+    async fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+        self.offload_sizes_now(name)
     }
 
     async fn set_neighbors(
@@ -301,6 +322,8 @@ impl Session for FakeSession {
                 std::io::Error::other(refused),
             )
         })?;
+        s.sizes.remove(&(to.clone(), link.name.clone()));
+        link::apply_sizes(&mut s, to, &link.name, &change.sizes);
         s.lower
             .push(((to.clone(), link.name.clone()), (ns, parent.to_owned())));
         s.links.entry(to.clone()).or_default().push(link);
@@ -452,6 +475,7 @@ impl Session for FakeSession {
         while let Some((ns, name)) = doomed.pop() {
             s.qdiscs.remove(&(ns.clone(), name.clone()));
             s.neighbors.remove(&(ns.clone(), name.clone()));
+            s.sizes.remove(&(ns.clone(), name.clone()));
             s.vxlans.remove(&(ns.clone(), name.clone()));
             if let Some(links) = s.links.get_mut(&ns) {
                 links.retain(|l| l.name != name);

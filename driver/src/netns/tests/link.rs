@@ -24,6 +24,7 @@ fn with_neighbors(mode: AttachMode) -> AttachPlan {
     AttachPlan {
         link: LinkSettings {
             neighbors: neighbors(),
+            ..LinkSettings::default()
         },
         ..plan(mode)
     }
