@@ -788,6 +788,12 @@ fn main() {
             false,
         ),
         (
+            "kernel/gso_gro_sizes_on_a_moved_veth_and_a_child",
+            |k| Box::pin(link::gso_gro_sizes_on_a_moved_veth_and_a_child(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
             "kernel/arp_nd_sysctls_land_in_the_pod",
             |k| Box::pin(link::arp_nd_sysctls_land_in_the_pod(k)),
             unisolated.clone(),

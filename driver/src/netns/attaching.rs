@@ -229,8 +229,13 @@ async fn attach_steps<S: Session>(
                 }
                 None => plan.host_ifname.as_str(),
             };
-            // Created in the pod, its parent named from the host, in one request.
-            host.add_child(parent, child, netns, &into_pod).await?;
+            // Created in the pod, its parent named from the host, in one request. Without the
+            // GSO/GRO sizes: see `link::size_child`.
+            let created = LinkChange {
+                sizes: Default::default(),
+                ..into_pod.clone()
+            };
+            host.add_child(parent, child, netns, &created).await?;
             done.push(Done::CreatedChild);
         }
     }
@@ -346,6 +351,7 @@ async fn configure_in_pod<S: Session>(
             .await?
             .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?,
     };
+    super::link::size_child(plan, pod).await?;
     pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
     if !plan.link.neighbors.is_empty() {
         pod.set_neighbors(&plan.pod_ifname, &plan.link.neighbors)

@@ -157,6 +157,25 @@ pub(super) async fn capture_sizes<S: super::Session>(
     Ok(matches!(plan.mode, super::AttachMode::Move).then(|| previous(wanted, &reported)))
 }
 
+/// A VLAN, macvlan or ipvlan child gets its GSO/GRO sizes in a change right after its creation,
+/// in the pod, before it goes up (also when a resumed attach finds it there): its creation
+/// cannot carry a GSO size above 64 KiB, because the kernel checks it against the new device's
+/// `tso_max_size` before the child inherits its parent's (6.18: "too big gso_max_size"). A
+/// moved device and an overlay veth get them in their one request.
+pub(super) async fn size_child<S: super::Session>(
+    plan: &super::AttachPlan,
+    pod: &mut S,
+) -> crate::error::Result<()> {
+    if plan.link.sizes.is_empty() || plan.mode.new_child().is_none() {
+        return Ok(());
+    }
+    let change = super::LinkChange {
+        sizes: plan.link.sizes,
+        ..super::LinkChange::default()
+    };
+    pod.set_link(&plan.pod_ifname, &change).await
+}
+
 /// `ip neigh replace ADDRESS lladdr MAC nud permanent dev INDEX`: RTM_NEWNEIGH with
 /// `NLM_F_CREATE | NLM_F_REPLACE`, so a repeated attach (or an entry the kernel learned
 /// meanwhile) ends as exactly the configured permanent entry.
@@ -261,6 +280,83 @@ mod tests {
             NeighbourAttribute::Destination(NeighbourAddress::Inet6(
                 "2001:db8::1".parse().unwrap()
             ))
+        );
+    }
+
+    #[test]
+    fn sizes_ride_as_u32_attributes_and_read_back() {
+        let mut message = LinkMessage::default();
+        message.header.index = 9;
+        let sizes = OffloadSizes {
+            gso_max_size: Some(185_000),
+            gro_max_size: None,
+            gso_ipv4_max_size: Some(65_536),
+            gro_ipv4_max_size: Some(524_280),
+        };
+        add_sizes(&mut message, &sizes);
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::SetLink(message));
+        request.finalize();
+        let mut bytes = vec![0u8; request.buffer_len()];
+        request.serialize(&mut bytes);
+        // Netlink and link headers (16 bytes each), then each attribute: length 8, type, u32.
+        let attributes: Vec<(u16, u16, u32)> = bytes[32..]
+            .chunks(8)
+            .map(|a| {
+                (
+                    u16::from_ne_bytes([a[0], a[1]]),
+                    u16::from_ne_bytes([a[2], a[3]]),
+                    u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+                )
+            })
+            .collect();
+        // IFLA_GSO_MAX_SIZE 41, IFLA_GSO_IPV4_MAX_SIZE 63, IFLA_GRO_IPV4_MAX_SIZE 64.
+        assert_eq!(
+            attributes,
+            vec![(8, 41, 185_000), (8, 63, 65_536), (8, 64, 524_280)]
+        );
+        let parsed = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes).expect("parses");
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::SetLink(parsed)) = parsed.payload
+        else {
+            panic!("not RTM_SETLINK");
+        };
+        assert_eq!(reported_sizes(&parsed), sizes);
+        let mut plain = LinkMessage::default();
+        add_sizes(&mut plain, &OffloadSizes::default());
+        assert!(plain.attributes.is_empty());
+    }
+
+    #[test]
+    fn unsupported_sizes_are_named_and_previous_values_are_exactly_the_changed_ones() {
+        let wanted = OffloadSizes {
+            gso_max_size: Some(185_000),
+            gro_ipv4_max_size: Some(185_000),
+            ..OffloadSizes::default()
+        };
+        let kernel_6_1 = OffloadSizes {
+            gso_max_size: Some(65_536),
+            gro_max_size: Some(65_536),
+            ..OffloadSizes::default()
+        };
+        assert_eq!(
+            unsupported(&wanted, &kernel_6_1, "eth1").as_deref(),
+            Some(
+                "this kernel does not support interface.groIpv4MaxSize (IFLA_GRO_IPV4_MAX_SIZE, \
+                 Linux 6.3+) (it reports no such size for eth1, and would ignore the setting)"
+            )
+        );
+        let kernel_6_18 = OffloadSizes {
+            gso_ipv4_max_size: Some(65_536),
+            gro_ipv4_max_size: Some(40_000),
+            ..kernel_6_1
+        };
+        assert_eq!(unsupported(&wanted, &kernel_6_18, "eth1"), None);
+        assert_eq!(
+            previous(&wanted, &kernel_6_18),
+            OffloadSizes {
+                gso_max_size: Some(65_536),
+                gro_ipv4_max_size: Some(40_000),
+                ..OffloadSizes::default()
+            }
         );
     }
 

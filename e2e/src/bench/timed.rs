@@ -178,6 +178,13 @@ impl<S: Session> Session for TimedSession<S> {
         .await
     }
 
+    async fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+        timed(&self.spent, "offload_sizes", self.inner.offload_sizes(name)).await
+    }
+
     async fn set_neighbors(
         &mut self,
         name: &str,
@@ -321,6 +328,12 @@ mod tests {
         }
         async fn set_sysctls(&mut self, _: &str, _: &BTreeMap<String, String>) -> Result<()> {
             Ok(())
+        }
+        async fn offload_sizes(
+            &mut self,
+            _: &str,
+        ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+            Ok(None)
         }
         async fn set_neighbors(
             &mut self,
