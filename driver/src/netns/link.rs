@@ -9,10 +9,8 @@
 use std::net::IpAddr;
 
 use knic_proto::netconfig::{Neighbor, OffloadSizes};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
-};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
@@ -118,7 +116,10 @@ pub fn previous(wanted: &OffloadSizes, current: &OffloadSizes) -> OffloadSizes {
 }
 
 /// `change` (a move home) also putting back the sizes `restore` recorded.
-pub(super) fn restoring(mut change: super::LinkChange, restore: &super::Restore) -> super::LinkChange {
+pub(super) fn restoring(
+    mut change: super::LinkChange,
+    restore: &super::Restore,
+) -> super::LinkChange {
     if let Some(sizes) = restore.sizes {
         change.sizes = sizes;
     }
@@ -144,7 +145,10 @@ pub(super) async fn capture_sizes<S: super::Session>(
             crate::error::Error::kernel(
                 super::Ns::Host,
                 context(),
-                format!("interface {} is not in the host namespace", plan.host_ifname),
+                format!(
+                    "interface {} is not in the host namespace",
+                    plan.host_ifname
+                ),
             )
         })?;
     if let Some(why) = unsupported(wanted, &reported, &plan.host_ifname) {

@@ -486,10 +486,18 @@ impl Session for RtnlSession {
         &mut self,
         name: &str,
     ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
-        Ok(self.find(name).await?.as_ref().map(super::link::reported_sizes))
+        Ok(self
+            .find(name)
+            .await?
+            .as_ref()
+            .map(super::link::reported_sizes))
     }
 
-    async fn set_neighbors(&mut self, name: &str, neighbors: &[knic_proto::netconfig::Neighbor]) -> Result<()> {
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
         self.set_neighbors_now(name, neighbors).await
     }
 

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, ensure};
 use knic_driver::netns::rtnl::Rtnl;
-use knic_driver::netns::{
-    AttachMode, Kernel, LinkSettings, Ns, Session, attach, capture, detach,
-};
+use knic_driver::netns::{AttachMode, Kernel, LinkSettings, Ns, Session, attach, capture, detach};
 use knic_e2e::harness::{Netns, in_netns, ip, udp_echo};
 use knic_proto::netconfig::{ChildKind, Neighbor, OffloadSizes};
 
@@ -35,7 +33,14 @@ fn silent_peer(peer: &Netns, peer_if: &str) -> anyhow::Result<()> {
     let peer_ns = peer.0.as_str();
     ip(&["-n", peer_ns, "addr", "add", "192.0.2.1/24", "dev", peer_if])?;
     ip(&[
-        "-n", peer_ns, "addr", "add", "2001:db8::1/64", "dev", peer_if, "nodad",
+        "-n",
+        peer_ns,
+        "addr",
+        "add",
+        "2001:db8::1/64",
+        "dev",
+        peer_if,
+        "nodad",
     ])?;
     ip(&["-n", peer_ns, "link", "set", peer_if, "up"])?;
     let path = format!("/proc/sys/net/ipv4/conf/{peer_if}/arp_ignore");
@@ -45,7 +50,16 @@ fn silent_peer(peer: &Netns, peer_if: &str) -> anyhow::Result<()> {
 
 /// `ip neigh` lines of `net1` in the pod that are PERMANENT.
 fn permanent_entries(pod: &str) -> anyhow::Result<Vec<String>> {
-    let text = ip(&["-n", pod, "neigh", "show", "dev", "net1", "nud", "permanent"])?;
+    let text = ip(&[
+        "-n",
+        pod,
+        "neigh",
+        "show",
+        "dev",
+        "net1",
+        "nud",
+        "permanent",
+    ])?;
     Ok(text.lines().map(|l| l.trim().to_owned()).collect())
 }
 
@@ -107,8 +121,17 @@ async fn neighbors_case(k: &Rtnl, mode: AttachMode, tag: &str) -> anyhow::Result
 
     // A resumed hook replaces the entries in place; one changed meanwhile is put back.
     ip(&[
-        "-n", &pod_name, "neigh", "replace", "192.0.2.77", "lladdr", "02:00:00:00:00:01", "dev",
-        "net1", "nud", "permanent",
+        "-n",
+        &pod_name,
+        "neigh",
+        "replace",
+        "192.0.2.77",
+        "lladdr",
+        "02:00:00:00:00:01",
+        "dev",
+        "net1",
+        "nud",
+        "permanent",
     ])?;
     attach(k, &p, &ns, &restore, true).await?;
     let again = permanent_entries(&pod_name)?;
@@ -235,7 +258,13 @@ pub async fn gso_gro_sizes_on_a_moved_veth_and_a_child(k: &Rtnl) -> anyhow::Resu
         "link", "add", "knt-gs0", "type", "veth", "peer", "name", "knt-gs1",
     ])?;
     ip(&[
-        "link", "set", "knt-gs0", "gso_max_size", "60000", "gro_max_size", "50000",
+        "link",
+        "set",
+        "knt-gs0",
+        "gso_max_size",
+        "60000",
+        "gro_max_size",
+        "50000",
     ])?;
     let host_before = sizes_of(k, &Ns::Host, "knt-gs0").await?;
     ensure!(
@@ -291,7 +320,10 @@ pub async fn gso_gro_sizes_on_a_moved_veth_and_a_child(k: &Rtnl) -> anyhow::Resu
     }
     detach(k, &p, Some(&ns), &restore).await?;
     let home = sizes_of(k, &Ns::Host, "knt-gs0").await?;
-    ensure!(home == host_before, "home {home:?} != before {host_before:?}");
+    ensure!(
+        home == host_before,
+        "home {home:?} != before {host_before:?}"
+    );
 
     // A child: created with the sizes; its parent keeps its own.
     let mut c = p.clone();

@@ -132,11 +132,16 @@ fn check_address(text: &str, static_addresses: Option<&[Cidr]>) -> Result<IpAddr
 mod mac_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(mac: &[u8; 6], serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        mac: &[u8; 6],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&super::super::validate::format_mac(mac))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<[u8; 6], D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<[u8; 6], D::Error> {
         let text = String::deserialize(deserializer)?;
         super::super::validate::parse_mac(&text).map_err(serde::de::Error::custom)
     }

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 use super::vf::VF_VLAN_RULE;
 use super::{
     API_VERSION, BandwidthConfig, ConfigErrors, FieldError, InterfaceConfig, IpamConfig,
-    IpvlanConfig, KIND, MacvlanConfig, NeighborConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
+    IpvlanConfig, KIND, MacvlanConfig, NeighborConfig, NetworkConfig, RouteConfig, VfConfig,
+    VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[

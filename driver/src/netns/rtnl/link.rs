@@ -21,9 +21,10 @@ impl RtnlSession {
             .map(|neighbor| neighbor_message(index, neighbor))
             .collect();
         self.sent(neighbors.len() as u64);
-        let answers = self.wire.requests(requests).map_err(|e| {
-            Error::io(format!("adding static neighbors on {name}"), e)
-        })?;
+        let answers = self
+            .wire
+            .requests(requests)
+            .map_err(|e| Error::io(format!("adding static neighbors on {name}"), e))?;
         for (answer, neighbor) in answers.into_iter().zip(neighbors) {
             if let Err(refused) = answer {
                 return Err(Error::kernel(

@@ -306,8 +306,15 @@ async fn a_device_returned_by_the_kernel_gets_its_sizes_back() {
     attach(&k, &p, &pod(), &restore, false).await.unwrap();
     k.delete_namespace(&pod());
     let returned = k.links(&Ns::Host);
-    let name = &returned.iter().find(|l| l.index == restore.host.index).unwrap().name;
-    assert_eq!(k.sizes(&Ns::Host, name).unwrap().gso_max_size, Some(185_000));
+    let name = &returned
+        .iter()
+        .find(|l| l.index == restore.host.index)
+        .unwrap()
+        .name;
+    assert_eq!(
+        k.sizes(&Ns::Host, name).unwrap().gso_max_size,
+        Some(185_000)
+    );
     detach(&k, &p, Some(&pod()), &restore).await.unwrap();
     assert_eq!(
         k.sizes(&Ns::Host, "ens1f0v0"),

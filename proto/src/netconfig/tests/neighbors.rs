@@ -81,7 +81,10 @@ fn neighbors_merge_as_a_whole_list() {
         }])
     );
     // A claim without neighbors keeps the class's.
-    let merged = merge(&[class.clone(), parse(&object(json!({})), "").expect("parses")]);
+    let merged = merge(&[
+        class.clone(),
+        parse(&object(json!({})), "").expect("parses"),
+    ]);
     assert_eq!(merged.neighbors, class.neighbors);
     // The derived Deserialize reads the same document.
     let derived: NetworkConfig = serde_json::from_value(object(json!({ "neighbors": [
