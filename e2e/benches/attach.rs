@@ -165,6 +165,7 @@ fn knic_plan() -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        link: Default::default(),
     }
 }
 

@@ -161,6 +161,7 @@ fn plan(i: usize) -> AttachPlan {
         identity: None,
         vf: None,
         bandwidth: None,
+        link: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
             egress: 2_000_000_000,
             burst: Some(262_144),
         }),
+        link: Default::default(),
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
         network_label: None,
