@@ -49,6 +49,47 @@ mod tests {
         assert_eq!(p[1].link.neighbors[0].hardware_address, [2, 0, 0, 0, 0, 3]);
     }
 
+    /// With IPAM the on-link rule runs once the addresses are known: the merged config is
+    /// validated again with them (as routes' gateways are).
+    #[test]
+    fn neighbors_of_an_ipam_interface_are_checked_against_the_given_addresses() {
+        use crate::claims::ipam::{Addressing, Allocation};
+        let c = claim(
+            vec![device("a", "d0", Some("eth1"))],
+            vec![config(
+                "FromClaim",
+                &[],
+                json!({"ipam": {"network": "blue"}, "neighbors": [
+                    {"address": "192.0.2.1", "hardwareAddress": "02:00:00:00:00:01"},
+                    {"address": "10.0.0.1", "hardwareAddress": "02:00:00:00:00:02"}
+                ]}),
+            )],
+        );
+        let ipam = IpamAddresses::from([(
+            0,
+            Addressing {
+                allocations: vec![Allocation {
+                    network: "blue".into(),
+                    name: "blue-a".into(),
+                    uid: "uid".into(),
+                    address: "192.0.2.10/24".parse().unwrap(),
+                    identity: None,
+                }],
+                routes: Vec::new(),
+                overlay: None,
+            },
+        )]);
+        let err = plans(&c, &configure(&c), &BTreeSet::new(), &ipam)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "request a: network \"blue\" gave 192.0.2.10/24: neighbors[1].address: 10.0.0.1 is \
+             not inside any address's subnet, so it is not on-link and its entry would never be \
+             used"
+        );
+    }
+
     #[test]
     fn a_bad_neighbor_fails_the_plan_with_its_path() {
         let c = claim(
