@@ -174,6 +174,7 @@ fn knic_plan() -> AttachPlan {
         vf: None,
         bandwidth: None,
         ethtool: None,
+        link: Default::default(),
     }
 }
 

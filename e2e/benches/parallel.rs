@@ -163,6 +163,7 @@ fn plan(i: usize) -> AttachPlan {
         vf: None,
         bandwidth: None,
         ethtool: None,
+        link: Default::default(),
     }
 }
 

@@ -134,6 +134,7 @@ fn plan(i: usize) -> AttachPlan {
         vf: None,
         bandwidth: None,
         ethtool: None,
+        link: Default::default(),
     }
 }
 

@@ -58,6 +58,9 @@ mod routing;
 // ethtool features and channels of a moved veth (issue 27).
 #[path = "kernel_netns/ethtool.rs"]
 mod ethtool;
+// Static neighbors, ARP/ND sysctls, GSO/GRO sizes (issue 27).
+#[path = "kernel_netns/link.rs"]
+mod link;
 
 /// Links in the test's host namespace, deleted on drop.
 struct Links(Vec<&'static str>);
@@ -101,6 +104,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         vf: None,
         bandwidth: None,
         ethtool: None,
+        link: Default::default(),
     }
 }
 
@@ -805,8 +809,32 @@ fn main() {
             false,
         ),
         (
+            "kernel/static_neighbors_on_a_moved_veth",
+            |k| Box::pin(link::static_neighbors_on_a_moved_veth(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
             "kernel/ethtool_refusals_name_device_setting_and_kernel_text",
             |k| Box::pin(ethtool::ethtool_refusals_name_device_setting_and_kernel_text(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/static_neighbors_on_a_macvlan_child",
+            |k| Box::pin(link::static_neighbors_on_a_macvlan_child(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/gso_gro_sizes_on_a_moved_veth_and_a_child",
+            |k| Box::pin(link::gso_gro_sizes_on_a_moved_veth_and_a_child(k)),
+            unisolated.clone(),
+            false,
+        ),
+        (
+            "kernel/arp_nd_sysctls_land_in_the_pod",
+            |k| Box::pin(link::arp_nd_sysctls_land_in_the_pod(k)),
             unisolated.clone(),
             false,
         ),

@@ -165,6 +165,7 @@ async fn a_claim_in_a_pod_is_never_looked_up_and_shares_are_not_withheld() {
         },
         vf: None,
         ethtool: None,
+        sizes: None,
     });
     assert!(in_pod(claim));
     for s in [0, 10, 60, 600] {

@@ -11,6 +11,7 @@ use crate::claims::ipam::Addressing;
 use crate::netns::{AttachPlan, DeviceIdentity};
 
 mod bandwidth;
+mod link;
 pub mod overlay;
 pub mod routing;
 pub mod shared;
@@ -216,6 +217,10 @@ pub fn plans(
             vf,
             bandwidth,
             ethtool: valid.ethtool,
+            link: crate::netns::LinkSettings {
+                neighbors: valid.neighbors,
+                sizes: valid.offload_sizes,
+            },
         });
     }
     if errors.is_empty() {

@@ -135,6 +135,7 @@ async fn attach_steps<S: Session>(
         up: None,
         ipv4_conf: Vec::new(),
         index: None,
+        sizes: plan.link.sizes,
     };
     // A move carries the IPv4 devconf sysctls; a creation refuses them (EAFNOSUPPORT on 6.1
     // and 6.18), so a child gets them all as files. So does a move to an MTU too small for
@@ -228,8 +229,13 @@ async fn attach_steps<S: Session>(
                 }
                 None => plan.host_ifname.as_str(),
             };
-            // Created in the pod, its parent named from the host, in one request.
-            host.add_child(parent, child, netns, &into_pod).await?;
+            // Created in the pod, its parent named from the host, in one request. Without the
+            // GSO/GRO sizes: see `link::size_child`.
+            let created = LinkChange {
+                sizes: Default::default(),
+                ..into_pod.clone()
+            };
+            host.add_child(parent, child, netns, &created).await?;
             done.push(Done::CreatedChild);
         }
     }
@@ -321,7 +327,8 @@ async fn adopt_vf_mac<S: Session>(
 
 /// Inside the pod: the sysctls in `files` first (arp/ra settings must hold before the link is
 /// up; IPv4 ones a move carried are already set), then the ethtool settings, then
-/// addresses, then the egress limit (so the first packet meets it), then up, then routes (a
+/// addresses, then static neighbors, then the egress limit (so the first packet meets it),
+/// then up, then routes (a
 /// route needs its link up). Each step accepts what is already in place, so it can be
 /// repeated after a crash. Returns the link as it now is: `known` (what a move that kept the
 /// device's index left), else read once before the changes (the lookup the later requests
@@ -350,10 +357,15 @@ async fn configure_in_pod<S: Session>(
             .await?
             .ok_or_else(|| vanished(format!("attaching {}", plan.pod_ifname)))?,
     };
+    super::link::size_child(plan, pod).await?;
     // Into its VRF before it has addresses and is up, so its connected routes are made in the
     // VRF's table (enslaving an up device cycles it).
     super::routing::join_vrf(plan, netns, pod).await?;
     pod.add_addresses(&plan.pod_ifname, &plan.addresses).await?;
+    if !plan.link.neighbors.is_empty() {
+        pod.set_neighbors(&plan.pod_ifname, &plan.link.neighbors)
+            .await?;
+    }
     if let Some(bandwidth) = &plan.bandwidth {
         let tbf = Tbf::for_link(bandwidth, link.mtu, netns, &plan.pod_ifname)?;
         pod.set_egress_limit(&plan.pod_ifname, &tbf).await?;

@@ -33,7 +33,9 @@ pub fn new_link_message(
         if change.up == Some(true) {
             b = b.up();
         }
-        b.build()
+        let mut message = b.build();
+        super::link::add_sizes(&mut message, &change.sizes);
+        message
     }
     let unknown = |kind: &str, mode: &str| {
         Error::kernel(
@@ -99,6 +101,7 @@ mod tests {
             up: None,
             ipv4_conf: Vec::new(),
             index: None,
+            sizes: Default::default(),
         };
         let message = new_link_message(
             "net1",

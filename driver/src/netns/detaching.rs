@@ -144,7 +144,7 @@ async fn detach_device<K: Kernel>(
     restore: &Restore,
 ) -> Result<()> {
     let original = &restore.host;
-    let back = back(original, plan);
+    let back = super::link::restoring(back(original, plan), restore);
     if let Some(kind) = plan.mode.child_kind() {
         // The child dies with the pod namespace; otherwise delete it there. A VLAN child left
         // on the host by a crash of an older version (between create and move) goes too.
@@ -277,6 +277,7 @@ fn back(original: &LinkState, plan: &AttachPlan) -> LinkChange {
         up: None,
         ipv4_conf: Vec::new(),
         index: Some(original.index),
+        sizes: Default::default(),
     }
 }
 
@@ -318,7 +319,11 @@ pub(super) async fn bring_home<K: Kernel>(
         return detach(kernel, plan, None, restore).await;
     };
     let index = pod
-        .move_link(name, &Ns::Host, &back(&restore.host, plan))
+        .move_link(
+            name,
+            &Ns::Host,
+            &super::link::restoring(back(&restore.host, plan), restore),
+        )
         .await?;
     drop(pod);
     settle_home(kernel, &restore.host, index).await?;
@@ -340,6 +345,7 @@ async fn restore_returned<S: Session>(
     if current.name != original.name
         || current.mtu != original.mtu
         || (original.mac.is_some() && current.mac != original.mac)
+        || !back.sizes.is_empty()
     {
         set_up(host, &current.name, false).await?;
         host.set_link(&current.name, back).await?;

@@ -17,6 +17,7 @@ use super::{AttachMode, AttachPlan, Kernel, LinkChange, LinkState, Ns, Tbf};
 use crate::error::{Error, Result};
 
 mod ethtool;
+mod link;
 mod overlay;
 mod routing;
 mod session;
@@ -45,6 +46,13 @@ struct State {
     /// Root TBFs by (namespace, link name); the kernel drops them when a link changes
     /// namespace or dies.
     qdiscs: BTreeMap<(Ns, String), Tbf>,
+    /// Permanent neighbor entries by (namespace, link name): the kernel flushes them when the
+    /// link changes namespace or dies.
+    neighbors: BTreeMap<(Ns, String), BTreeMap<std::net::IpAddr, [u8; 6]>>,
+    /// GSO/GRO sizes set on links, by (namespace, link name); they follow the device.
+    sizes: BTreeMap<(Ns, String), knic_proto::netconfig::OffloadSizes>,
+    /// A kernel before 6.3: no IPv4 GSO/GRO sizes (see [`FakeKernel::without_ipv4_sizes`]).
+    no_ipv4_sizes: bool,
     log: Vec<String>,
     /// Netlink requests the real kernel would have been sent (see [`FakeSession::lookup`]).
     requests: u64,
@@ -96,6 +104,7 @@ pub(crate) fn plan(
         bandwidth: None,
         routing: Default::default(),
         ethtool: None,
+        link: Default::default(),
     }
 }
 
@@ -213,6 +222,7 @@ impl FakeKernel {
         s.rules.remove(ns);
         s.vrf_tables.retain(|(n, _), _| n != ns);
         s.masters.retain(|(n, _), _| n != ns);
+        s.neighbors.retain(|(n, _), _| n != ns);
         // A virtual link dying takes what sits on it along: a veth's host end with its pod end.
         let dying: Vec<(Ns, String)> = links
             .iter()
@@ -235,13 +245,16 @@ impl FakeKernel {
             !dying.contains(child) && !dying.contains(lower) && !along.contains(child)
         });
         for mut link in links.into_iter().filter(|l| l.kind.is_none()) {
+            let old_name = link.name.clone();
             let host = s.links.entry(Ns::Host).or_default();
             if host.iter().any(|h| h.name == link.name) {
                 link.name = format!("dev{}", link.index);
             }
             link.up = false;
             link.addresses.clear();
+            let new_name = link.name.clone();
             host.push(link);
+            link::carry_sizes(&mut s, (ns.clone(), old_name), (Ns::Host, new_name));
         }
     }
 
@@ -366,6 +379,7 @@ fn describe(change: &LinkChange) -> String {
             .collect();
         parts.push(format!("ipv4conf {}", conf.join(",")));
     }
+    parts.extend(link::describe_sizes(&change.sizes));
     parts.join(" ")
 }
 

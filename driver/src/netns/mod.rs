@@ -15,6 +15,7 @@ mod detaching;
 pub mod ethtool;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod link;
 pub mod overlay;
 pub mod routing;
 pub mod rtnl;
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 pub use attaching::attach;
 pub use detaching::detach;
+pub use link::LinkSettings;
 pub use tbf::Tbf;
 pub use uplink::Uplink;
 pub use vf::{VfPlan, VfState};
@@ -168,6 +170,8 @@ pub struct LinkChange {
     /// `up`; only a move and a change send them (a creation with `IFLA_AF_SPEC` fails with
     /// EAFNOSUPPORT).
     pub ipv4_conf: Vec<(u16, u32)>,
+    /// GSO/GRO maximum sizes (see [`link`]); empty leaves them alone.
+    pub sizes: knic_proto::netconfig::OffloadSizes,
     /// On a move, the ifindex to ask for in the target namespace (`IFLA_NEW_IFINDEX`; none:
     /// the device's current one). A device going home asks for the one it had, so the host
     /// sees it as before also when the pod's namespace had given it another. Anything but a
@@ -195,6 +199,12 @@ pub trait Session: Send {
             Ok(Some(link))
         }
     }
+    /// The GSO/GRO maximum sizes the kernel reports for `name` (one RTM_GETLINK); a size it
+    /// does not report is `None`. `None` for a missing link.
+    fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<knic_proto::netconfig::OffloadSizes>>> + Send;
     /// Every link, without addresses (to find a device the kernel returned under another
     /// name, or the host VLANs knic made).
     fn links(&mut self) -> impl Future<Output = Result<Vec<LinkState>>> + Send;
@@ -238,6 +248,14 @@ pub trait Session: Send {
         &mut self,
         name: &str,
         routes: &[Route],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Adds permanent ARP/NDP entries on `name`, replacing any entry of the same address
+    /// (pipelined like [`Session::add_addresses`]); a refusal names the entry and the kernel's
+    /// text.
+    fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
     ) -> impl Future<Output = Result<()>> + Send;
     /// Writes per-interface sysctls (`ipv4.arp_ignore` style keys) of `name`.
     fn set_sysctls(
@@ -494,6 +512,10 @@ pub struct AttachPlan {
     /// for none (and in checkpoints written before knic had them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<EthtoolSettings>,
+    /// Static neighbors and GSO/GRO sizes of the pod's link (issue 27); empty in checkpoints
+    /// written before knic had them.
+    #[serde(default, skip_serializing_if = "LinkSettings::is_empty")]
+    pub link: LinkSettings,
 }
 
 impl AttachPlan {
@@ -522,6 +544,10 @@ pub struct Restore {
     /// read on the host before the move; `None` when it changes none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<EthtoolSettings>,
+    /// The previous values of exactly the GSO/GRO sizes the plan changes on a moved device;
+    /// `None` when it changes none (and for children, which are created fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<knic_proto::netconfig::OffloadSizes>,
 }
 
 /// Reads the host state of the plan's device; the caller checkpoints it before [`attach`].
@@ -581,10 +607,12 @@ pub async fn capture<K: Kernel>(kernel: &K, plan: &AttachPlan) -> Result<Restore
         }
         _ => None,
     };
+    let sizes = link::capture_sizes(&mut host, plan).await?;
     Ok(Restore {
         host: link,
         vf,
         ethtool,
+        sizes,
     })
 }
 

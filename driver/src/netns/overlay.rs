@@ -133,9 +133,11 @@ pub fn veth_message(
     if let Some(mac) = change.mac {
         peer = peer.address(mac.to_vec());
     }
+    let mut peer = peer.build();
+    super::link::add_sizes(&mut peer, &change.sizes);
     LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
         .name(host.to_owned())
-        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .mtu(mtu)
         .controller(bridge_index)
         .up()

@@ -151,6 +151,7 @@ fn the_pod_end_of_the_veth_is_created_in_the_pod_named_and_addressed() {
         up: None,
         ipv4_conf: Vec::new(),
         index: None,
+        sizes: Default::default(),
     };
     let m = link(veth_message("knh0a1b2c3d", 9, 42, 1450, &change));
     assert!(has(&m, &LinkAttribute::IfName("knh0a1b2c3d".into())));

@@ -9,6 +9,7 @@
 
 mod addressing;
 mod ethtool;
+mod link;
 mod overlay;
 mod routing;
 mod wire;
@@ -387,6 +388,7 @@ impl Session for RtnlSession {
                 .setns_by_fd(fd.as_raw_fd())
                 .build();
             Self::add_ipv4_conf(&mut msg, change);
+            super::link::add_sizes(&mut msg, &change.sizes);
             if keep_index {
                 msg.attributes.push(LinkAttribute::NewIfIndex(
                     i32::try_from(wanted).unwrap_or(0),
@@ -427,6 +429,7 @@ impl Session for RtnlSession {
         let index = self.index(name).await?;
         let mut msg = Self::change_message(index, change).build();
         Self::add_ipv4_conf(&mut msg, change);
+        super::link::add_sizes(&mut msg, &change.sizes);
         self.exchange(self::change(RouteNetlinkMessage::SetLink(msg)))
             .map_err(nl(format!("changing link {name}")))?;
         if let Some(new) = &change.name {
@@ -479,6 +482,25 @@ impl Session for RtnlSession {
             "writing sysctls of {name} in namespace {}",
             self.describe()
         )))
+    }
+
+    async fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+        Ok(self
+            .find(name)
+            .await?
+            .as_ref()
+            .map(super::link::reported_sizes))
+    }
+
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
+        self.set_neighbors_now(name, neighbors).await
     }
 
     async fn add_child(

@@ -109,6 +109,7 @@ async fn resuming_a_cut_short_attach_completes_the_configuration() {
             up: None,
             ipv4_conf: vec![(19, 1)],
             index: None,
+            sizes: Default::default(),
         },
     )
     .await
@@ -630,3 +631,5 @@ mod refused;
 
 // ethtool settings of the pod's interface (issue 27), in a file of its own.
 mod ethtool;
+// Static neighbors and GSO/GRO sizes (issue 27).
+mod link;

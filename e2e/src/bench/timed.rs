@@ -179,6 +179,26 @@ impl<S: Session> Session for TimedSession<S> {
         .await
     }
 
+    async fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+        timed(&self.spent, "offload_sizes", self.inner.offload_sizes(name)).await
+    }
+
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
+        timed(
+            &self.spent,
+            "set_neighbors",
+            self.inner.set_neighbors(name, neighbors),
+        )
+        .await
+    }
+
     async fn add_child(
         &mut self,
         parent: &str,
@@ -359,6 +379,19 @@ mod tests {
             Ok(())
         }
         async fn set_sysctls(&mut self, _: &str, _: &BTreeMap<String, String>) -> Result<()> {
+            Ok(())
+        }
+        async fn offload_sizes(
+            &mut self,
+            _: &str,
+        ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+            Ok(None)
+        }
+        async fn set_neighbors(
+            &mut self,
+            _: &str,
+            _: &[knic_proto::netconfig::Neighbor],
+        ) -> Result<()> {
             Ok(())
         }
         async fn add_child(

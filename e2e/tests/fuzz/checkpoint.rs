@@ -37,6 +37,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
             burst: Some(262_144),
         }),
         ethtool: None,
+        link: Default::default(),
     };
     let claim = |uid: &str, device: &str, share: Option<&str>| PreparedClaim {
         network_label: None,

@@ -91,6 +91,7 @@ pub async fn ethtool_on_a_moved_igb_port(m: Machine) -> anyhow::Result<()> {
         bandwidth: None,
         ethtool: Some(wanted.clone()),
         routing: Default::default(),
+        link: Default::default(),
     };
     let restore = capture(&k, &p).await?;
     let previous = restore.ethtool.clone().context("nothing recorded")?;

@@ -24,8 +24,10 @@ mod child;
 mod cidr;
 mod ethtool;
 mod mode;
+mod neighbor;
 mod parse;
 mod routing;
+mod sizes;
 mod validate;
 mod vf;
 
@@ -53,11 +55,13 @@ pub use ethtool::{
     GROUPS as ETHTOOL_GROUPS, KERNEL_FEATURES, Rings, group_members,
 };
 pub use mode::DeviceMode;
+pub use neighbor::{MAX_NEIGHBORS, Neighbor, NeighborConfig};
 pub use parse::parse;
 pub use routing::{
     DEFAULT_RULE_PRIORITY, DEFAULT_SBR_TABLE, Family, RoutingSettings, Rule, RuleConfig,
     SourceRouting, SourceRoutingConfig, Vrf, VrfConfig,
 };
+pub use sizes::{MAX_OFFLOAD_SIZE, MIN_OFFLOAD_SIZE, OffloadSizes};
 pub use validate::{check_interface_name, is_dns_label, sysctl_path, validate};
 pub use vf::{VfConfig, VfLinkState, VfSettings, VfVlanProtocol};
 
@@ -194,6 +198,9 @@ pub struct NetworkConfig {
     /// Offloads, rings, channels and coalescing of the pod's interface (`ethtool -K/-G/-L/-C`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<EthtoolConfig>,
+    /// Static ARP/NDP entries on the pod's interface (`[{address, hardwareAddress}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbors: Option<Vec<NeighborConfig>>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -212,6 +219,18 @@ pub struct InterfaceConfig {
     /// to a fixed address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware_address: Option<String>,
+    /// `IFLA_GSO_MAX_SIZE` in bytes (Big TCP above 65536); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gso_max_size: Option<u32>,
+    /// `IFLA_GRO_MAX_SIZE` in bytes; unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gro_max_size: Option<u32>,
+    /// `IFLA_GSO_IPV4_MAX_SIZE` in bytes (Linux 6.3+); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gso_ipv4_max_size: Option<u32>,
+    /// `IFLA_GRO_IPV4_MAX_SIZE` in bytes (Linux 6.3+); unset keeps the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gro_ipv4_max_size: Option<u32>,
 }
 
 /// Asks the controller's IPAM for an address instead of fixing one in the claim, so many pods
@@ -307,6 +326,12 @@ pub struct ValidConfig {
     /// ethtool settings; `None` when none were asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethtool: Option<EthtoolSettings>,
+    /// GSO/GRO maximum sizes of the pod's interface; empty leaves the device's own.
+    #[serde(default, skip_serializing_if = "OffloadSizes::is_empty")]
+    pub offload_sizes: OffloadSizes,
+    /// Static neighbors, in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbors: Vec<Neighbor>,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -335,12 +360,12 @@ pub struct Route {
 /// Rules, chosen so a later layer can always express what it wants:
 /// * a scalar set in a later layer wins (`null` and absent both mean "not set", so a layer can
 ///   never unset a lower layer's value: leave fields you want claims to choose out of classes);
-/// * `interface` merges field by field (`name`, `mtu`, `hardwareAddress`);
+/// * `interface` merges field by field (`name`, `mtu`, `hardwareAddress`, the GSO/GRO sizes);
 /// * `addresses` and `ipam` are **one** choice, "how does this interface get addresses": a
 ///   layer that sets either replaces both, so a claim with static `addresses` overrides a
 ///   class's `ipam` (and `addresses: []` turns a class's IPAM off) instead of producing a
 ///   "both set" error the claim author could not fix;
-/// * lists (`addresses`, `routes`) replace as a whole, because appending would make a route
+/// * lists (`addresses`, `routes`, `neighbors`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
 /// * `vf` and `bandwidth` merge field by field, like `interface`;
@@ -371,6 +396,16 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                     .hardware_address
                     .clone_from(&interface.hardware_address);
             }
+            for (field, value) in [
+                (&mut target.gso_max_size, interface.gso_max_size),
+                (&mut target.gro_max_size, interface.gro_max_size),
+                (&mut target.gso_ipv4_max_size, interface.gso_ipv4_max_size),
+                (&mut target.gro_ipv4_max_size, interface.gro_ipv4_max_size),
+            ] {
+                if value.is_some() {
+                    *field = value;
+                }
+            }
         }
         if layer.addresses.is_some() || layer.ipam.is_some() {
             merged.addresses.clone_from(&layer.addresses);
@@ -378,6 +413,9 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
         }
         if layer.routes.is_some() {
             merged.routes.clone_from(&layer.routes);
+        }
+        if layer.neighbors.is_some() {
+            merged.neighbors.clone_from(&layer.neighbors);
         }
         if layer.vlan.is_some() {
             merged.vlan.clone_from(&layer.vlan);

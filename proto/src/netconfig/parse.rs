@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 use super::vf::VF_VLAN_RULE;
 use super::{
     API_VERSION, BandwidthConfig, ConfigErrors, FieldError, InterfaceConfig, IpamConfig,
-    IpvlanConfig, KIND, MacvlanConfig, NetworkConfig, RouteConfig, VfConfig, VlanConfig,
+    IpvlanConfig, KIND, MacvlanConfig, NeighborConfig, NetworkConfig, RouteConfig, VfConfig,
+    VlanConfig,
 };
 
 const CONFIG_FIELDS: &[&str] = &[
@@ -34,10 +35,20 @@ const CONFIG_FIELDS: &[&str] = &[
     "sourceBasedRouting",
     "vrf",
     "ethtool",
+    "neighbors",
 ];
+const NEIGHBOR_FIELDS: &[&str] = &["address", "hardwareAddress"];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
-const INTERFACE_FIELDS: &[&str] = &["name", "mtu", "hardwareAddress"];
+const INTERFACE_FIELDS: &[&str] = &[
+    "name",
+    "mtu",
+    "hardwareAddress",
+    "gsoMaxSize",
+    "groMaxSize",
+    "gsoIpv4MaxSize",
+    "groIpv4MaxSize",
+];
 const IPAM_FIELDS: &[&str] = &["network"];
 const ROUTE_FIELDS: &[&str] = &["destination", "gateway", "source", "metric", "table"];
 const VLAN_FIELDS: &[&str] = &["id"];
@@ -257,6 +268,9 @@ impl Parser {
             config.ethtool =
                 super::ethtool::parse_ethtool(v, &child(path, "ethtool"), &mut self.errors);
         }
+        if let Some(v) = field(map, "neighbors") {
+            config.neighbors = self.neighbors(v, &child(path, "neighbors"));
+        }
         config
     }
 
@@ -291,6 +305,20 @@ impl Parser {
         }
         if let Some(v) = field(map, "hardwareAddress") {
             interface.hardware_address = self.string(v, &child(path, "hardwareAddress"));
+        }
+        let (lo, hi) = (
+            super::sizes::MIN_OFFLOAD_SIZE,
+            super::sizes::MAX_OFFLOAD_SIZE,
+        );
+        for (name, slot) in [
+            ("gsoMaxSize", &mut interface.gso_max_size),
+            ("groMaxSize", &mut interface.gro_max_size),
+            ("gsoIpv4MaxSize", &mut interface.gso_ipv4_max_size),
+            ("groIpv4MaxSize", &mut interface.gro_ipv4_max_size),
+        ] {
+            if let Some(v) = field(map, name) {
+                *slot = self.u32(v, &child(path, name), lo, hi);
+            }
         }
         Some(interface)
     }
@@ -437,6 +465,39 @@ impl Parser {
         bandwidth.egress = quantity(self, "egress");
         bandwidth.burst = quantity(self, "burst");
         Some(bandwidth)
+    }
+
+    fn neighbors(&mut self, value: &Value, path: &str) -> Option<Vec<NeighborConfig>> {
+        let Value::Array(items) = value else {
+            self.type_error(path, "a list of neighbors", value);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{path}[{i}]");
+            let Some(map) = self.object(item, &path, NEIGHBOR_FIELDS) else {
+                continue;
+            };
+            let required = |parser: &mut Self, name: &str| {
+                let field_path = child(&path, name);
+                match field(map, name) {
+                    Some(v) => parser.string(v, &field_path),
+                    None => {
+                        parser.error(field_path, "required");
+                        None
+                    }
+                }
+            };
+            let address = required(self, "address");
+            let hardware_address = required(self, "hardwareAddress");
+            if let (Some(address), Some(hardware_address)) = (address, hardware_address) {
+                out.push(NeighborConfig {
+                    address,
+                    hardware_address,
+                });
+            }
+        }
+        Some(out)
     }
 
     fn sysctls(&mut self, value: &Value, path: &str) -> Option<BTreeMap<String, String>> {

@@ -94,3 +94,8 @@ mod kernel;
 
 // The `ethtool` block (issue 27).
 mod ethtool;
+// Static neighbors (issue 27).
+mod neighbors;
+
+// GSO/GRO maximum sizes (issue 27).
+mod sizes;

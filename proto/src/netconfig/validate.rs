@@ -34,15 +34,36 @@ const MAIN_TABLE: u32 = 254;
 /// interfaces. The allowlist holds only settings that affect this one interface and are safe
 /// in a pod; anything else is rejected by name. `arp_ignore` allows 0-3 and 8: the kernel
 /// documents 4-7 as reserved.
+///
+/// The ARP/ND settings (issue 27) exist per interface on every kernel knic supports (6.1 and
+/// later; `arp_evict_nocarrier` came in 5.16, `ndisc_evict_nocarrier` in 5.18,
+/// `accept_untracked_na` in 5.19): `arp_accept` 2 (learn only from the same subnet) came in
+/// 6.0; `accept_dad` 2 also disables IPv6 on a MAC-based duplicate; `dad_transmits` is
+/// bounded at 10 (each probe delays a new address by a second).
 const SYSCTLS: &[(&str, &[u32])] = &[
+    ("ipv4.arp_accept", &[0, 1, 2]),
     ("ipv4.arp_announce", &[0, 1, 2]),
+    ("ipv4.arp_evict_nocarrier", &[0, 1]),
+    ("ipv4.arp_filter", &[0, 1]),
     ("ipv4.arp_ignore", &[0, 1, 2, 3, 8]),
+    ("ipv4.arp_notify", &[0, 1]),
+    ("ipv4.drop_gratuitous_arp", &[0, 1]),
+    ("ipv4.drop_unicast_in_l2_multicast", &[0, 1]),
     ("ipv4.forwarding", &[0, 1]),
     ("ipv4.proxy_arp", &[0, 1]),
+    ("ipv4.proxy_arp_pvlan", &[0, 1]),
     ("ipv4.rp_filter", &[0, 1, 2]),
+    ("ipv6.accept_dad", &[0, 1, 2]),
     ("ipv6.accept_ra", &[0, 1, 2]),
+    ("ipv6.accept_untracked_na", &[0, 1]),
     ("ipv6.autoconf", &[0, 1]),
+    ("ipv6.dad_transmits", &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
     ("ipv6.disable_ipv6", &[0, 1]),
+    ("ipv6.drop_unicast_in_l2_multicast", &[0, 1]),
+    ("ipv6.drop_unsolicited_na", &[0, 1]),
+    ("ipv6.ndisc_evict_nocarrier", &[0, 1]),
+    ("ipv6.ndisc_notify", &[0, 1]),
+    ("ipv6.proxy_ndp", &[0, 1]),
 ];
 
 /// Checks that `name` is a name the kernel will accept for a device (`dev_valid_name`), so a
@@ -160,7 +181,8 @@ pub fn sysctl_path(key: &str, interface: &str) -> Option<String> {
 /// * `sysctls` keys (short form, for `net.ipv{4,6}.conf.<ifname>.<name>`) from the allowlist
 ///   `ipv4.arp_announce` (0-2), `ipv4.arp_ignore` (0-3 or 8; 4-7 are reserved),
 ///   `ipv4.forwarding` (0/1), `ipv4.proxy_arp` (0/1), `ipv4.rp_filter` (0-2),
-///   `ipv6.accept_ra` (0-2), `ipv6.autoconf` (0/1), `ipv6.disable_ipv6` (0/1), as decimal
+///   `ipv6.accept_ra` (0-2), `ipv6.autoconf` (0/1), `ipv6.disable_ipv6` (0/1), and the ARP/ND
+///   settings listed on `SYSCTLS`, as decimal
 ///   strings; `ipv6.disable_ipv6: "1"` is refused alongside IPv6 addresses;
 /// * `vf.mac` is a unicast, non-zero MAC, equal to `interface.hardwareAddress` when both are
 ///   set; `vf.vlan` in 1..=4094, or 0 for "no VLAN" (untagged; how a claim turns a class's VLAN
@@ -306,6 +328,16 @@ impl Validator {
             }
         }
 
+        out.offload_sizes = super::sizes::validate_sizes(
+            [
+                ("gsoMaxSize", interface.gso_max_size),
+                ("groMaxSize", interface.gro_max_size),
+                ("gsoIpv4MaxSize", interface.gso_ipv4_max_size),
+                ("groIpv4MaxSize", interface.gro_ipv4_max_size),
+            ],
+            &mut self.errors,
+        );
+
         let (addresses, addresses_ok) = self.addresses(config.addresses.as_deref().unwrap_or(&[]));
         if let Some(mtu) = out.mtu
             && mtu < MIN_IPV6_MTU
@@ -345,6 +377,10 @@ impl Validator {
             None
         };
         out.routes = self.routes(config.routes.as_deref().unwrap_or(&[]), static_addresses);
+        if let Some(neighbors) = &config.neighbors {
+            out.neighbors =
+                super::neighbor::validate_neighbors(neighbors, static_addresses, &mut self.errors);
+        }
         out.addresses = addresses;
         out.routing = super::routing::validate_routing(
             config,

@@ -66,6 +66,7 @@ pub fn template_config(name: &str, spec: &NetworkSpec) -> NetworkConfig {
             name: spec.interface_name.clone(),
             mtu: spec.mtu,
             hardware_address: None,
+            ..InterfaceConfig::default()
         });
     NetworkConfig {
         api_version: Some(netconfig::API_VERSION.to_owned()),

@@ -168,6 +168,8 @@ impl FakeSession {
         s.lower.push((p.clone(), h.clone()));
         s.lower.push((h, p));
         s.links.entry(ns).or_default().push(host_end);
+        s.sizes.remove(&(to.clone(), pod_end.name.clone()));
+        super::link::apply_sizes(&mut s, to, &pod_end.name, &change.sizes);
         s.links.entry(to.clone()).or_default().push(pod_end);
         Ok(())
     }

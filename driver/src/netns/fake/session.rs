@@ -101,15 +101,23 @@ impl Session for FakeSession {
         // The rest is applied in the target: a refusal leaves the device there, half-set.
         let mac_allowed = vf_mac_change(&mut s, &link, change);
         let applied = apply(&mut link, change, range, renamed_onto_taken, mac_allowed);
+        link::carry_sizes(
+            &mut s,
+            (ns.clone(), name.to_owned()),
+            (to.clone(), link.name.clone()),
+        );
         if applied.is_ok() {
             // Applied last, to the device as the pod now has it.
             set_ipv4_conf(&mut s, to, &link.name, change);
+            link::apply_sizes(&mut s, to, &link.name, &change.sizes);
         }
         if let Some(routes) = s.routes.get_mut(&ns) {
             routes.retain(|(ifname, _)| ifname != name);
         }
         // Leaving the namespace unlinks it from its VRF.
         super::routing::forget(&mut s, &ns, name);
+        // The kernel flushes a device's neighbor entries when it leaves a namespace.
+        s.neighbors.remove(&(ns.clone(), name.to_owned()));
         // The kernel shuts a device's qdiscs down when it changes namespace.
         s.qdiscs.remove(&(ns, name.to_owned()));
         s.links.entry(to.clone()).or_default().push(link);
@@ -158,6 +166,20 @@ impl Session for FakeSession {
                 }
                 let now = link.name.clone();
                 set_ipv4_conf(&mut s, &ns, &now, change);
+                // So do its sizes, and its neighbor entries.
+                if let Some(new) = &change.name {
+                    link::carry_sizes(
+                        &mut s,
+                        (ns.clone(), name.to_owned()),
+                        (ns.clone(), new.clone()),
+                    );
+                }
+                link::apply_sizes(&mut s, &ns, &now, &change.sizes);
+                if let Some(new) = &change.name
+                    && let Some(entries) = s.neighbors.remove(&(ns.clone(), name.to_owned()))
+                {
+                    s.neighbors.insert((ns.clone(), new.clone()), entries);
+                }
                 // A qdisc belongs to the device, whatever it is called.
                 if let Some(new) = &change.name
                     && let Some(tbf) = s.qdiscs.remove(&(ns.clone(), name.to_owned()))
@@ -224,6 +246,21 @@ impl Session for FakeSession {
         Ok(())
     }
 
+    async fn offload_sizes(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<knic_proto::netconfig::OffloadSizes>> {
+        self.offload_sizes_now(name)
+    }
+
+    async fn set_neighbors(
+        &mut self,
+        name: &str,
+        neighbors: &[knic_proto::netconfig::Neighbor],
+    ) -> Result<()> {
+        self.set_neighbors_now(name, neighbors)
+    }
+
     async fn add_child(
         &mut self,
         parent: &str,
@@ -287,6 +324,8 @@ impl Session for FakeSession {
                 std::io::Error::other(refused),
             )
         })?;
+        s.sizes.remove(&(to.clone(), link.name.clone()));
+        link::apply_sizes(&mut s, to, &link.name, &change.sizes);
         s.lower
             .push(((to.clone(), link.name.clone()), (ns, parent.to_owned())));
         s.links.entry(to.clone()).or_default().push(link);
@@ -453,6 +492,8 @@ impl Session for FakeSession {
         let mut doomed = vec![(self.ns.clone(), name.to_owned())];
         while let Some((ns, name)) = doomed.pop() {
             s.qdiscs.remove(&(ns.clone(), name.clone()));
+            s.neighbors.remove(&(ns.clone(), name.clone()));
+            s.sizes.remove(&(ns.clone(), name.clone()));
             s.vxlans.remove(&(ns.clone(), name.clone()));
             super::routing::forget(&mut s, &ns, &name);
             if let Some(links) = s.links.get_mut(&ns) {

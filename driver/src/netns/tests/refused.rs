@@ -21,6 +21,7 @@ async fn half_moved(k: &FakeKernel) {
         up: None,
         ipv4_conf: Vec::new(),
         index: None,
+        sizes: Default::default(),
     };
     host.move_link("ens1f0v0", &pod(), &stay).await.unwrap();
 }

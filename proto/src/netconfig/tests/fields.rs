@@ -123,3 +123,30 @@ fn sysctl_paths() {
     assert_eq!(sysctl_path("ipv4.rp_filter", ".."), None);
     assert_eq!(sysctl_path("ipv4.rp_filter", "a/b"), None);
 }
+
+#[test]
+fn arp_nd_sysctls_are_accepted_and_canonical() {
+    let config = parse(
+        &serde_json::json!({
+            "apiVersion": API_VERSION, "kind": KIND,
+            "sysctls": {
+                "ipv4.arp_accept": "2", "ipv4.arp_notify": "1", "ipv4.arp_filter": "1",
+                "ipv4.drop_gratuitous_arp": "1", "ipv4.arp_evict_nocarrier": "0",
+                "ipv4.proxy_arp_pvlan": "1", "ipv4.drop_unicast_in_l2_multicast": "1",
+                "ipv6.ndisc_notify": "1", "ipv6.accept_dad": "0", "ipv6.dad_transmits": "03",
+                "ipv6.proxy_ndp": "1", "ipv6.drop_unsolicited_na": "1",
+                "ipv6.ndisc_evict_nocarrier": "0", "ipv6.accept_untracked_na": "1",
+                "ipv6.drop_unicast_in_l2_multicast": "1"
+            }
+        }),
+        "",
+    )
+    .expect("parses");
+    let valid = validate(&config).expect("validates");
+    assert_eq!(valid.sysctls.len(), 15);
+    assert_eq!(valid.sysctls["ipv6.dad_transmits"], "3");
+    assert_eq!(
+        sysctl_path("ipv6.proxy_ndp", "net1").as_deref(),
+        Some("/proc/sys/net/ipv6/conf/net1/proxy_ndp")
+    );
+}

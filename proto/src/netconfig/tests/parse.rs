@@ -87,7 +87,7 @@ fn validate_reports_every_error_at_once() {
             "routes[0].destination: 10.0.0.1/8 has host bits set; did you mean 10.0.0.0/8?",
             "routes[0].table: 255 is reserved for the kernel's \"local\" table; use 254 (main) or an id of your own",
             "vlan.id: must be between 1 and 4094, got 4095",
-            "sysctls[\"ipv4.bogus\"]: unknown sysctl; allowed: ipv4.arp_announce, ipv4.arp_ignore, ipv4.forwarding, ipv4.proxy_arp, ipv4.rp_filter, ipv6.accept_ra, ipv6.autoconf, ipv6.disable_ipv6",
+            "sysctls[\"ipv4.bogus\"]: unknown sysctl; allowed: ipv4.arp_accept, ipv4.arp_announce, ipv4.arp_evict_nocarrier, ipv4.arp_filter, ipv4.arp_ignore, ipv4.arp_notify, ipv4.drop_gratuitous_arp, ipv4.drop_unicast_in_l2_multicast, ipv4.forwarding, ipv4.proxy_arp, ipv4.proxy_arp_pvlan, ipv4.rp_filter, ipv6.accept_dad, ipv6.accept_ra, ipv6.accept_untracked_na, ipv6.autoconf, ipv6.dad_transmits, ipv6.disable_ipv6, ipv6.drop_unicast_in_l2_multicast, ipv6.drop_unsolicited_na, ipv6.ndisc_evict_nocarrier, ipv6.ndisc_notify, ipv6.proxy_ndp",
             "sysctls[\"ipv4.rp_filter\"]: \"9\" is not allowed; allowed values: 0, 1, 2",
         ]
     );
@@ -179,6 +179,8 @@ fn full_config_validates_and_round_trips() {
         }),
         routing: RoutingSettings::default(),
         ethtool: None,
+        neighbors: vec![],
+        offload_sizes: OffloadSizes::default(),
     };
     assert_eq!(valid, expected);
 

@@ -206,9 +206,9 @@ rejects! {
 
     // sysctls
     reject_unknown_sysctl: { "sysctls": { "ipv4.ip_forward": "1" } }
-        => ["sysctls[\"ipv4.ip_forward\"]: unknown sysctl; allowed: ipv4.arp_announce, ipv4.arp_ignore, ipv4.forwarding, ipv4.proxy_arp, ipv4.rp_filter, ipv6.accept_ra, ipv6.autoconf, ipv6.disable_ipv6"];
+        => ["sysctls[\"ipv4.ip_forward\"]: unknown sysctl; allowed: ipv4.arp_accept, ipv4.arp_announce, ipv4.arp_evict_nocarrier, ipv4.arp_filter, ipv4.arp_ignore, ipv4.arp_notify, ipv4.drop_gratuitous_arp, ipv4.drop_unicast_in_l2_multicast, ipv4.forwarding, ipv4.proxy_arp, ipv4.proxy_arp_pvlan, ipv4.rp_filter, ipv6.accept_dad, ipv6.accept_ra, ipv6.accept_untracked_na, ipv6.autoconf, ipv6.dad_transmits, ipv6.disable_ipv6, ipv6.drop_unicast_in_l2_multicast, ipv6.drop_unsolicited_na, ipv6.ndisc_evict_nocarrier, ipv6.ndisc_notify, ipv6.proxy_ndp"];
     reject_long_form_sysctl: { "sysctls": { "net.ipv4.conf.net1.rp_filter": "1" } }
-        => ["sysctls[\"net.ipv4.conf.net1.rp_filter\"]: unknown sysctl; allowed: ipv4.arp_announce, ipv4.arp_ignore, ipv4.forwarding, ipv4.proxy_arp, ipv4.rp_filter, ipv6.accept_ra, ipv6.autoconf, ipv6.disable_ipv6"];
+        => ["sysctls[\"net.ipv4.conf.net1.rp_filter\"]: unknown sysctl; allowed: ipv4.arp_accept, ipv4.arp_announce, ipv4.arp_evict_nocarrier, ipv4.arp_filter, ipv4.arp_ignore, ipv4.arp_notify, ipv4.drop_gratuitous_arp, ipv4.drop_unicast_in_l2_multicast, ipv4.forwarding, ipv4.proxy_arp, ipv4.proxy_arp_pvlan, ipv4.rp_filter, ipv6.accept_dad, ipv6.accept_ra, ipv6.accept_untracked_na, ipv6.autoconf, ipv6.dad_transmits, ipv6.disable_ipv6, ipv6.drop_unicast_in_l2_multicast, ipv6.drop_unsolicited_na, ipv6.ndisc_evict_nocarrier, ipv6.ndisc_notify, ipv6.proxy_ndp"];
     reject_bad_sysctl_values: {
         "sysctls": {
             "ipv4.rp_filter": "3",
@@ -222,6 +222,27 @@ rejects! {
         "sysctls[\"ipv6.accept_ra\"]: \"-1\" is not allowed; allowed values: 0, 1, 2",
         "sysctls[\"ipv6.autoconf\"]: \"yes\" is not allowed; allowed values: 0, 1",
     ];
+    reject_bad_arp_nd_sysctl_values: {
+        "sysctls": {
+            "ipv4.arp_accept": "3",
+            "ipv4.arp_notify": "2",
+            "ipv4.drop_gratuitous_arp": "true",
+            "ipv6.accept_dad": "3",
+            "ipv6.dad_transmits": "11",
+            "ipv6.proxy_ndp": "",
+            "ipv6.ndisc_notify": "01x"
+        }
+    } => [
+        "sysctls[\"ipv4.arp_accept\"]: \"3\" is not allowed; allowed values: 0, 1, 2",
+        "sysctls[\"ipv4.arp_notify\"]: \"2\" is not allowed; allowed values: 0, 1",
+        "sysctls[\"ipv4.drop_gratuitous_arp\"]: \"true\" is not allowed; allowed values: 0, 1",
+        "sysctls[\"ipv6.accept_dad\"]: \"3\" is not allowed; allowed values: 0, 1, 2",
+        "sysctls[\"ipv6.dad_transmits\"]: \"11\" is not allowed; allowed values: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10",
+        "sysctls[\"ipv6.ndisc_notify\"]: \"01x\" is not allowed; allowed values: 0, 1",
+        "sysctls[\"ipv6.proxy_ndp\"]: \"\" is not allowed; allowed values: 0, 1",
+    ];
+    reject_global_arp_sysctl: { "sysctls": { "ipv4.neigh.gc_thresh1": "1" } }
+        => ["sysctls[\"ipv4.neigh.gc_thresh1\"]: unknown sysctl; allowed: ipv4.arp_accept, ipv4.arp_announce, ipv4.arp_evict_nocarrier, ipv4.arp_filter, ipv4.arp_ignore, ipv4.arp_notify, ipv4.drop_gratuitous_arp, ipv4.drop_unicast_in_l2_multicast, ipv4.forwarding, ipv4.proxy_arp, ipv4.proxy_arp_pvlan, ipv4.rp_filter, ipv6.accept_dad, ipv6.accept_ra, ipv6.accept_untracked_na, ipv6.autoconf, ipv6.dad_transmits, ipv6.disable_ipv6, ipv6.drop_unicast_in_l2_multicast, ipv6.drop_unsolicited_na, ipv6.ndisc_evict_nocarrier, ipv6.ndisc_notify, ipv6.proxy_ndp"];
     reject_disable_ipv6_with_ipv6_address: {
         "addresses": ["2001:db8::10/64"],
         "sysctls": { "ipv6.disable_ipv6": "1" }
