@@ -30,6 +30,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "vf",
     "deviceMode",
     "bandwidth",
+    "addressing",
 ];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
 const CHILD_FIELDS: &[&str] = &["mode"];
@@ -237,6 +238,10 @@ impl Parser {
         }
         if let Some(v) = field(map, "bandwidth") {
             config.bandwidth = self.bandwidth(v, &child(path, "bandwidth"));
+        }
+        if let Some(v) = field(map, "addressing") {
+            config.addressing =
+                super::addressing::parse(v, &child(path, "addressing"), &mut self.errors);
         }
         config
     }

@@ -368,6 +368,14 @@ impl Validator {
         if let Some(bandwidth) = &config.bandwidth {
             out.bandwidth = super::bandwidth::validate_bandwidth(bandwidth, &mut self.errors);
         }
+        out.addressing = super::addressing::check(
+            config,
+            &out.addresses,
+            &out.routes,
+            out.mtu,
+            &mut out.sysctls,
+            &mut self.errors,
+        );
         let (mode, errors) = super::mode::check(config);
         out.device_mode = mode;
         self.errors.extend(errors);

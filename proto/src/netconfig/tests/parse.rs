@@ -177,6 +177,7 @@ fn full_config_validates_and_round_trips() {
             egress: Some(2_000_000_000),
             burst: Some(262_144),
         }),
+        addressing: Default::default(),
     };
     assert_eq!(valid, expected);
 
