@@ -246,6 +246,54 @@ async fn lease_renew_release() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The attach step itself: lease, address, server MTU and default route through knic's
+/// rtnetlink session, then the detach step's release.
+async fn attach_step_configures_and_releases() -> anyhow::Result<()> {
+    use knic_driver::dhcp::attach::{DhcpStep, obtain, release};
+    let seg = segment("c")?;
+    let dir = tempfile::tempdir()?;
+    let server = Dnsmasq::start(&seg.server.0, dir.path())?;
+    let mac = mac_of(&seg.pod.0, "net1")?;
+    let ns = Ns::Pod(seg.pod.path());
+    let kernel = Rtnl::new(None);
+    let mut pod = kernel.open(&ns).await?.context("pod ns")?;
+    pod.find_link("net1").await?.context("net1")?;
+    let opener = PodSocket(seg.pod.path());
+    let step = DhcpStep {
+        timeout: Duration::from_secs(10),
+        default_route: true,
+        use_mtu: true,
+        fixed_mtu: None,
+    };
+    let started = Instant::now();
+    let lease = obtain(&mut pod, &opener, &ns, "net1", mac, step)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}; dnsmasq log:\n{}", server.log()))?;
+    eprintln!("attach step: {} in {:?}", lease.cidr(), started.elapsed());
+    drop(pod);
+    let addr = ip(&["-n", &seg.pod.0, "-o", "-4", "addr", "show", "net1"])?;
+    ensure!(addr.contains(&lease.cidr().to_string()), "ip addr: {addr}");
+    let route = ip(&["-n", &seg.pod.0, "route", "show", "default"])?;
+    ensure!(
+        route.contains("default via 10.77.0.1 dev net1"),
+        "ip route: {route}"
+    );
+    let link = ip(&["-n", &seg.pod.0, "-o", "link", "show", "net1"])?;
+    ensure!(link.contains("mtu 1400"), "ip link: {link}");
+    ensure!(server.leases().contains(&lease.address.to_string()));
+    release(&opener, &ns, "net1", &lease).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.leases().contains(&lease.address.to_string()) {
+        ensure!(
+            Instant::now() < deadline,
+            "lease still held: {:?}",
+            server.leases()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 async fn no_server_fails_within_the_bound() -> anyhow::Result<()> {
     let seg = segment("b")?;
     let mac = mac_of(&seg.pod.0, "net1")?;
@@ -278,7 +326,10 @@ fn main() {
         eprintln!("kernel_dhcp trials ignored: {why}");
     }
     type Case = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>;
-    let cases: [(&str, Case); 2] = [
+    let cases: [(&str, Case); 3] = [
+        ("kernel/dhcp_attach_step_configures_and_releases", || {
+            Box::pin(attach_step_configures_and_releases())
+        }),
         ("kernel/dhcp_lease_renew_release_with_dnsmasq", || {
             Box::pin(lease_renew_release())
         }),

@@ -9,6 +9,7 @@
 //! restarted driver renews it on schedule and a detach (or an unprepare after a crash)
 //! releases it: knic never leaves a lease behind to run out on the server.
 
+pub mod attach;
 pub mod client;
 pub mod codec;
 pub mod keeper;

@@ -94,9 +94,16 @@ impl Addressing {
 }
 
 /// Parses `addressing` (structure only), reporting every problem with its path.
-pub(super) fn parse(value: &Value, path: &str, errors: &mut Vec<FieldError>) -> Option<AddressingConfig> {
+pub(super) fn parse(
+    value: &Value,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<AddressingConfig> {
     let Value::Object(map) = value else {
-        errors.push(FieldError::new(path, format!("expected an object, got {}", kind(value))));
+        errors.push(FieldError::new(
+            path,
+            format!("expected an object, got {}", kind(value)),
+        ));
         return None;
     };
     for key in map.keys() {
@@ -117,7 +124,9 @@ pub(super) fn parse(value: &Value, path: &str, errors: &mut Vec<FieldError>) -> 
     }
     if let Some(v) = field("timeoutSeconds") {
         match v.as_u64() {
-            Some(n) if n <= u64::from(MAX_ADDRESSING_TIMEOUT) => out.timeout_seconds = Some(n as u32),
+            Some(n) if n <= u64::from(MAX_ADDRESSING_TIMEOUT) => {
+                out.timeout_seconds = Some(n as u32)
+            }
             _ if v.is_number() && !v.is_f64() => errors.push(FieldError::new(
                 format!("{path}.timeoutSeconds"),
                 format!("must be between 0 and {MAX_ADDRESSING_TIMEOUT}, got {v}"),
@@ -128,7 +137,10 @@ pub(super) fn parse(value: &Value, path: &str, errors: &mut Vec<FieldError>) -> 
             )),
         }
     }
-    for (name, slot) in [("defaultRoute", &mut out.default_route), ("useMtu", &mut out.use_mtu)] {
+    for (name, slot) in [
+        ("defaultRoute", &mut out.default_route),
+        ("useMtu", &mut out.use_mtu),
+    ] {
         if let Some(v) = field(name) {
             match v {
                 Value::Bool(b) => *slot = Some(*b),
@@ -205,7 +217,9 @@ pub(super) fn check(
             for (i, a) in addresses.iter().enumerate().filter(|(_, a)| a.is_ipv4()) {
                 error(
                     format!("addresses[{i}]"),
-                    format!("{a} is IPv4, but addressing.mode dhcp gets the IPv4 address from a DHCP server; remove it or use mode static"),
+                    format!(
+                        "{a} is IPv4, but addressing.mode dhcp gets the IPv4 address from a DHCP server; remove it or use mode static"
+                    ),
                 );
             }
             let timeout_seconds = a.timeout_seconds.unwrap_or(DEFAULT_DHCP_TIMEOUT);
@@ -228,14 +242,26 @@ pub(super) fn check(
                 ("ipv6.disable_ipv6", "1", "disables IPv6"),
             ] {
                 if sysctls.get(key).map(String::as_str) == Some(bad) {
-                    error(format!("sysctls[{key:?}]"), format!("{bad:?} {why}, which addressing.mode slaac needs"));
+                    error(
+                        format!("sysctls[{key:?}]"),
+                        format!("{bad:?} {why}, which addressing.mode slaac needs"),
+                    );
                 }
             }
             if let Some(mtu) = mtu.filter(|m| *m < 1280) {
-                error("interface.mtu".into(), format!("{mtu} is below 1280, the minimum MTU for IPv6 (addressing.mode is slaac)"));
+                error(
+                    "interface.mtu".into(),
+                    format!(
+                        "{mtu} is below 1280, the minimum MTU for IPv6 (addressing.mode is slaac)"
+                    ),
+                );
             }
-            sysctls.entry("ipv6.accept_ra".into()).or_insert_with(|| "2".into());
-            sysctls.entry("ipv6.autoconf".into()).or_insert_with(|| "1".into());
+            sysctls
+                .entry("ipv6.accept_ra".into())
+                .or_insert_with(|| "2".into());
+            sysctls
+                .entry("ipv6.autoconf".into())
+                .or_insert_with(|| "1".into());
             Addressing::Slaac {
                 timeout_seconds: a.timeout_seconds.unwrap_or(0),
             }
@@ -249,25 +275,37 @@ pub(super) fn check(
             }
             for (i, r) in routes.iter().enumerate() {
                 if let Some(gw) = r.gateway {
-                    let link_local = matches!(gw, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local());
+                    let link_local =
+                        matches!(gw, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local());
                     if !link_local {
                         error(
                             format!("routes[{i}].gateway"),
-                            format!("{gw} cannot be reached through an unnumbered interface (it has no subnet); omit the gateway for an on-link route, or use an IPv6 link-local one"),
+                            format!(
+                                "{gw} cannot be reached through an unnumbered interface (it has no subnet); omit the gateway for an on-link route, or use an IPv6 link-local one"
+                            ),
                         );
                     }
                 }
             }
             if sysctls.get("ipv6.autoconf").map(String::as_str) == Some("1") {
-                error("sysctls[\"ipv6.autoconf\"]".into(), "\"1\" would give the interface addresses, but addressing.mode is unnumbered".into());
+                error(
+                    "sysctls[\"ipv6.autoconf\"]".into(),
+                    "\"1\" would give the interface addresses, but addressing.mode is unnumbered"
+                        .into(),
+                );
             }
-            sysctls.entry("ipv6.autoconf".into()).or_insert_with(|| "0".into());
+            sysctls
+                .entry("ipv6.autoconf".into())
+                .or_insert_with(|| "0".into());
             Addressing::Unnumbered
         }
         other => {
             error(
                 "addressing.mode".into(),
-                format!("{other:?} is not an addressing mode; use one of {}", ADDRESSING_MODES.join(", ")),
+                format!(
+                    "{other:?} is not an addressing mode; use one of {}",
+                    ADDRESSING_MODES.join(", ")
+                ),
             );
             Addressing::Static
         }

@@ -55,7 +55,8 @@ fn dhcp_defaults_and_checkpoint_form() {
         serde_json::to_value(&v).expect("json")["addressing"],
         json!({"mode": "dhcp", "timeoutSeconds": 10, "defaultRoute": true, "useMtu": false})
     );
-    let back: ValidConfig = serde_json::from_value(serde_json::to_value(&v).expect("json")).expect("loads");
+    let back: ValidConfig =
+        serde_json::from_value(serde_json::to_value(&v).expect("json")).expect("loads");
     assert_eq!(back, v);
     let v = valid(json!({
         "addressing": {"mode": "dhcp", "timeoutSeconds": 60, "defaultRoute": false, "useMtu": true},
@@ -75,7 +76,9 @@ fn dhcp_defaults_and_checkpoint_form() {
 #[test]
 fn dhcp_refuses_ipv4_statics_ipam_and_a_zero_timeout() {
     assert_eq!(
-        errors(json!({"addressing": {"mode": "dhcp"}, "addresses": ["2001:db8::1/64", "192.0.2.10/24"]})),
+        errors(
+            json!({"addressing": {"mode": "dhcp"}, "addresses": ["2001:db8::1/64", "192.0.2.10/24"]})
+        ),
         "addresses[1]: 192.0.2.10/24 is IPv4, but addressing.mode dhcp gets the IPv4 address from a DHCP server; remove it or use mode static"
     );
     assert_eq!(
@@ -92,11 +95,20 @@ fn dhcp_refuses_ipv4_statics_ipam_and_a_zero_timeout() {
 fn slaac_turns_ras_on_and_refuses_what_would_stop_it() {
     let v = valid(json!({"addressing": {"mode": "slaac", "timeoutSeconds": 5}}));
     assert_eq!(v.addressing, Addressing::Slaac { timeout_seconds: 5 });
-    assert_eq!(v.sysctls.get("ipv6.accept_ra").map(String::as_str), Some("2"));
-    assert_eq!(v.sysctls.get("ipv6.autoconf").map(String::as_str), Some("1"));
+    assert_eq!(
+        v.sysctls.get("ipv6.accept_ra").map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(
+        v.sysctls.get("ipv6.autoconf").map(String::as_str),
+        Some("1")
+    );
     // An explicit accept_ra 1 is kept.
     let v = valid(json!({"addressing": {"mode": "slaac"}, "sysctls": {"ipv6.accept_ra": "1"}}));
-    assert_eq!(v.sysctls.get("ipv6.accept_ra").map(String::as_str), Some("1"));
+    assert_eq!(
+        v.sysctls.get("ipv6.accept_ra").map(String::as_str),
+        Some("1")
+    );
     assert_eq!(v.addressing, Addressing::Slaac { timeout_seconds: 0 });
     assert_eq!(
         errors(json!({
@@ -119,7 +131,10 @@ fn unnumbered_has_no_address_and_on_link_routes_only() {
     }));
     assert_eq!(v.addressing, Addressing::Unnumbered);
     assert!(v.addresses.is_empty());
-    assert_eq!(v.sysctls.get("ipv6.autoconf").map(String::as_str), Some("0"));
+    assert_eq!(
+        v.sysctls.get("ipv6.autoconf").map(String::as_str),
+        Some("0")
+    );
     assert_eq!(
         errors(json!({
             "addressing": {"mode": "unnumbered"},
@@ -162,7 +177,9 @@ fn parse_names_every_structural_problem() {
         "config[0].parameters.addressing: expected an object, got string \"dhcp\""
     );
     assert_eq!(
-        parse_errors(json!({"addressing": {"mode": 4, "timeoutSeconds": 61, "defaultRoute": "yes", "useMtu": 1, "lease": 3}})),
+        parse_errors(
+            json!({"addressing": {"mode": 4, "timeoutSeconds": 61, "defaultRoute": "yes", "useMtu": 1, "lease": 3}})
+        ),
         "config[0].parameters.addressing.lease: unknown field; \
          config[0].parameters.addressing.mode: expected a string, got number 4; \
          config[0].parameters.addressing.timeoutSeconds: must be between 0 and 60, got 61; \
@@ -193,10 +210,14 @@ fn layers_merge_field_by_field() {
         }
     );
     // A claim goes back to static addresses by saying so.
-    let claim = config(json!({"addressing": {"mode": "static", "timeoutSeconds": null}, "addresses": ["192.0.2.10/24"]}));
+    let claim = config(
+        json!({"addressing": {"mode": "static", "timeoutSeconds": null}, "addresses": ["192.0.2.10/24"]}),
+    );
     let merged = merge(&[class, claim]);
     assert_eq!(
-        validate(&merged).expect_err("timeout left from the class").to_string(),
+        validate(&merged)
+            .expect_err("timeout left from the class")
+            .to_string(),
         "addressing.timeoutSeconds: applies only to mode dhcp or slaac, not static"
     );
 }
