@@ -145,6 +145,7 @@ fn knic_plan() -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "bench".into(),
         device: HOST_IF.into(),
         request: "nic".into(),

@@ -149,6 +149,7 @@ fn knic_plan() -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "bench".into(),
         device: PARENT.into(),
         request: "nic".into(),

@@ -141,6 +141,7 @@ fn plan(i: usize) -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "parallel".into(),
         device: host_if(i),
         request: "nic".into(),

@@ -109,6 +109,7 @@ fn plan(i: usize) -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "soak".into(),
         device: host_if(i),
         request: "nic".into(),

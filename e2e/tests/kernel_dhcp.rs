@@ -281,6 +281,11 @@ async fn attach_step_configures_and_releases() -> anyhow::Result<()> {
     let link = ip(&["-n", &seg.pod.0, "-o", "link", "show", "net1"])?;
     ensure!(link.contains("mtu 1400"), "ip link: {link}");
     ensure!(server.leases().contains(&lease.address.to_string()));
+    // A crash: only the checkpoint's JSON of the lease survives; the restarted driver's
+    // unprepare releases from that record.
+    let record = serde_json::to_string(&lease)?;
+    drop(lease);
+    let lease: knic_driver::dhcp::Lease = serde_json::from_str(&record)?;
     release(&opener, &ns, "net1", &lease).await?;
     let deadline = Instant::now() + Duration::from_secs(5);
     while server.leases().contains(&lease.address.to_string()) {

@@ -32,6 +32,11 @@ use nri::{no_container_starts_without_its_interface, runtime_restart_reconnects}
 mod crash;
 use crash::crash_at_every_step_converges;
 
+// `addressing: {mode: dhcp}` against dnsmasq, through a crash.
+#[path = "pods/dhcp.rs"]
+mod dhcp;
+use dhcp::dhcp_lease_follows_the_pod;
+
 // The real kubelet and runtime of a real cluster.
 #[path = "pods/real.rs"]
 mod real;
@@ -228,8 +233,11 @@ fn main() {
         ("no_container_starts_without_its_interface", |e| {
             Box::pin(no_container_starts_without_its_interface(e))
         }),
+        ("dhcp_lease_follows_the_pod", |e| {
+            Box::pin(dhcp_lease_follows_the_pod(e))
+        }),
     ];
-    let tags: [&'static str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+    let tags: [&'static str; 12] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
     let mut trials = Vec::new();
     for (backend, offset) in [("fake", 0), ("real", scenarios.len())] {
         for (i, (name, scenario)) in scenarios.iter().enumerate() {

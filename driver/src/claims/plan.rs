@@ -191,6 +191,7 @@ pub fn plans(
         out.push(AttachPlan {
             network: claim.network_label.clone().or(network),
             from_template: claim.network_label.is_some(),
+            addressing: valid.addressing,
             pool: device.pool.clone(),
             device: device.device.clone(),
             request: device.request.clone(),

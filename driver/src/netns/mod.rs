@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, Route};
+use knic_proto::netconfig::{Addressing, Bandwidth, ChildKind, Cidr, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -458,6 +458,10 @@ pub struct AttachPlan {
     /// leaves it alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_template: bool,
+    /// How the pod's interface gets addresses beyond `addresses` (DHCP, SLAAC, unnumbered);
+    /// omitted when static, so older checkpoints load the same.
+    #[serde(default, skip_serializing_if = "Addressing::is_static")]
+    pub addressing: Addressing,
 }
 
 impl AttachPlan {

@@ -17,6 +17,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
     let plan = |device: &str| AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "node-a".into(),
         device: device.into(),
         request: "nic".into(),

@@ -15,7 +15,7 @@ use super::{Env, host_link, network_config};
 impl Env {
     /// Replaces the running driver (SIGTERM, or already dead) with a new one, optionally armed
     /// with a failpoint, and lets the runtime accept it with `pods` in Synchronize.
-    async fn restart_driver(
+    pub(crate) async fn restart_driver(
         &mut self,
         failpoint: Option<&str>,
         pods: Vec<PodSandbox>,

@@ -39,6 +39,7 @@ fn vf_plan(mac: [u8; 6], settings: VfSettings) -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mac: Some(mac),
         vf: Some(VfPlan {
             pf: PF.into(),

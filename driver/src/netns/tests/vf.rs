@@ -41,6 +41,7 @@ fn vf_plan(mode: AttachMode) -> AttachPlan {
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mode,
         mac: Some(VF_MAC),
         vf: Some(VfPlan {
