@@ -284,8 +284,12 @@ async fn attach_step_configures_and_releases() -> anyhow::Result<()> {
     // A crash: only the checkpoint's JSON of the lease survives; the restarted driver's
     // unprepare releases from that record.
     let record = serde_json::to_string(&lease)?;
-    drop(lease);
-    let lease: knic_driver::dhcp::Lease = serde_json::from_str(&record)?;
+    let restored: knic_driver::dhcp::Lease = serde_json::from_str(&record)?;
+    ensure!(
+        restored == lease,
+        "checkpoint form lost something: {record}"
+    );
+    let lease = restored;
     release(&opener, &ns, "net1", &lease).await?;
     let deadline = Instant::now() + Duration::from_secs(5);
     while server.leases().contains(&lease.address.to_string()) {

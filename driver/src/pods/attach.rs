@@ -124,19 +124,19 @@ impl<K: Kernel> PodNetworks<K> {
             let outcome = self
                 .attach_device(claim, a, &netns, &s.restore, s.resume)
                 .await;
-            // `addressing: {mode: dhcp}`: the lease, once the interface is up in the pod.
+            // `addressing`: a DHCP lease or SLAAC's address, once the interface is up in the pod.
             let outcome = match outcome {
                 Ok(link) => self
                     .obtain_lease(claim, s.index, a, &netns, &link)
                     .await
-                    .map(|lease| (link, lease)),
+                    .map(|extra| (link, extra)),
                 Err(e) => Err(e),
             };
             let m = metrics();
             m.attaches.inc([crate::metrics::result(&outcome)]);
             m.attach_duration.observe_since([], started);
             match outcome {
-                Ok((link, lease)) => entries[s.claim].push(DeviceStatus {
+                Ok((link, extra)) => entries[s.claim].push(DeviceStatus {
                     updated: None,
                     pool: a.plan.pool.clone(),
                     device: a.plan.device.clone(),
@@ -149,7 +149,7 @@ impl<K: Kernel> PodNetworks<K> {
                         .addresses
                         .iter()
                         .copied()
-                        .chain(lease.map(|l| l.cidr()))
+                        .chain(extra)
                         .map(|c| c.to_string())
                         .collect(),
                     hardware_address: link.mac.as_ref().map(netns::mac_text),

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use knic_proto::netconfig::Addressing;
+use knic_proto::netconfig::{Addressing, Cidr};
 
 use super::PodNetworks;
 use crate::claims::checkpoint::{Attachment, PreparedClaim};
@@ -41,8 +41,10 @@ pub type Keepers =
     std::sync::Mutex<std::collections::HashMap<(String, String), tokio::task::AbortHandle>>;
 
 impl<K: Kernel> PodNetworks<K> {
-    /// Obtains and records the lease of attachment `index` of `claim` (attached as `link` in
-    /// `path`) when its plan asks for DHCP; `None` otherwise. On error nothing is held.
+    /// The addressing step of attachment `index` of `claim` (attached as `link` in `path`):
+    /// for DHCP the lease, obtained and recorded; for SLAAC with a timeout, the wait for an
+    /// autoconfigured address. Returns the addresses it brought, for the claim status. On
+    /// error nothing is held.
     pub(super) async fn obtain_lease(
         &self,
         claim: &PreparedClaim,
@@ -50,14 +52,17 @@ impl<K: Kernel> PodNetworks<K> {
         a: &Attachment,
         path: &std::path::Path,
         link: &LinkState,
-    ) -> Result<Option<Lease>> {
+    ) -> Result<Vec<Cidr>> {
+        if let Addressing::Slaac { timeout_seconds } = a.plan.addressing {
+            return self.wait_for_slaac(a, path, link, timeout_seconds).await;
+        }
         let Addressing::Dhcp {
             timeout_seconds,
             default_route,
             use_mtu,
         } = a.plan.addressing
         else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let ns = Ns::Pod(path.to_path_buf());
         let ifname = a.plan.pod_ifname.clone();
@@ -75,7 +80,7 @@ impl<K: Kernel> PodNetworks<K> {
         // A lease recorded by an attach that was cut short is the one to keep.
         if let Some(lease) = &a.lease {
             self.keep_lease(claim, a, path, lease.clone());
-            return Ok(Some(lease.clone()));
+            return Ok(vec![lease.cidr()]);
         }
         let step = DhcpStep {
             timeout: Duration::from_secs(u64::from(timeout_seconds)).min(MAX_TIMEOUT),
@@ -106,7 +111,49 @@ impl<K: Kernel> PodNetworks<K> {
         }
         crate::failpoint::hit("attach:after-lease");
         self.keep_lease(claim, a, path, lease.clone());
-        Ok(Some(lease))
+        Ok(vec![lease.cidr()])
+    }
+
+    /// Waits (bounded) for the kernel to autoconfigure a global IPv6 address on the pod's
+    /// interface from a router advertisement; `timeout_seconds` 0 does not wait.
+    async fn wait_for_slaac(
+        &self,
+        a: &Attachment,
+        path: &std::path::Path,
+        link: &LinkState,
+        timeout_seconds: u32,
+    ) -> Result<Vec<Cidr>> {
+        if timeout_seconds == 0 {
+            return Ok(Vec::new());
+        }
+        let ns = Ns::Pod(path.to_path_buf());
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs(u64::from(timeout_seconds)).min(MAX_TIMEOUT);
+        loop {
+            // A session per look: none is held across the wait (see `Session`).
+            let mut pod = crate::netns::open(&self.kernel, &ns).await?;
+            let autoconf: Vec<Cidr> = pod
+                .addresses(link.index)
+                .await?
+                .into_iter()
+                .filter(|c| c.is_ipv6() && !a.plan.addresses.contains(c))
+                .collect();
+            drop(pod);
+            if !autoconf.is_empty() {
+                return Ok(autoconf);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::kernel(
+                    &ns,
+                    format!("waiting for SLAAC on {}", a.plan.pod_ifname),
+                    format!(
+                        "no IPv6 address was autoconfigured within {timeout_seconds} s (no router \
+                         advertisement with an autonomous prefix arrived)"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Starts renewing `lease` in the background; every renewal is noted in the checkpoint.

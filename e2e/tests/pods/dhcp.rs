@@ -202,3 +202,142 @@ pub(crate) async fn dhcp_lease_follows_the_pod(env: &mut Env) -> anyhow::Result<
     );
     Ok(())
 }
+
+/// `slaac` on device 0 (dnsmasq sends router advertisements for 2001:db8::/64) and
+/// `unnumbered` on device 2 (no address, an on-link route only), through the real driver.
+pub(crate) async fn slaac_and_unnumbered(env: &mut Env) -> anyhow::Result<()> {
+    if Command::new("dnsmasq").arg("--version").output().is_err() {
+        anyhow::bail!(
+            "dnsmasq is not installed (Debian: dnsmasq-base); e2e/run-tests.sh installs it"
+        );
+    }
+    let dir = tempfile::tempdir()?;
+    let _ra = Dnsmasq {
+        child: Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &env.peer.0,
+                "dnsmasq",
+                "--no-daemon",
+                "--port=0",
+            ])
+            .arg(format!("--interface=knt-{}1", env.tag))
+            .args(["--bind-interfaces", "--enable-ra"])
+            .arg(format!(
+                "--dhcp-range=::,constructor:knt-{}1,ra-only",
+                env.tag
+            ))
+            .arg(format!(
+                "--dhcp-leasefile={}",
+                dir.path().join("leases").display()
+            ))
+            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting dnsmasq")?,
+        dir,
+    };
+    let s = env
+        .cluster
+        .create_claim_with_config(
+            "slaac",
+            Some(&[("knic.dev", &env.dev(0))]),
+            Some(network_config(json!({
+                "addressing": {"mode": "slaac", "timeoutSeconds": 10},
+            }))),
+        )
+        .await?;
+    let u = env
+        .cluster
+        .create_claim_with_config(
+            "unnumbered",
+            Some(&[("knic.dev", &env.dev(2))]),
+            Some(network_config(json!({
+                "interface": {"name": "un0"},
+                "addressing": {"mode": "unnumbered"},
+                "routes": [{"destination": "198.51.100.0/24"}],
+            }))),
+        )
+        .await?;
+    for claim in [&s, &u] {
+        let out = env.plugin.prepare(DraVersion::V1, &[env.id(claim)]).await?;
+        ensure!(
+            out[&claim.uid].error.is_empty(),
+            "prepare: {}",
+            out[&claim.uid].error
+        );
+    }
+    env.runtime.set_request_timeout(Duration::from_secs(20));
+    let (ns_s, ns_u) = (
+        Netns::new(&format!("knt-ps-{}", env.tag))?,
+        Netns::new(&format!("knt-pu-{}", env.tag))?,
+    );
+    let started = std::time::Instant::now();
+    env.runtime
+        .run_pod_sandbox(&env.pod(&s, Some(&ns_s)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    eprintln!("SLAAC address waited for in {:?}", started.elapsed());
+    let addr = ip(&[
+        "-n", &ns_s.0, "-6", "addr", "show", "net1", "scope", "global",
+    ])?;
+    ensure!(
+        addr.contains("inet6 2001:db8:") && addr.contains("dynamic"),
+        "{addr}"
+    );
+    let status = eventually("slaac status", Duration::from_secs(10), || async {
+        let st = env.claim_status("slaac").await?;
+        Ok(st["devices"][0]["networkData"]["ips"]
+            .is_array()
+            .then_some(st))
+    })
+    .await?;
+    let ips = status["devices"][0]["networkData"]["ips"].to_string();
+    ensure!(ips.contains("2001:db8:") && ips.contains("/64"), "{status}");
+
+    env.runtime
+        .run_pod_sandbox(&env.pod(&u, Some(&ns_u)))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let v4 = ip(&["-n", &ns_u.0, "-4", "addr", "show", "un0"])?;
+    ensure!(
+        !v4.contains("inet "),
+        "unnumbered has an IPv4 address: {v4}"
+    );
+    let global6 = ip(&[
+        "-n", &ns_u.0, "-6", "addr", "show", "un0", "scope", "global",
+    ])?;
+    ensure!(
+        global6.trim().is_empty(),
+        "unnumbered has a global IPv6 address: {global6}"
+    );
+    let route = ip(&["-n", &ns_u.0, "route", "show", "198.51.100.0/24"])?;
+    ensure!(route.contains("198.51.100.0/24 dev un0"), "{route}");
+    let autoconf = ip(&[
+        "netns",
+        "exec",
+        &ns_u.0,
+        "cat",
+        "/proc/sys/net/ipv6/conf/un0/autoconf",
+    ])?;
+    ensure!(autoconf.trim() == "0", "autoconf {autoconf:?}");
+
+    for (claim, ns) in [(&s, &ns_s), (&u, &ns_u)] {
+        env.runtime
+            .stop_pod_sandbox(&env.pod(claim, Some(ns)))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        env.runtime
+            .remove_pod_sandbox(&env.pod(claim, None))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let out = env
+            .plugin
+            .unprepare(DraVersion::V1, &[env.id(claim)])
+            .await?;
+        ensure!(out[&claim.uid].is_empty(), "unprepare: {}", out[&claim.uid]);
+    }
+    Ok(())
+}
