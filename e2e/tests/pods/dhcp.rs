@@ -204,7 +204,8 @@ pub(crate) async fn dhcp_lease_follows_the_pod(env: &mut Env) -> anyhow::Result<
 }
 
 /// `slaac` on device 0 (dnsmasq sends router advertisements for 2001:db8::/64) and
-/// `unnumbered` on device 2 (no address, an on-link route only), through the real driver.
+/// `unnumbered` on device 2 (no address, an on-link route only), through the real driver; then
+/// `dhcp` on device 2, whose peer runs no server: the attach fails within the bound.
 pub(crate) async fn slaac_and_unnumbered(env: &mut Env) -> anyhow::Result<()> {
     if Command::new("dnsmasq").arg("--version").output().is_err() {
         anyhow::bail!(
@@ -339,5 +340,53 @@ pub(crate) async fn slaac_and_unnumbered(env: &mut Env) -> anyhow::Result<()> {
             .await?;
         ensure!(out[&claim.uid].is_empty(), "unprepare: {}", out[&claim.uid]);
     }
+
+    // DHCP where no server answers (device 2's peer runs none): the sandbox fails within the
+    // claim's bound with the reason, and the device is back on the host as it was.
+    let before = super::host_link(&env.dev(2))?;
+    let d = env
+        .cluster
+        .create_claim_with_config(
+            "no-server",
+            Some(&[("knic.dev", &env.dev(2))]),
+            Some(network_config(
+                json!({"addressing": {"mode": "dhcp", "timeoutSeconds": 2}}),
+            )),
+        )
+        .await?;
+    let out = env.plugin.prepare(DraVersion::V1, &[env.id(&d)]).await?;
+    ensure!(
+        out[&d.uid].error.is_empty(),
+        "prepare: {}",
+        out[&d.uid].error
+    );
+    let ns_d = Netns::new(&format!("knt-pn-{}", env.tag))?;
+    let started = std::time::Instant::now();
+    let err = env
+        .runtime
+        .run_pod_sandbox(&env.pod(&d, Some(&ns_d)))
+        .await
+        .err()
+        .context("an attach without a DHCP server must fail")?
+        .to_string();
+    let took = started.elapsed();
+    eprintln!("no DHCP server: failed after {took:?}: {err}");
+    ensure!(
+        err.contains(
+            "getting a DHCP lease for net1: no DHCPOFFER (sent DHCPDISCOVER 2 times) within 2 s"
+        ),
+        "{err}"
+    );
+    ensure!(took < Duration::from_secs(4), "{took:?}");
+    ensure!(
+        super::host_link(&env.dev(2))? == before,
+        "the device is not back as it was"
+    );
+    ensure!(
+        ip(&["-n", &ns_d.0, "link", "show", "net1"]).is_err(),
+        "net1 left in the pod"
+    );
+    let out = env.plugin.unprepare(DraVersion::V1, &[env.id(&d)]).await?;
+    ensure!(out[&d.uid].is_empty(), "unprepare: {}", out[&d.uid]);
     Ok(())
 }
