@@ -50,6 +50,8 @@ for pair in ip:iproute2 kill:procps unshare:util-linux openssl:openssl python3:p
 done
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# dnsmasq-base: the DHCP server of the DHCP client trials (e2e/tests/kernel_dhcp.rs).
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 [ "${#need[@]}" -eq 0 ] || apt_install "${need[@]}" || true
 
 # ethtool: the kernel ethtool trials cross-check features and channels with it (issue 27);

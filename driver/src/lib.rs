@@ -13,6 +13,7 @@ pub mod bounded;
 pub mod cdi;
 pub mod claims;
 pub mod cni;
+pub mod dhcp;
 pub mod error;
 pub mod events;
 pub mod failpoint;

@@ -146,6 +146,7 @@ fn knic_plan() -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "bench".into(),
         device: HOST_IF.into(),
         request: "nic".into(),

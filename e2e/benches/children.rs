@@ -150,6 +150,7 @@ fn knic_plan() -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "bench".into(),
         device: PARENT.into(),
         request: "nic".into(),

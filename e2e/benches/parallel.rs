@@ -142,6 +142,7 @@ fn plan(i: usize) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "parallel".into(),
         device: host_if(i),
         request: "nic".into(),

@@ -110,6 +110,7 @@ fn plan(i: usize) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "soak".into(),
         device: host_if(i),
         request: "nic".into(),

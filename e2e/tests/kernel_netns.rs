@@ -83,6 +83,7 @@ fn plan(host_ifname: &str, mode: AttachMode) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "node".into(),
         device: host_ifname.into(),
         request: "nic".into(),

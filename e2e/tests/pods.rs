@@ -35,6 +35,10 @@ use crash::crash_at_every_step_converges;
 // ethtool settings through the real driver, and a crash right after them (issue 27).
 #[path = "pods/ethtool.rs"]
 mod ethtool;
+// `addressing: {mode: dhcp}` against dnsmasq, through a crash.
+#[path = "pods/dhcp.rs"]
+mod dhcp;
+use dhcp::{dhcp_lease_follows_the_pod, slaac_and_unnumbered};
 
 // The real kubelet and runtime of a real cluster.
 #[path = "pods/real.rs"]
@@ -237,8 +241,16 @@ fn main() {
                 e,
             ))
         }),
+        ("dhcp_lease_follows_the_pod", |e| {
+            Box::pin(dhcp_lease_follows_the_pod(e))
+        }),
+        ("slaac_and_unnumbered", |e| {
+            Box::pin(slaac_and_unnumbered(e))
+        }),
     ];
-    let tags: [&'static str; 12] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
+    let tags: [&'static str; 16] = [
+        "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p",
+    ];
     let mut trials = Vec::new();
     for (backend, offset) in [("fake", 0), ("real", scenarios.len())] {
         for (i, (name, scenario)) in scenarios.iter().enumerate() {

@@ -131,6 +131,11 @@ pub struct Attachment {
     /// while its kernel step may not have run, then its result for the claim condition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<crate::pods::update::LiveUpdate>,
+    /// The DHCP lease held for the pod's interface (`addressing: {mode: dhcp}`): recorded
+    /// durably once granted, so a restarted driver renews it and a detach or an unprepare
+    /// after a crash releases it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crate::dhcp::Lease>,
 }
 
 impl Attachment {
@@ -142,6 +147,7 @@ impl Attachment {
             netns: None,
             attached: false,
             live: None,
+            lease: None,
         }
     }
 }

@@ -198,6 +198,7 @@ pub fn plans(
             routing,
             network: claim.network_label.clone().or(network),
             from_template: claim.network_label.is_some(),
+            addressing: valid.addressing,
             pool: device.pool.clone(),
             device: device.device.clone(),
             request: device.request.clone(),

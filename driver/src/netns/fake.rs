@@ -88,6 +88,7 @@ pub(crate) fn plan(
     AttachPlan {
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "node-a".into(),
         device: device.into(),
         request: "nic".into(),

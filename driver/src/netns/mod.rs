@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use knic_proto::netconfig::{Bandwidth, ChildKind, Cidr, EthtoolSettings, Route};
+use knic_proto::netconfig::{Addressing, Bandwidth, ChildKind, Cidr, EthtoolSettings, Route};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -516,6 +516,10 @@ pub struct AttachPlan {
     /// written before knic had them.
     #[serde(default, skip_serializing_if = "LinkSettings::is_empty")]
     pub link: LinkSettings,
+    /// How the pod's interface gets addresses beyond `addresses` (DHCP, SLAAC, unnumbered);
+    /// omitted when static, so older checkpoints load the same.
+    #[serde(default, skip_serializing_if = "Addressing::is_static")]
+    pub addressing: Addressing,
 }
 
 impl AttachPlan {

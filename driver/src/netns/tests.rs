@@ -20,6 +20,7 @@ fn plan(mode: AttachMode) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mode,
         mac: Some([0x02, 0, 0, 0, 0, 0x10]),
         routes: vec![Route {

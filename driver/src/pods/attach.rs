@@ -124,11 +124,19 @@ impl<K: Kernel> PodNetworks<K> {
             let outcome = self
                 .attach_device(claim, a, &netns, &s.restore, s.resume)
                 .await;
+            // `addressing`: a DHCP lease or SLAAC's address, once the interface is up in the pod.
+            let outcome = match outcome {
+                Ok(link) => self
+                    .obtain_lease(claim, s.index, a, &netns, &link)
+                    .await
+                    .map(|extra| (link, extra)),
+                Err(e) => Err(e),
+            };
             let m = metrics();
             m.attaches.inc([crate::metrics::result(&outcome)]);
             m.attach_duration.observe_since([], started);
             match outcome {
-                Ok(link) => entries[s.claim].push(DeviceStatus {
+                Ok((link, extra)) => entries[s.claim].push(DeviceStatus {
                     updated: None,
                     pool: a.plan.pool.clone(),
                     device: a.plan.device.clone(),
@@ -136,7 +144,14 @@ impl<K: Kernel> PodNetworks<K> {
                     reason: "InterfaceConfigured".into(),
                     message: format!("{} configured in pod {pod_name}", a.plan.pod_ifname),
                     interface_name: Some(a.plan.pod_ifname.clone()),
-                    ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
+                    ips: a
+                        .plan
+                        .addresses
+                        .iter()
+                        .copied()
+                        .chain(extra)
+                        .map(|c| c.to_string())
+                        .collect(),
                     hardware_address: link.mac.as_ref().map(netns::mac_text),
                     data: attached_data(claim, &a.plan),
                 }),

@@ -27,6 +27,7 @@ use crate::nri::{NriHandler, PodSandbox};
 use crate::sriov::rdma::{KernelRdma, NetnsMode, RdmaNamespaces, no_rdma_core};
 
 mod attach;
+pub mod dhcp;
 pub mod update;
 mod uplinks;
 
@@ -124,6 +125,8 @@ pub struct PodNetworks<K> {
     overlay_joined: Arc<tokio::sync::Notify>,
     /// The device metadata files configured interfaces are written to, when written.
     metadata: std::sync::Mutex<Option<crate::cdi::metadata::Metadata>>,
+    /// Renewal tasks of DHCP leases, stopped on detach.
+    leases: dhcp::Keepers,
 }
 
 /// The driver's own network namespace: it runs with the host network, so this is the host's.
@@ -143,6 +146,7 @@ impl<K: Kernel> PodNetworks<K> {
             events: std::sync::Mutex::new(Arc::new(NoEvents)),
             overlay_joined: Arc::default(),
             metadata: std::sync::Mutex::new(None),
+            leases: Default::default(),
         })
     }
 
@@ -315,6 +319,7 @@ impl<K: Kernel> PodNetworks<K> {
             // The kernel returns it to the host when the pod's namespace goes away.
             tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
         }
+        self.release_lease(claim, a).await;
         netns::detach(&self.kernel, &a.plan, netns.or(recorded.as_ref()), restore).await
     }
 
@@ -435,6 +440,7 @@ fn forget_record(uid: &str, index: usize) -> Change {
             a.restore = None;
             a.netns = None;
             a.attached = false;
+            a.lease = None;
         }
     };
     (uid.to_owned(), Box::new(change))
@@ -489,6 +495,8 @@ impl<K: Kernel> Release for PodNetworks<K> {
                         tracing::warn!(claim = %claim.name, error = %e, "could not bring an RDMA device back to the host");
                     }
                     let ns = a.netns.clone().map(Ns::Pod);
+                    // After a crash too: the checkpoint says a lease is held.
+                    self.release_lease(claim, a).await;
                     netns::detach(&self.kernel, &a.plan, ns.as_ref(), restore).await?;
                     // The store is locked by the caller, so no attach can record a user of
                     // the uplink between this check and the delete; the claim is being
@@ -613,7 +621,7 @@ impl<K: Kernel> PodNetworks<K> {
                         tracing::error!(pod = %pod.name, error = %e, "re-attaching after a restart failed");
                     }
                 }
-                Some(_) => {}
+                Some(_) => self.resume_leases(&checkpoint, &uid),
                 // Gone: put its devices back.
                 None if away => {
                     if let Err(e) = self.detach_pod(&uid, None).await {

@@ -18,6 +18,7 @@ fn checkpoint_corpus(dir: &Path) -> Vec<Vec<u8>> {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         pool: "node-a".into(),
         device: device.into(),
         request: "nic".into(),

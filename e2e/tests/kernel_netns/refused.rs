@@ -64,6 +64,7 @@ pub(crate) async fn a_move_refused_after_the_device_moved_is_undone(
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mtu: Some(9000),
         ..plan("knt-rm", AttachMode::Move)
     };
@@ -76,6 +77,7 @@ pub(crate) async fn a_move_refused_after_the_device_moved_is_undone(
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mtu: Some(60),
         ..plan("knt-v0", AttachMode::Move)
     };

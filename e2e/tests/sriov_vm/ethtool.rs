@@ -92,6 +92,7 @@ pub async fn ethtool_on_a_moved_igb_port(m: Machine) -> anyhow::Result<()> {
         ethtool: Some(wanted.clone()),
         routing: Default::default(),
         link: Default::default(),
+        addressing: Default::default(),
     };
     let restore = capture(&k, &p).await?;
     let previous = restore.ethtool.clone().context("nothing recorded")?;

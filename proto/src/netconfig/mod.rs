@@ -19,6 +19,7 @@
 //! one contract without pulling `k8s-openapi` into every consumer.
 
 mod addr;
+mod addressing;
 mod bandwidth;
 mod child;
 mod cidr;
@@ -43,6 +44,9 @@ use serde::{Deserialize, Serialize};
 pub use addr::{
     SpecialClass, check_address_range, check_interface_address, check_next_hop, check_not_reserved,
     check_route_destination, reserved_ends, reserved_role, special_class,
+};
+pub use addressing::{
+    ADDRESSING_MODES, Addressing, AddressingConfig, DEFAULT_DHCP_TIMEOUT, MAX_ADDRESSING_TIMEOUT,
 };
 pub use bandwidth::{
     Bandwidth, BandwidthConfig, BandwidthSettings, MAX_BURST, MIN_EGRESS, parse_egress,
@@ -201,6 +205,9 @@ pub struct NetworkConfig {
     /// Static ARP/NDP entries on the pod's interface (`[{address, hardwareAddress}]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub neighbors: Option<Vec<NeighborConfig>>,
+    /// How the interface gets addresses: `static` (default), `dhcp`, `slaac`, `unnumbered`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addressing: Option<AddressingConfig>,
 }
 
 /// Link-level settings; merged field by field so a class can fix the MTU while a claim names
@@ -332,6 +339,9 @@ pub struct ValidConfig {
     /// Static neighbors, in the order given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub neighbors: Vec<Neighbor>,
+    /// How the interface gets addresses; omitted when `static`, so older checkpoints load.
+    #[serde(default, skip_serializing_if = "Addressing::is_static")]
+    pub addressing: Addressing,
 }
 
 /// One checked route; every address is the same family as `destination`.
@@ -368,7 +378,7 @@ pub struct Route {
 /// * lists (`addresses`, `routes`, `neighbors`) replace as a whole, because appending would make a route
 ///   list impossible to shrink and its order matters;
 /// * `sysctls` merge key by key, later value wins;
-/// * `vf` and `bandwidth` merge field by field, like `interface`;
+/// * `vf`, `bandwidth` and `addressing` merge field by field, like `interface`;
 /// * `ethtool` merges `features` key by key and `rings`/`channels`/`coalesce` field by field.
 ///
 /// The result is not validated; run [`validate`] on it.
@@ -456,6 +466,12 @@ pub fn merge(layers: &[NetworkConfig]) -> NetworkConfig {
                 .ethtool
                 .get_or_insert_with(EthtoolConfig::default)
                 .merge_from(ethtool);
+        }
+        if let Some(addressing) = &layer.addressing {
+            merged
+                .addressing
+                .get_or_insert_with(AddressingConfig::default)
+                .merge_from(addressing);
         }
         if layer.device_mode.is_some() {
             merged.device_mode.clone_from(&layer.device_mode);

@@ -36,6 +36,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "vrf",
     "ethtool",
     "neighbors",
+    "addressing",
 ];
 const NEIGHBOR_FIELDS: &[&str] = &["address", "hardwareAddress"];
 const BANDWIDTH_FIELDS: &[&str] = &["egress", "burst"];
@@ -270,6 +271,10 @@ impl Parser {
         }
         if let Some(v) = field(map, "neighbors") {
             config.neighbors = self.neighbors(v, &child(path, "neighbors"));
+        }
+        if let Some(v) = field(map, "addressing") {
+            config.addressing =
+                super::addressing::parse(v, &child(path, "addressing"), &mut self.errors);
         }
         config
     }

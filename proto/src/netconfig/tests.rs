@@ -59,7 +59,8 @@ fn full_config() -> Value {
         ],
         "vlan": { "id": 100 },
         "sysctls": { "ipv4.rp_filter": "2", "ipv4.arp_ignore": "01", "ipv6.accept_ra": "0" },
-        "bandwidth": { "egress": "2G", "burst": "256Ki" }
+        "bandwidth": { "egress": "2G", "burst": "256Ki" },
+        "addressing": { "mode": "static" }
     })
 }
 

@@ -418,6 +418,14 @@ impl Validator {
         if let Some(ethtool) = &config.ethtool {
             out.ethtool = super::ethtool::validate_ethtool(ethtool, &mut self.errors);
         }
+        out.addressing = super::addressing::check(
+            config,
+            &out.addresses,
+            &out.routes,
+            out.mtu,
+            &mut out.sysctls,
+            &mut self.errors,
+        );
         let (mode, errors) = super::mode::check(config);
         out.device_mode = mode;
         self.errors.extend(errors);

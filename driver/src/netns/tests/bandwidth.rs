@@ -12,6 +12,7 @@ fn limited(mode: AttachMode, burst: Option<u32>) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         bandwidth: Some(Bandwidth {
             egress: 2_000_000_000,
             burst,

@@ -40,6 +40,7 @@ fn vf_plan(mac: [u8; 6], settings: VfSettings) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mac: Some(mac),
         vf: Some(VfPlan {
             pf: PF.into(),

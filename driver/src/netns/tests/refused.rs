@@ -65,6 +65,7 @@ async fn a_mac_the_device_refuses_after_the_move_is_undone() {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mac: Some([0x01, 0, 0x5e, 0, 0, 1]),
         ..plan(AttachMode::Move)
     };

@@ -20,6 +20,7 @@ fn bench_plan() -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mtu: None,
         mac: None,
         sysctls: BTreeMap::new(),
@@ -209,6 +210,7 @@ async fn ipv4_sysctls_ride_on_the_move_and_cost_no_request() {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         sysctls,
         ..bench_plan()
     };
@@ -254,6 +256,7 @@ async fn below_the_ipv4_mtu_the_sysctls_stay_files_so_a_failure_is_undone() {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mtu: Some(60),
         sysctls: BTreeMap::from([("ipv4.arp_ignore".to_owned(), "1".to_owned())]),
         ..bench_plan()

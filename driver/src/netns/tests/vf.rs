@@ -42,6 +42,7 @@ fn vf_plan(mode: AttachMode) -> AttachPlan {
         routing: Default::default(),
         network: None,
         from_template: false,
+        addressing: Default::default(),
         mode,
         mac: Some(VF_MAC),
         vf: Some(VfPlan {

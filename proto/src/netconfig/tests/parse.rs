@@ -181,6 +181,7 @@ fn full_config_validates_and_round_trips() {
         ethtool: None,
         neighbors: vec![],
         offload_sizes: OffloadSizes::default(),
+        addressing: Default::default(),
     };
     assert_eq!(valid, expected);
 
