@@ -62,7 +62,10 @@ enum Source<'a> {
 /// One UDP exchange from the pod to [`FAR`] answered in `peer`; `Err` carries the socket's
 /// error (ENETUNREACH when no table has a route).
 fn exchange(pod: &Netns, peer: &Netns, from: Source<'_>) -> anyhow::Result<()> {
-    let server = in_netns(&peer.path(), || UdpSocket::bind(format!("{FAR}:7008")))??;
+    // An ephemeral port: a fixed one was once found taken in the VM (EADDRINUSE) while the
+    // trials ran side by side.
+    let server = in_netns(&peer.path(), || UdpSocket::bind(format!("{FAR}:0")))??;
+    let port = server.local_addr()?.port();
     server.set_read_timeout(Some(Duration::from_secs(3)))?;
     let client = in_netns(&pod.path(), || -> anyhow::Result<UdpSocket> {
         let socket = match from {
@@ -79,7 +82,7 @@ fn exchange(pod: &Netns, peer: &Netns, from: Source<'_>) -> anyhow::Result<()> {
         Ok(socket)
     })??;
     client.set_read_timeout(Some(Duration::from_secs(3)))?;
-    client.send_to(b"knic", format!("{FAR}:7008"))?;
+    client.send_to(b"knic", format!("{FAR}:{port}"))?;
     let mut buf = [0u8; 16];
     let (n, sender) = server.recv_from(&mut buf)?;
     server.send_to(&buf[..n], sender)?;

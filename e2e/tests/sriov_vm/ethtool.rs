@@ -47,10 +47,21 @@ async fn read(
 
 pub async fn ethtool_on_a_moved_igb_port(m: Machine) -> anyhow::Result<()> {
     let pf = m.claim_pf().clone();
-    ensure!(
-        pf.num_vfs()? == 0,
-        "the claim PF has VFs left by another trial"
-    );
+    // Earlier trials leave the PF with VFs (they take turns on one machine); a PF moves into a
+    // pod without them, so they go first, and the count comes back afterwards.
+    let vfs_before = pf.num_vfs()?;
+    if vfs_before != 0 {
+        pf.set_num_vfs(0)?;
+    }
+    let outcome = moved_igb_port(&pf).await;
+    if vfs_before != 0 {
+        pf.set_num_vfs(vfs_before)?;
+    }
+    outcome
+}
+
+async fn moved_igb_port(pf: &super::rig::Pf) -> anyhow::Result<()> {
+    ensure!(pf.num_vfs()? == 0, "the claim PF still has VFs");
     let k = Rtnl::new(None);
     let pod = Netns::new("knt-pod-igb")?;
     let before = read(&k, &Ns::Host, &pf.name).await?;
