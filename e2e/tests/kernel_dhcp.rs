@@ -264,7 +264,12 @@ async fn attach_step_configures_and_releases() -> anyhow::Result<()> {
         default_route: true,
         use_mtu: true,
         fixed_mtu: None,
+        table: None,
     };
+    // The pod's cluster interface has the default route already (metric 0): the lease's must
+    // be installed beside it, not silently dropped as "already there".
+    ip(&["-n", &seg.pod.0, "link", "set", "lo", "up"])?;
+    ip(&["-n", &seg.pod.0, "route", "add", "default", "dev", "lo"])?;
     let started = Instant::now();
     let lease = obtain(&mut pod, &opener, &ns, "net1", mac, step)
         .await
@@ -275,7 +280,10 @@ async fn attach_step_configures_and_releases() -> anyhow::Result<()> {
     ensure!(addr.contains(&lease.cidr().to_string()), "ip addr: {addr}");
     let route = ip(&["-n", &seg.pod.0, "route", "show", "default"])?;
     ensure!(
-        route.contains("default via 10.77.0.1 dev net1"),
+        route
+            .lines()
+            .any(|l| l.starts_with("default via 10.77.0.1 dev net1") && l.contains(" metric 1024"))
+            && route.contains("default dev lo"),
         "ip route: {route}"
     );
     let link = ip(&["-n", &seg.pod.0, "-o", "link", "show", "net1"])?;

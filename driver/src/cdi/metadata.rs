@@ -148,10 +148,15 @@ impl Metadata {
         let mut mounts = Vec::new();
         for (request, _) in Self::requests(claim) {
             let path = self.file(&claim.uid, request)?;
+            // The annotation is anyone's to set on a hand-written claim: it becomes a path in
+            // the container, so only a DNS label (what a pod's claim name is) is taken.
+            let pod_claim_name =
+                pod_claim_name.filter(|p| crate::inventory::names::is_dns_label(p));
             let pod_claim = match read(&path) {
                 Some(existing) => existing
                     .get("podClaimName")
                     .and_then(Value::as_str)
+                    .filter(|p| crate::inventory::names::is_dns_label(p))
                     .map(str::to_owned),
                 None => {
                     let doc = document(claim, request, pod_claim_name, 1, &planned(claim));

@@ -335,3 +335,21 @@ fn the_spec_mounts_each_request_read_only_and_the_answer_names_it_once() {
     specs.remove(&claim.uid).expect("remove");
     assert!(!dir.path().join("meta").join(&claim.uid).exists());
 }
+
+#[test]
+fn a_pod_claim_name_that_is_not_a_dns_label_never_becomes_a_container_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metadata = Metadata::new(dir.path());
+    let claim = claim();
+    let mounts = metadata.ensure(&claim, Some("../../etc")).expect("ensure");
+    assert_eq!(
+        mounts[0].container_path,
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/pod-a-net-x7k2p/nic/\
+         knic.dev-metadata.json"
+    );
+    assert!(
+        read_json(&mounts[0].host_path)
+            .get("podClaimName")
+            .is_none()
+    );
+}

@@ -26,10 +26,21 @@ pub struct DhcpStep {
     pub use_mtu: bool,
     /// The claim's own `interface.mtu`, which wins over the server's.
     pub fixed_mtu: Option<u32>,
+    /// The routing table of the interface's VRF, where its default route goes; `None`: main.
+    pub table: Option<u32>,
 }
 
-/// The default route a lease's router gives.
-pub fn default_route(lease: &Lease) -> Option<Route> {
+/// The metric of a lease's default route in main: a pod has its cluster interface's default
+/// route there already (metric 0), and a second one with the same key would be refused (and,
+/// since a repeated add must succeed, silently not installed). Beside it, it carries what the
+/// cluster route does not reach only once that one is gone; a workload that needs the DHCP
+/// router for its own traffic binds to the interface or uses a VRF (where the route is the
+/// table's only default, with no metric).
+pub const DEFAULT_ROUTE_METRIC: u32 = 1024;
+
+/// The default route a lease's router gives, in `table` (a VRF's) or main at
+/// [`DEFAULT_ROUTE_METRIC`].
+pub fn default_route(lease: &Lease, table: Option<u32>) -> Option<Route> {
     Some(Route {
         destination: Cidr {
             addr: std::net::Ipv4Addr::UNSPECIFIED.into(),
@@ -37,8 +48,8 @@ pub fn default_route(lease: &Lease) -> Option<Route> {
         },
         gateway: Some(lease.router?.into()),
         source: None,
-        metric: None,
-        table: None,
+        metric: table.is_none().then_some(DEFAULT_ROUTE_METRIC),
+        table,
     })
 }
 
@@ -90,7 +101,7 @@ async fn configure<S: Session>(
     }
     pod.add_addresses(ifname, &[lease.cidr()]).await?;
     if step.default_route
-        && let Some(route) = default_route(lease)
+        && let Some(route) = default_route(lease, step.table)
     {
         pod.add_routes(ifname, &[route]).await?;
     }

@@ -129,6 +129,10 @@ impl Lease {
                 if bits.leading_ones() + bits.trailing_zeros() != 32 {
                     return Err(format!("subnet mask {mask} is not contiguous"));
                 }
+                // A /0 "subnet" would make the whole Internet on-link through the interface.
+                if bits == 0 {
+                    return Err(format!("subnet mask {mask} makes every address on-link"));
+                }
                 bits.leading_ones() as u8
             }
         };

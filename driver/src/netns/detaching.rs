@@ -52,7 +52,13 @@ pub(super) async fn restore_ethtool<K: Kernel>(
             "another device carries the name; ethtool settings not put back");
         return Ok(());
     }
-    super::ethtool::apply(&mut host, &Ns::Host, &original.name, previous).await
+    // Best effort: the device is home and its record must go, or unprepare would retry for
+    // ever over a setting the device now refuses (a feature it keeps, a fixed one).
+    if let Err(e) = super::ethtool::apply(&mut host, &Ns::Host, &original.name, previous).await {
+        tracing::warn!(device = %plan.device, ifname = %original.name, error = %e,
+            "could not put the device's ethtool settings back; it is home with the pod's");
+    }
+    Ok(())
 }
 
 /// Whether the plan gave the VF an administrative MAC through its PF. The PF then enforces it:

@@ -259,6 +259,14 @@ impl<K: Kernel> PodNetworks<K> {
         for s in steps[..failed].iter().rev() {
             let claim = &claims[s.claim];
             let a = &claim.attachments[s.index];
+            // A lease an earlier device got is in the store's record, not in this copy: it is
+            // given back (and its renewal stopped) before the device leaves the pod.
+            if let Ok(Some(current)) = self.claims.claim(&claim.uid).await
+                && let Some(recorded) = current.attachments.get(s.index)
+                && recorded.lease.is_some()
+            {
+                self.release_lease(&current, recorded).await;
+            }
             if let Err(e) = self
                 .rdma_follow(claim, &a.plan.device, Some(path), None)
                 .await

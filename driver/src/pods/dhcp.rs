@@ -87,6 +87,7 @@ impl<K: Kernel> PodNetworks<K> {
             default_route,
             use_mtu,
             fixed_mtu: a.plan.mtu,
+            table: a.plan.routing.vrf.as_ref().map(|v| v.table),
         };
         let mut pod = crate::netns::open(&self.kernel, &ns).await?;
         pod.find_link(&ifname).await?;

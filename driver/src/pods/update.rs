@@ -446,7 +446,15 @@ impl<K: Kernel> PodNetworks<K> {
                 reason: "InterfaceConfigured".into(),
                 message: format!("{} configured in pod {}", a.plan.pod_ifname, claim.pod_name),
                 interface_name: Some(a.plan.pod_ifname.clone()),
-                ips: a.plan.addresses.iter().map(ToString::to_string).collect(),
+                // With the lease's address: a live update must not drop it from the status.
+                ips: a
+                    .plan
+                    .addresses
+                    .iter()
+                    .copied()
+                    .chain(a.lease.as_ref().map(crate::dhcp::Lease::cidr))
+                    .map(|c| c.to_string())
+                    .collect(),
                 hardware_address: mac.as_ref().map(netns::mac_text),
                 data: attached_data(claim, &a.plan),
                 updated: a.live.as_ref().map(Updated::of),

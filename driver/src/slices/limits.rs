@@ -49,6 +49,10 @@ pub const IDENTITIES: &[&str] = &[
     "pfName",
     "pfPciAddress",
     "vfIndex",
+    "sriovPool",
+    "shareable",
+    "parent",
+    "childSlot",
 ];
 
 /// `value` cut to at most [`MAX_ATTRIBUTE_STRING`] bytes at a character boundary, ending in

@@ -208,6 +208,16 @@ pub(super) fn check(
         misplaced.push(only("useMtu", "dhcp"));
     }
     let ipam = config.ipam.is_some();
+    // Source-based routing writes its rules from the addresses known at prepare; a lease or an
+    // autoconfigured address comes later, and an unnumbered interface has none.
+    if config.source_based_routing.is_some() && matches!(mode, "dhcp" | "slaac" | "unnumbered") {
+        error(
+            "sourceBasedRouting".into(),
+            format!(
+                "cannot be combined with addressing.mode {mode}: its rules are made from the addresses known at prepare; use mode static or ipam"
+            ),
+        );
+    }
     let chosen = match mode {
         "static" => Addressing::Static,
         "dhcp" => {
@@ -220,6 +230,26 @@ pub(super) fn check(
                     format!(
                         "{a} is IPv4, but addressing.mode dhcp gets the IPv4 address from a DHCP server; remove it or use mode static"
                     ),
+                );
+            }
+            // Routes are installed before the lease exists: a gateway in its subnet is not
+            // reachable yet, and the kernel would refuse the route.
+            for (i, r) in routes.iter().enumerate() {
+                if let Some(gw @ std::net::IpAddr::V4(_)) = r.gateway {
+                    error(
+                        format!("routes[{i}].gateway"),
+                        format!(
+                            "{gw} is IPv4, but with addressing.mode dhcp the interface has no IPv4 subnet until the lease arrives; use addressing.defaultRoute for the server's router, or mode static"
+                        ),
+                    );
+                }
+            }
+            // ipvlan children share the parent's MAC, which is the DHCP client identity: every
+            // pod on the port would get the same lease.
+            if config.ipvlan.is_some() {
+                error(
+                    "ipvlan".into(),
+                    "cannot be combined with addressing.mode dhcp: ipvlan children share the parent's MAC, so every pod on the port would get the same lease; use macvlan".into(),
                 );
             }
             let timeout_seconds = a.timeout_seconds.unwrap_or(DEFAULT_DHCP_TIMEOUT);
@@ -245,6 +275,20 @@ pub(super) fn check(
                     error(
                         format!("sysctls[{key:?}]"),
                         format!("{bad:?} {why}, which addressing.mode slaac needs"),
+                    );
+                }
+            }
+            let static_v6 = addresses.iter().any(|a| !a.is_ipv4());
+            for (i, r) in routes.iter().enumerate() {
+                if let Some(gw @ std::net::IpAddr::V6(v6)) = r.gateway
+                    && !v6.is_unicast_link_local()
+                    && !static_v6
+                {
+                    error(
+                        format!("routes[{i}].gateway"),
+                        format!(
+                            "{gw} is not link-local, and with addressing.mode slaac the interface has no global IPv6 subnet until a router advertises one; use the router's link-local address"
+                        ),
                     );
                 }
             }

@@ -221,3 +221,35 @@ fn layers_merge_field_by_field() {
         "addressing.timeoutSeconds: applies only to mode dhcp or slaac, not static"
     );
 }
+
+#[test]
+fn dynamic_modes_refuse_what_needs_the_address_at_prepare() {
+    // Routes go on before the lease: an IPv4 gateway is not reachable then.
+    assert_eq!(
+        errors(json!({"addressing": {"mode": "dhcp"},
+                      "routes": [{"destination": "10.0.0.0/8", "gateway": "192.0.2.1"}]})),
+        "routes[0].gateway: 192.0.2.1 is IPv4, but with addressing.mode dhcp the interface has no IPv4 subnet until the lease arrives; use addressing.defaultRoute for the server's router, or mode static"
+    );
+    // An on-link route is fine.
+    valid(json!({"addressing": {"mode": "dhcp"}, "routes": [{"destination": "10.0.0.0/8"}]}));
+    assert_eq!(
+        errors(json!({"addressing": {"mode": "dhcp"}, "ipvlan": {"mode": "l2"}})),
+        "ipvlan: cannot be combined with addressing.mode dhcp: ipvlan children share the parent's MAC, so every pod on the port would get the same lease; use macvlan"
+    );
+    valid(json!({"addressing": {"mode": "dhcp"}, "macvlan": {"mode": "bridge"}}));
+    assert_eq!(
+        errors(json!({"addressing": {"mode": "slaac"},
+                      "routes": [{"destination": "2001:db8:1::/48", "gateway": "2001:db8::1"}]})),
+        "routes[0].gateway: 2001:db8::1 is not link-local, and with addressing.mode slaac the interface has no global IPv6 subnet until a router advertises one; use the router's link-local address"
+    );
+    valid(json!({"addressing": {"mode": "slaac"},
+                 "routes": [{"destination": "2001:db8:1::/48", "gateway": "fe80::1"}]}));
+    for mode in ["dhcp", "slaac", "unnumbered"] {
+        assert_eq!(
+            errors(json!({"addressing": {"mode": mode}, "sourceBasedRouting": {}})),
+            format!(
+                "sourceBasedRouting: cannot be combined with addressing.mode {mode}: its rules are made from the addresses known at prepare; use mode static or ipam"
+            )
+        );
+    }
+}

@@ -27,6 +27,49 @@ pub fn pod_clashes(plans: &[AttachPlan], others: &[&AttachPlan]) -> Vec<FieldErr
         .map(|p| p.pod_ifname.as_str())
         .chain(plans.iter().map(|p| p.pod_ifname.as_str()))
         .collect();
+    // (family, table) of a default route outside main → the interface whose it is: a second
+    // one in the same table would be "already there" and never installed, so its traffic
+    // would leave through the first (every sourceBasedRouting defaults to table 100).
+    let defaults = |p: &AttachPlan| -> Vec<(bool, u32)> {
+        p.routes
+            .iter()
+            .filter(|r| r.destination.prefix_len == 0)
+            .filter_map(|r| {
+                r.table
+                    .filter(|t| *t != 254)
+                    .map(|t| (r.destination.addr.is_ipv4(), t))
+            })
+            .collect()
+    };
+    let mut tables: BTreeMap<(bool, u32), String> = BTreeMap::new();
+    for other in others {
+        for key in defaults(other) {
+            tables
+                .entry(key)
+                .or_insert_with(|| format!("another claim's {}", other.pod_ifname));
+        }
+    }
+    for plan in plans {
+        for key in defaults(plan) {
+            match tables.get(&key) {
+                Some(who) => errors.push(FieldError::new(
+                    format!("request {}: routes", plan.request),
+                    format!(
+                        "the {} default route in table {} is also {who}'s in this pod; give each \
+                         interface its own table (sourceBasedRouting.table, routes[].table)",
+                        if key.0 { "IPv4" } else { "IPv6" },
+                        key.1
+                    ),
+                )),
+                None => {
+                    tables.insert(
+                        key,
+                        format!("request {} ({})", plan.request, plan.pod_ifname),
+                    );
+                }
+            }
+        }
+    }
     for plan in plans {
         let Some(vrf) = &plan.routing.vrf else {
             continue;
@@ -175,6 +218,48 @@ mod tests {
             ]
         );
         assert!(pod_clashes(&vrf_plans(("blue", 10), ("blue", 10)), &[]).is_empty());
+    }
+
+    #[test]
+    fn two_interfaces_with_their_default_route_in_one_table_are_refused() {
+        // Request a on table 100; request b on `table_b` (`None`: sbr's default, 100 too).
+        let sbr = |table_b: Option<u32>| {
+            let b_sbr = table_b.map_or_else(|| json!({}), |t| json!({"table": t}));
+            let c = claim(
+                vec![
+                    device("a", "d0", Some("eth1")),
+                    device("b", "d1", Some("eth2")),
+                ],
+                vec![
+                    config(
+                        "FromClaim",
+                        &["a"],
+                        json!({"addresses": ["192.0.2.10/24"], "sourceBasedRouting": {"table": 100},
+                               "routes": [{"destination": "0.0.0.0/0", "gateway": "192.0.2.1"}]}),
+                    ),
+                    config(
+                        "FromClaim",
+                        &["b"],
+                        json!({"addresses": ["198.51.100.10/24"], "sourceBasedRouting": b_sbr,
+                               "routes": [{"destination": "0.0.0.0/0", "gateway": "198.51.100.1"}]}),
+                    ),
+                ],
+            );
+            plans(&c, &configure(&c), &BTreeSet::new(), &IpamAddresses::new()).expect("plans")
+        };
+        // Both on the default table 100.
+        assert_eq!(
+            pod_clashes(&sbr(None), &[])
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            [
+                "request b: routes: the IPv4 default route in table 100 is also request a (net1)'s \
+                 in this pod; give each interface its own table (sourceBasedRouting.table, \
+                 routes[].table)"
+            ]
+        );
+        assert!(pod_clashes(&sbr(Some(101)), &[]).is_empty());
     }
 
     #[test]
