@@ -166,8 +166,32 @@ async fn round_trip(
     let index = std::fs::read_to_string(format!("/sys/class/net/{netdev}/ifindex"))?
         .trim()
         .to_owned();
+    // A VF that just came home from the previous round is published with its netdev at the
+    // next rescan (link events are coalesced); the scheduler would only hand it out then, so
+    // the trial waits for that too instead of racing it (once seen in CI: prepare 30 ms
+    // before the rescan, "has no network interface on the host").
+    let device = device_name(vf);
+    knic_e2e::harness::eventually(
+        "the VF published with its netdev",
+        std::time::Duration::from_secs(20),
+        || async {
+            let slices = rig.cluster.slices().await?;
+            let published = slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .any(|d| {
+                    d.name == device
+                        && d.attributes
+                            .as_ref()
+                            .and_then(|a| a.get("ifName"))
+                            .is_some()
+                });
+            Ok(published.then_some(()))
+        },
+    )
+    .await?;
     let claim = rig
-        .claim(name, &device_name(vf), Some(json!({"vf": {"mac": mac}})))
+        .claim(name, &device, Some(json!({"vf": {"mac": mac}})))
         .await?;
     prepared(&claim, &rig.prepare(&claim).await?)?;
     let ns = Netns::new(&format!("knt-{name}"))?;
